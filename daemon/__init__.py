@@ -1,0 +1,1 @@
+"""stacklens.daemon."""

@@ -1,0 +1,4 @@
+"""stacklensd (placeholder)."""
+
+def main(argv=None) -> int:
+    raise SystemExit(0)

@@ -1,0 +1,65 @@
+"""One error hierarchy for stacklens, mapped to CLI exit codes and gRPC status codes here.
+
+Every message says what to do next.
+"""
+
+from __future__ import annotations
+
+
+class StacklensError(Exception):
+    """Base of every error stacklens reports to a user."""
+
+    exit_code = 1
+    grpc_code = "INTERNAL"
+
+
+class InputError(StacklensError):
+    """A file or argument the user gave cannot be used."""
+
+    exit_code = 2
+    grpc_code = "INVALID_ARGUMENT"
+
+
+class NoSuchProcess(StacklensError):
+    exit_code = 3
+    grpc_code = "NOT_FOUND"
+
+
+class PermissionDenied(StacklensError):
+    exit_code = 4
+    grpc_code = "PERMISSION_DENIED"
+
+
+class AttachError(StacklensError):
+    exit_code = 5
+    grpc_code = "FAILED_PRECONDITION"
+
+
+class UnsupportedVersion(AttachError):
+    exit_code = 6
+    grpc_code = "FAILED_PRECONDITION"
+
+
+class NotApplicable(StacklensError):
+    """The target does not have what a probe or collector needs (e.g. no GPU library mapped)."""
+
+    exit_code = 7
+    grpc_code = "FAILED_PRECONDITION"
+
+
+class AlreadyAttached(StacklensError):
+    exit_code = 8
+    grpc_code = "ALREADY_EXISTS"
+
+
+class DaemonUnavailable(StacklensError):
+    exit_code = 9
+    grpc_code = "UNAVAILABLE"
+
+
+class Timeout(StacklensError):
+    exit_code = 10
+    grpc_code = "DEADLINE_EXCEEDED"
+
+
+EXIT_USAGE = 64  # argparse-level misuse
