@@ -1,4 +1,233 @@
-"""The `stacklens` command line (placeholder until the CLI lands)."""
+"""The `stacklens` command line.
 
-def main(argv=None) -> int:  # replaced below in this session
-    raise SystemExit(0)
+Subcommands that read saved profiles need no privilege; `profile`, `demo` and `record` attach
+probes themselves (root, or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE); `attach`, `detach`, `ps`,
+`report PID`, `advise`, `top` talk to a running `stacklensd` over its Unix socket.
+Errors come from one hierarchy (`stacklens.errors`) and map to exit codes here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from stacklens import __version__
+from stacklens.errors import EXIT_USAGE, InputError, StacklensError
+
+FORMATS = ("text", "json", "folded", "pprof", "speedscope")
+DEFAULT_SOCKET = "/run/stacklens/stacklens.sock"
+
+
+def _socket_path(args: argparse.Namespace) -> str:
+    return args.socket or os.environ.get("STACKLENS_SOCKET") or DEFAULT_SOCKET
+
+
+def _check_metric(snap, metric: str) -> None:
+    if metric not in snap.metrics:
+        raise InputError(
+            f"unknown metric {metric!r}; this profile has: {', '.join(snap.metrics)}"
+        )
+
+
+def write_output(snap, fmt: str, metric: str, out: str | None) -> None:
+    """Render `snap` as `fmt` to `out` (a path) or stdout."""
+    from stacklens.cct import export
+
+    _check_metric(snap, metric)
+    if fmt == "text":
+        from stacklens.daemon.textreport import render_report
+
+        data: bytes | str = render_report(snap, metric)
+    elif fmt == "folded":
+        data = export.to_folded(snap, metric)
+    elif fmt == "json":
+        import json
+
+        data = json.dumps(export.to_json(snap), separators=(",", ":")) + "\n"
+    elif fmt == "speedscope":
+        import json
+
+        data = json.dumps(export.to_speedscope(snap, metric)) + "\n"
+    elif fmt == "pprof":
+        data = export.to_pprof(snap)
+        if out is None and sys.stdout.isatty():
+            raise InputError("pprof is binary: give -o FILE (or redirect stdout)")
+    else:  # argparse restricts choices; keep the error honest anyway
+        raise InputError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if out:
+        mode = "wb" if isinstance(data, bytes) else "w"
+        with open(out, mode) as fh:
+            fh.write(data)
+    elif isinstance(data, bytes):
+        sys.stdout.buffer.write(data)
+    else:
+        sys.stdout.write(data)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    if args.input:
+        from stacklens.cct import export
+
+        snap = export.load(args.input)
+    elif args.pid is not None:
+        from stacklens.daemon.client import DaemonClient
+
+        with DaemonClient(_socket_path(args)) as client:
+            snap = client.snapshot(args.pid, window_s=args.window)
+    else:
+        raise InputError("give a PID (through the daemon) or --input FILE (a saved profile)")
+    write_output(snap, args.format, args.metric, args.output)
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from stacklens.daemon.oneshot import profile_pid
+
+    snap = profile_pid(
+        args.pid,
+        duration_s=args.duration,
+        agent=args.agent,
+        cpu_hz=args.rate,
+        ops=not args.no_ops,
+    )
+    write_output(snap, args.format, args.metric, args.output)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from stacklens.daemon.demo import run_demo
+
+    return run_demo(duration_s=args.duration, metric=args.metric, plain=args.plain)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from stacklens.daemon.doctor import run_doctor
+
+    return run_doctor(pid=args.pid)
+
+
+def cmd_daemon_call(args: argparse.Namespace) -> int:
+    from stacklens.daemon.client import run_client_command
+
+    return run_client_command(args, _socket_path(args))
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from stacklens.daemon.oneshot import record_command
+
+    cmd = [c for c in args.cmd if c != "--"]
+    if not cmd:
+        raise InputError("give the command to run after --, e.g. stacklens record -- python train.py")
+    snap = record_command(cmd, agent=args.agent, cpu_hz=args.rate)
+    write_output(snap, args.format, args.metric, args.output)
+    return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from stacklens.tui.app import run_top
+
+    return run_top(pid=args.pid, input_path=args.input, socket_path=_socket_path(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="stacklens",
+        description="Whole-stack profiler for running PyTorch/JAX processes: "
+        "Python line -> operator -> native frame -> GPU API -> GPU kernel.",
+    )
+    p.add_argument("--version", action="version", version=f"stacklens {__version__}")
+    p.add_argument("--socket", help=f"daemon socket (default $STACKLENS_SOCKET or {DEFAULT_SOCKET})")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    def out_opts(sp: argparse.ArgumentParser, default_fmt: str = "text") -> None:
+        sp.add_argument("--format", choices=FORMATS, default=default_fmt)
+        sp.add_argument("--metric", default="cpu_samples", help="metric for text/folded/speedscope")
+        sp.add_argument("-o", "--output", help="write to FILE instead of stdout")
+
+    r = sub.add_parser("report", help="render a profile: a saved file (--input) or a PID via the daemon")
+    r.add_argument("pid", nargs="?", type=int)
+    r.add_argument("--input", "-i", help="saved profile (stacklens JSON, .json.gz)")
+    r.add_argument("--window", type=float, default=None, help="last N seconds (daemon only)")
+    out_opts(r)
+    r.set_defaults(func=cmd_report)
+
+    pr = sub.add_parser("profile", help="one-shot: attach to PID for a duration, print the profile (root)")
+    pr.add_argument("--pid", type=int, required=True)
+    pr.add_argument("--duration", type=float, default=5.0)
+    pr.add_argument("--rate", type=int, default=99, help="CPU sampling rate in Hz")
+    pr.add_argument("--agent", action="store_true", help="also inject the in-process agent (GPU time, Python sampler)")
+    pr.add_argument("--no-ops", action="store_true", help="skip libtorch operator probes")
+    out_opts(pr)
+    pr.set_defaults(func=cmd_profile)
+
+    rec = sub.add_parser("record", help="start a command and profile it until it exits (root)")
+    rec.add_argument("cmd", nargs=argparse.REMAINDER)
+    rec.add_argument("--rate", type=int, default=99)
+    rec.add_argument("--agent", action="store_true")
+    out_opts(rec)
+    rec.set_defaults(func=cmd_record)
+
+    d = sub.add_parser("demo", help="start a bundled PyTorch workload, attach by PID, show the live tree")
+    d.add_argument("--duration", type=float, default=None, help="stop after N seconds (default: until Ctrl-C)")
+    d.add_argument("--metric", default="cpu_samples")
+    d.add_argument("--plain", action="store_true", help="plain text refresh instead of the TUI")
+    d.set_defaults(func=cmd_demo)
+
+    doc = sub.add_parser("doctor", help="check kernel, headers, tracefs, ptrace scope, BCC, a target's Python/CUDA")
+    doc.add_argument("--pid", type=int)
+    doc.set_defaults(func=cmd_doctor)
+
+    for name, hlp in (
+        ("attach", "attach the daemon to PID"),
+        ("detach", "detach the daemon from PID"),
+        ("advise", "advice for PID from the daemon's analyzer"),
+    ):
+        sp = sub.add_parser(name, help=hlp)
+        sp.add_argument("pid", type=int)
+        if name == "attach":
+            sp.add_argument("--agent", action="store_true", help="inject the in-process agent too")
+        sp.set_defaults(func=cmd_daemon_call)
+    ps = sub.add_parser("ps", help="GPU processes on this node and what is attached")
+    ps.set_defaults(func=cmd_daemon_call)
+
+    t = sub.add_parser("top", help="live terminal UI (through the daemon, or --input FILE)")
+    t.add_argument("pid", nargs="?", type=int)
+    t.add_argument("--input", "-i")
+    t.set_defaults(func=cmd_top)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: --help/--version exit 0, misuse exits 2 -> EX_USAGE
+        code = e.code if isinstance(e.code, int) else 1
+        return 0 if code == 0 else EXIT_USAGE
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except StacklensError as e:
+        print(f"stacklens: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `stacklens report … | head` closes stdout early: not an error.
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

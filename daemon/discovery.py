@@ -1,0 +1,121 @@
+"""Discovery of processes worth profiling: which map a GPU driver library, libtorch, libpython.
+
+Reads /proc/PID/{comm,maps,cgroup}; reading another user's maps needs root or CAP_SYS_PTRACE.
+Cost: one read of each process's maps per scan (the daemon scans every few seconds).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stacklens.errors import NoSuchProcess, PermissionDenied
+
+LIBRARY_PATTERNS = {
+    "libcuda": re.compile(r"/libcuda\.so(\.\d+)*$"),
+    "libamdhip64": re.compile(r"/libamdhip64\.so(\.\d+)*$"),
+    "libtorch_cpu": re.compile(r"/libtorch_cpu\.so$"),
+    "libpython": re.compile(r"/libpython3\.\d+t?\.so(\.[\d.]+)?$"),
+}
+GPU_LIBS = ("libcuda", "libamdhip64")
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    comm: str
+    exe: str
+    libraries: dict[str, list[str]] = field(default_factory=dict)
+    python: str | None = None  # e.g. "python3.11 (/usr/bin/python3.11)" when an interpreter is mapped
+    container: str = ""
+
+    @property
+    def gpu(self) -> bool:
+        return any(self.libraries.get(k) for k in GPU_LIBS)
+
+
+class ProcFS:
+    """/proc behind one object so tests can point it at a checked-in fixture tree."""
+
+    def __init__(self, root: Path | str = "/proc") -> None:
+        self.root = Path(root)
+
+    def pids(self) -> list[int]:
+        return sorted(int(p.name) for p in self.root.iterdir() if p.name.isdigit())
+
+    def read(self, pid: int, name: str) -> str:
+        try:
+            return (self.root / str(pid) / name).read_text(errors="replace")
+        except FileNotFoundError:
+            raise NoSuchProcess(f"no process {pid}: it does not exist or has exited") from None
+        except ProcessLookupError:
+            raise NoSuchProcess(f"process {pid} exited") from None
+        except PermissionError:
+            raise PermissionDenied(
+                f"cannot read /proc/{pid}/{name}: run as root or with CAP_SYS_PTRACE"
+            ) from None
+
+    def exe(self, pid: int) -> str:
+        try:
+            return os.readlink(self.root / str(pid) / "exe")
+        except OSError:
+            return ""
+
+
+def mapped_files(maps_text: str) -> list[str]:
+    seen: dict[str, None] = {}
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            seen.setdefault(parts[5].removesuffix(" (deleted)"), None)
+    return list(seen)
+
+
+def _container_of(cgroup_text: str) -> str:
+    # docker/containerd/podman put a 64-hex id in the cgroup path; keep a short, bounded label.
+    m = re.search(r"([0-9a-f]{64})", cgroup_text)
+    return m.group(1)[:12] if m else ""
+
+
+def describe_process(pid: int, procfs: ProcFS | None = None) -> ProcessInfo:
+    procfs = procfs or ProcFS()
+    if pid <= 0:
+        raise NoSuchProcess(f"invalid PID {pid}: give the PID of a running process (see `stacklens ps`)")
+    comm = procfs.read(pid, "comm").strip()
+    files = mapped_files(procfs.read(pid, "maps"))
+    libs: dict[str, list[str]] = {}
+    for f in files:
+        for name, pat in LIBRARY_PATTERNS.items():
+            if pat.search(f):
+                libs.setdefault(name, []).append(f)
+    exe = procfs.exe(pid)
+    python = None
+    m = re.search(r"python(3\.\d+)", os.path.basename(exe))
+    if libs.get("libpython"):
+        lp = libs["libpython"][0]
+        python = f"{re.search(r'libpython(3\.\d+t?)', lp).group(1)} ({lp})"
+    elif m:
+        python = f"{m.group(1)} ({exe})"
+    try:
+        container = _container_of(procfs.read(pid, "cgroup"))
+    except NoSuchProcess:
+        container = ""
+    return ProcessInfo(pid=pid, comm=comm, exe=exe, libraries=libs, python=python, container=container)
+
+
+def scan(procfs: ProcFS | None = None, *, gpu_only: bool = True) -> list[ProcessInfo]:
+    """Every process that maps a GPU driver library (or, with gpu_only=False, libtorch too)."""
+    procfs = procfs or ProcFS()
+    out = []
+    for pid in procfs.pids():
+        if pid == os.getpid():
+            continue
+        try:
+            info = describe_process(pid, procfs)
+        except (NoSuchProcess, PermissionDenied):
+            continue
+        if info.gpu or (not gpu_only and info.libraries.get("libtorch_cpu")):
+            out.append(info)
+    return out

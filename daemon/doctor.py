@@ -1,0 +1,104 @@
+"""`stacklens doctor`: preflight of what attaching needs, with the fix for each failed check.
+
+Reads procfs/sysfs only; loading a trivial BPF program needs root (or CAP_BPF + CAP_PERFMON).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _kernel_version() -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", platform.release())
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def system_checks() -> list[Check]:
+    checks = []
+    kv = _kernel_version()
+    checks.append(Check("kernel", kv >= (5, 8), platform.release(), "eBPF ring buffers need Linux >= 5.8"))
+    checks.append(
+        Check(
+            "uprobe_multi",
+            kv >= (6, 6),
+            "one link for thousands of op probes" if kv >= (6, 6) else "kernel < 6.6",
+            "op probes fall back to a short list of per-probe uprobes",
+        )
+    )
+    build = Path(f"/lib/modules/{platform.release()}/build")
+    checks.append(
+        Check("kernel headers", build.exists(), str(build), "run: bash scripts/setup.sh (links Debian's headers)")
+    )
+    tracefs = Path("/sys/kernel/tracing/uprobe_events")
+    checks.append(Check("tracefs", tracefs.exists(), str(tracefs.parent), "mount -t tracefs nodev /sys/kernel/tracing"))
+    checks.append(
+        Check("BTF", Path("/sys/kernel/btf/vmlinux").exists(), "/sys/kernel/btf/vmlinux", "a kernel with CONFIG_DEBUG_INFO_BTF")
+    )
+    try:
+        scope = int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text())
+    except (OSError, ValueError):
+        scope = 0
+    checks.append(
+        Check(
+            "ptrace scope",
+            scope <= 1 or os.geteuid() == 0 and scope <= 2,
+            f"yama ptrace_scope={scope}",
+            "agent injection needs CAP_SYS_PTRACE (scope 2) or scope <= 1; scope 3 forbids it",
+        )
+    )
+    checks.append(
+        Check("privilege", os.geteuid() == 0, f"euid={os.geteuid()}", "run as root, or grant CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE")
+    )
+    try:
+        from bcc import BPF  # noqa: F401 — only probing importability
+
+        checks.append(Check("bcc", True, "python bcc importable"))
+        try:
+            BPF(text="int sl_probe(void *ctx) { return 0; }").cleanup()
+            checks.append(Check("bpf load", True, "compiled and loaded a trivial program"))
+        except Exception as e:  # BCC raises plain Exceptions
+            checks.append(Check("bpf load", False, str(e).splitlines()[0][:200], "check headers, privilege and dmesg"))
+    except ImportError as e:
+        checks.append(Check("bcc", False, str(e), "apt-get install python3-bpfcc; use the .venv from scripts/setup.sh"))
+    return checks
+
+
+def process_checks(pid: int) -> list[Check]:
+    from stacklens.daemon.discovery import describe_process
+
+    try:
+        info = describe_process(pid)
+    except Exception as e:
+        return [Check(f"pid {pid}", False, str(e))]
+    out = [Check(f"pid {pid}", True, f"comm={info.comm}")]
+    out.append(Check("python", info.python is not None, info.python or "no libpython / python executable mapped"))
+    for lib in ("libcuda", "libamdhip64", "libtorch_cpu"):
+        paths = info.libraries.get(lib, [])
+        out.append(Check(lib, bool(paths), ", ".join(paths) or "not mapped"))
+    return out
+
+
+def run_doctor(pid: int | None = None) -> int:
+    checks = system_checks()
+    if pid is not None:
+        checks += process_checks(pid)
+    bad = 0
+    for c in checks:
+        mark = "ok  " if c.ok else "FAIL"
+        print(f"[{mark}] {c.name:16} {c.detail}")
+        if not c.ok and c.fix:
+            print(f"       fix: {c.fix}")
+            bad += 1
+    return 1 if bad else 0

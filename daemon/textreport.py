@@ -1,0 +1,98 @@
+"""Plain-text rendering of a CCT snapshot: the `text` report format and the non-TTY live view.
+
+No privilege; pure formatting over a `Snapshot`.
+"""
+
+from __future__ import annotations
+
+from stacklens.cct import Snapshot
+
+_UNITS = {
+    "gpu_time_ns": "ns",
+    "api_cpu_ns": "ns",
+    "sync_wait_ns": "ns",
+    "alloc_bytes": "B",
+    "copy_bytes": "B",
+}
+
+
+def fmt_value(metric: str, value: int) -> str:
+    """Human units: times in ms/s, bytes in KiB/MiB, counts as integers."""
+    unit = _UNITS.get(metric)
+    if unit == "ns":
+        if abs(value) >= 1_000_000_000:
+            return f"{value / 1e9:.2f}s"
+        if abs(value) >= 1_000_000:
+            return f"{value / 1e6:.1f}ms"
+        return f"{value / 1e3:.1f}us"
+    if unit == "B":
+        for step, suffix in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+            if abs(value) >= step:
+                return f"{value / step:.1f}{suffix}"
+        return f"{value}B"
+    return str(value)
+
+
+def render_tree(
+    snap: Snapshot,
+    metric: str,
+    *,
+    max_depth: int = 40,
+    min_share: float = 0.01,
+    max_children: int = 8,
+    width: int = 160,
+) -> str:
+    """Indented tree by inclusive `metric`, hiding children under `min_share` of the total.
+
+    Single-child chains are shown as they are (one line per frame) so every label stays readable.
+    """
+    if metric in snap.unavailable:
+        return f"{metric}: unavailable for this process (not measured; see `stacklens doctor`)\n"
+    total = snap.inclusive(snap.root, metric)
+    lines = [f"{metric}: total {fmt_value(metric, total)}   (incl / excl / share / frame)"]
+    if total == 0:
+        lines.append("  (no samples yet)")
+        return "\n".join(lines) + "\n"
+
+    def walk(node: int, depth: int) -> None:
+        kids = sorted(
+            snap.children(node), key=lambda c: snap.inclusive(c, metric), reverse=True
+        )
+        shown = 0
+        for child in kids:
+            incl = snap.inclusive(child, metric)
+            if incl == 0 or incl / total < min_share or shown >= max_children:
+                continue
+            shown += 1
+            excl = snap.exclusive(child, metric)
+            label = snap.frame_of(child).label()
+            row = (
+                f"{fmt_value(metric, incl):>10} {fmt_value(metric, excl):>10} "
+                f"{100.0 * incl / total:5.1f}% {'  ' * depth}{label}"
+            )
+            lines.append(row[:width])
+            if depth + 1 < max_depth:
+                walk(child, depth + 1)
+
+    walk(snap.root, 0)
+    return "\n".join(lines) + "\n"
+
+
+def render_report(snap: Snapshot, metric: str, **kw) -> str:
+    """Header with process meta and per-metric totals, then the tree for `metric`."""
+    meta = snap.meta or {}
+    head = []
+    if meta:
+        head.append(
+            "  ".join(f"{k}={meta[k]}" for k in sorted(meta) if not isinstance(meta[k], (dict, list)))
+        )
+    totals = []
+    for m in snap.metrics:
+        if m in snap.unavailable:
+            totals.append(f"{m}=unavailable")
+        else:
+            totals.append(f"{m}={fmt_value(m, snap.total(m))}")
+    head.append("totals: " + "  ".join(totals))
+    if snap.folded_nodes:
+        head.append(f"folded into [other]: {snap.folded_nodes} contexts (node cap)")
+    return "\n".join(head) + "\n\n" + render_tree(snap, metric, **kw)
