@@ -1,0 +1,154 @@
+"""gRPC client of stacklensd, used by the CLI and the TUI. Needs read access to the daemon's token.
+
+gRPC status codes come back as the matching `stacklens.errors` class, so callers see one hierarchy.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+
+from stacklens import errors
+from stacklens.cct import Snapshot
+from stacklens.cct.export import from_json
+from stacklens.daemon import stacklens_pb2 as pb
+from stacklens.daemon import stacklens_pb2_grpc as pbg
+
+_STATUS_TO_ERROR = {
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InputError,
+    grpc.StatusCode.NOT_FOUND: errors.NoSuchProcess,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
+    grpc.StatusCode.UNAUTHENTICATED: errors.PermissionDenied,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.AttachError,
+    grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyAttached,
+    grpc.StatusCode.UNAVAILABLE: errors.DaemonUnavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.Timeout,
+}
+
+
+def _translate(e: grpc.RpcError, socket_path: str) -> errors.StacklensError:
+    code = e.code()
+    cls = _STATUS_TO_ERROR.get(code, errors.StacklensError)
+    msg = e.details() or str(code)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        msg = f"stacklensd is not reachable at {socket_path}: start it (`stacklensd` or `systemctl start stacklensd`) or pass --socket"
+    return cls(msg)
+
+
+def decode_profile(data: bytes) -> Snapshot:
+    return from_json(json.loads(gzip.decompress(data)))
+
+
+class DaemonClient:
+    def __init__(self, socket_path: str, *, timeout: float = 15.0, token: str | None = None) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+        if token is None:
+            tok = Path(socket_path).parent / "token"
+            try:
+                token = tok.read_text().strip()
+            except FileNotFoundError:
+                raise errors.DaemonUnavailable(
+                    f"stacklensd is not running (no {tok}): start it (`stacklensd` or `systemctl start stacklensd`)"
+                ) from None
+            except PermissionError:
+                raise errors.PermissionDenied(
+                    f"cannot read {tok}: run as root or join the `stacklens` group"
+                ) from None
+        self._md = (("authorization", f"Bearer {token}"),)
+        self.channel = grpc.insecure_channel(f"unix:{socket_path}")
+        self.stub = pbg.StacklensStub(self.channel)
+
+    def __enter__(self) -> "DaemonClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def _call(self, method, req, timeout: float | None = None):
+        try:
+            return method(req, timeout=timeout or self.timeout, metadata=self._md)
+        except grpc.RpcError as e:
+            raise _translate(e, self.socket_path) from None
+
+    def attach(self, pid: int, *, agent: bool = False, cpu_hz: int = 0, no_ops: bool = False) -> list[str]:
+        r = self._call(
+            self.stub.Attach, pb.AttachRequest(pid=pid, agent=agent, cpu_sample_hz=cpu_hz, no_ops=no_ops), timeout=120
+        )
+        return list(r.notes)
+
+    def detach(self, pid: int) -> None:
+        self._call(self.stub.Detach, pb.DetachRequest(pid=pid), timeout=120)
+
+    def processes(self) -> list[pb.ProcessInfo]:
+        return list(self._call(self.stub.ListProcesses, pb.ListProcessesRequest()).processes)
+
+    def snapshot_response(self, pid: int, **kw) -> pb.SnapshotResponse:
+        req = pb.SnapshotRequest(pid=pid, **{k: v for k, v in kw.items() if v is not None})
+        return self._call(self.stub.GetSnapshot, req)
+
+    def snapshot(self, pid: int, window_s: float | None = None, **kw) -> Snapshot:
+        return decode_profile(self.snapshot_response(pid, window_s=window_s or 0.0, **kw).profile)
+
+    def stream(self, pid: int, interval_ms: int = 1000, **kw) -> Iterator[pb.SnapshotResponse]:
+        req = pb.StreamRequest(request=pb.SnapshotRequest(pid=pid, **kw), interval_ms=interval_ms)
+        try:
+            yield from self.stub.StreamSnapshots(req, metadata=self._md)
+        except grpc.RpcError as e:
+            raise _translate(e, self.socket_path) from None
+
+    def advice(self, pid: int, window_s: float = 0.0) -> list[pb.Finding]:
+        return list(self._call(self.stub.GetAdvice, pb.AdviceRequest(pid=pid, window_s=window_s), timeout=60).findings)
+
+    def health(self) -> pb.HealthResponse:
+        return self._call(self.stub.Health, pb.HealthRequest())
+
+
+def run_client_command(args, socket_path: str) -> int:
+    with DaemonClient(socket_path) as c:
+        if args.command == "attach":
+            for note in c.attach(args.pid, agent=args.agent):
+                print(note)
+            print(f"attached to {args.pid}")
+        elif args.command == "detach":
+            c.detach(args.pid)
+            print(f"detached from {args.pid}")
+        elif args.command == "ps":
+            rows = c.processes()
+            print(f"{'PID':>8} {'COMM':16} {'STATE':10} {'AGENT':5} {'GPU%':>6} {'LAUNCH/s':>9} {'SYNC%':>6}  PYTHON")
+            for p in rows:
+                gpu = "n/a" if math.isnan(p.gpu_time_share) else f"{100 * p.gpu_time_share:.1f}"
+                print(
+                    f"{p.pid:>8} {p.comm[:16]:16} {p.state[:10]:10} {'yes' if p.agent else 'no':5} {gpu:>6} "
+                    f"{p.launches_per_s:>9.1f} {100 * p.sync_wait_share:>6.1f}  {p.python}"
+                )
+            if not rows:
+                print("(no GPU processes found and nothing attached)")
+        elif args.command == "advise":
+            findings = c.advice(args.pid)
+            if not findings:
+                print(f"no findings for {args.pid} (yet): the profile shows nothing the rules flag")
+            for f in findings:
+                print(f"[{f.severity}] {f.rule}: {f.title}")
+                print("    at " + " → ".join(f.path[-4:]))
+                for ev in f.evidence:
+                    print(f"    {ev.metric} = {ev.value:g}")
+                print(f"    fix: {f.fix}")
+                if f.estimated_saving_share:
+                    print(f"    estimated saving: {100 * f.estimated_saving_share:.0f}%")
+        else:
+            raise errors.InputError(f"unknown command {args.command}")
+    return 0
+
+
+def socket_from_env(default: str) -> str:
+    return os.environ.get("STACKLENS_SOCKET", default)

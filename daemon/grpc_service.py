@@ -1,0 +1,223 @@
+"""The gRPC service over a `Daemon`: request validation and error → status mapping in one place.
+
+Authorization: the Unix socket is mode 0660 (root + group `stacklens`); every call must also carry
+the daemon's token (`authorization: Bearer …`, read from the root:stacklens 0640 token file beside
+the socket), so a connection that gets past the file mode — or a TCP client — still needs it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hmac
+import json
+import math
+import time
+
+import grpc
+
+from stacklens import __version__
+from stacklens.cct import CCT, Frame, Snapshot, diff
+from stacklens.cct.export import to_json
+from stacklens.daemon import stacklens_pb2 as pb
+from stacklens.daemon import stacklens_pb2_grpc as pbg
+from stacklens.daemon.core import Daemon
+from stacklens.errors import InputError, StacklensError
+
+MAX_WINDOW_S = 3600.0
+
+
+def _abort(context: grpc.ServicerContext, err: StacklensError):
+    context.abort(getattr(grpc.StatusCode, err.grpc_code, grpc.StatusCode.INTERNAL), str(err))
+
+
+def _check_pid(pid: int) -> None:
+    if pid <= 0:
+        raise InputError(f"invalid pid {pid}: must be a positive process id")
+
+
+def _check_window(w: float, name: str = "window_s") -> float | None:
+    if math.isnan(w) or w < 0 or w > MAX_WINDOW_S:
+        raise InputError(f"{name} must be within 0..{MAX_WINDOW_S:g} seconds (0 = cumulative)")
+    return w or None
+
+
+def prune(snap: Snapshot, metric: str, depth: int, top_k: int) -> Snapshot:
+    """`snap` limited to `depth` levels and the `top_k` children (by inclusive metric) per node.
+
+    What is cut is charged to the nearest kept ancestor (to `[other]` at the top), so every
+    inclusive value that is kept, and every total, stays exact.
+    """
+    if not depth and not top_k:
+        return snap
+    keep = {snap.root}
+    stack = [(snap.root, 0)]
+    while stack:
+        node, d = stack.pop()
+        if depth and d >= depth:
+            continue
+        kids = sorted(snap.children(node), key=lambda c: snap.inclusive(c, metric), reverse=True)
+        for c in kids[: top_k or None]:
+            keep.add(c)
+            stack.append((c, d + 1))
+    tree = CCT(metrics=snap.metrics, max_nodes=len(keep) + 2)
+    other = (Frame.other("[other]"),)
+    for n in range(snap.node_count):
+        values = {m: snap.exclusive(n, m) for m in snap.metrics}
+        if not any(values.values()):
+            continue
+        a = n
+        while a not in keep:
+            a = snap.parent(a)
+        tree.add_many(snap.path(a) or other, values)
+    return tree.snapshot(meta=dict(snap.meta), unavailable=snap.unavailable)
+
+
+class StacklensServicer(pbg.StacklensServicer):
+    def __init__(self, daemon: Daemon, advisor=None) -> None:
+        self.daemon = daemon
+        self.advisor = advisor
+        self.seq = 0
+
+    def _snapshot_response(self, req: pb.SnapshotRequest) -> pb.SnapshotResponse:
+        _check_pid(req.pid)
+        window = _check_window(req.window_s)
+        dwin = _check_window(req.diff_window_s, "diff_window_s")
+        if req.depth > 10_000 or req.top_k > 100_000:
+            raise InputError("depth must be <= 10000 and top_k <= 100000")
+        s = self.daemon.session(req.pid)
+        snap = s.snapshot(window_s=window)
+        if dwin:
+            if not window:
+                raise InputError("diff_window_s needs window_s (the newer window)")
+            older = s.snapshot(window_s=window + dwin)
+            snap = diff(snap, diff(older, snap))  # newer window minus the one right before it
+        metric = req.metric or "cpu_samples"
+        if metric not in snap.metrics:
+            raise InputError(f"unknown metric {metric!r}; known: {', '.join(snap.metrics)}")
+        doc = to_json(prune(snap, metric, req.depth, req.top_k))
+        self.seq += 1
+        return pb.SnapshotResponse(
+            pid=req.pid,
+            profile=gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), compresslevel=1),
+            seq=self.seq,
+            state=s.state,
+            stats={k: max(0, int(v)) for k, v in s.stats().items()},
+        )
+
+    # ---- RPCs -----------------------------------------------------------------------------
+    def Attach(self, request, context):
+        try:
+            _check_pid(request.pid)
+            notes = self.daemon.attach(
+                request.pid, agent=request.agent, cpu_hz=request.cpu_sample_hz or 99, ops=not request.no_ops
+            )
+            return pb.AttachResponse(pid=request.pid, notes=notes)
+        except StacklensError as e:
+            _abort(context, e)
+
+    def Detach(self, request, context):
+        try:
+            _check_pid(request.pid)
+            self.daemon.detach(request.pid)
+            return pb.DetachResponse(pid=request.pid)
+        except StacklensError as e:
+            _abort(context, e)
+
+    def ListProcesses(self, request, context):
+        out = []
+        for info, s in self.daemon.processes():
+            p = pb.ProcessInfo(
+                pid=(info.pid if info else s.pid),
+                comm=(info.comm if info else s.comm),
+                attached=s is not None,
+                agent=bool(s and s.agent is not None),
+                state=(s.state if s else "detached"),
+                gpu=bool(info and info.gpu),
+                python=(info.python or "") if info else "",
+                container=(info.container if info else ""),
+                gpu_time_share=float("nan"),
+            )
+            if s is not None:
+                try:
+                    snap = s.snapshot(window_s=10.0)
+                    span = min(10.0, max(1e-3, time.time() - s.started))
+                    if "gpu_time_ns" not in snap.unavailable:
+                        p.gpu_time_share = snap.total("gpu_time_ns") / 1e9 / span
+                    p.launches_per_s = snap.total("launch_count") / span
+                    p.sync_wait_share = snap.total("sync_wait_ns") / 1e9 / span
+                    p.unavailable.extend(sorted(snap.unavailable))
+                except StacklensError:
+                    pass
+            out.append(p)
+        return pb.ListProcessesResponse(processes=out)
+
+    def GetSnapshot(self, request, context):
+        try:
+            return self._snapshot_response(request)
+        except StacklensError as e:
+            _abort(context, e)
+
+    def StreamSnapshots(self, request, context):
+        interval = max(100, request.interval_ms or 1000) / 1000.0
+        try:
+            while context.is_active():
+                resp = self._snapshot_response(request.request)
+                yield resp
+                if resp.state != "attached":
+                    return
+                time.sleep(interval)
+        except StacklensError as e:
+            _abort(context, e)
+
+    def GetAdvice(self, request, context):
+        try:
+            _check_pid(request.pid)
+            snap = self.daemon.snapshot(request.pid, window_s=_check_window(request.window_s))
+            findings = self.advisor(snap) if self.advisor else []
+            return pb.AdviceResponse(pid=request.pid, findings=[finding_to_pb(f) for f in findings])
+        except StacklensError as e:
+            _abort(context, e)
+
+    def Health(self, request, context):
+        counters = {k: int(v) for k, v in self.daemon.counters.items()}
+        for s in self.daemon.active():
+            try:
+                for k, v in s.stats().items():
+                    counters[k] = counters.get(k, 0) + int(v)
+            except StacklensError:
+                counters["stats_timeouts"] = counters.get("stats_timeouts", 0) + 1
+        return pb.HealthResponse(version=__version__, attached=len(self.daemon.active()), counters=counters)
+
+
+def finding_to_pb(f) -> pb.Finding:
+    return pb.Finding(
+        rule=f.rule,
+        severity=str(f.severity),
+        path=list(f.path),
+        title=f.title,
+        fix=f.fix,
+        estimated_saving_share=float(f.estimated_saving or 0.0),
+        evidence=[pb.Evidence(metric=k, value=float(v), unit="") for k, v in f.evidence.items()],
+    )
+
+
+class TokenInterceptor(grpc.ServerInterceptor):
+    """Refuses every call without the daemon's bearer token (UNAUTHENTICATED)."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+        def deny(request, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token: read it from the daemon's token file")
+
+        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny_stream = grpc.unary_stream_rpc_method_handler(deny)
+
+    def intercept_service(self, continuation, handler_call_details):
+        md = dict(handler_call_details.invocation_metadata or ())
+        got = md.get("authorization", "")
+        if hmac.compare_digest(got.encode(), self._expected):
+            return continuation(handler_call_details)
+        if handler_call_details.method.endswith("StreamSnapshots"):
+            return self._deny_stream
+        return self._deny

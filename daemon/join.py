@@ -1,0 +1,202 @@
+"""The join: BPF events and agent records of one process folded into its calling context tree.
+
+Runs on the process's aggregation thread only (no locks in here). No privilege.
+
+Paths read  py frames → op frames → native frames → api:… → kernel:…  (outermost first).
+- CPU samples (BPF perf event): py + ops + native.
+- Launches: py + ops + native + api + kernel; `launch_count` at once. GPU time arrives later from
+  the agent (CUPTI): the launch's path waits in a per-thread queue until the CUPTI API record of
+  the same thread whose [start, end] holds the BPF timestamp (clocks calibrated by the agent to
+  CLOCK_MONOTONIC) claims it; the kernel record with that correlation id then charges
+  `gpu_time_ns` and `kernel_count` to the exact launching path. Unmatched launches age out and
+  are counted, never guessed.
+- Without an agent `gpu_time_ns` and `kernel_count` are marked unavailable in every snapshot.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from stacklens.cct import METRICS, Frame, Snapshot, WindowedCCT
+
+# Samples from the in-process Python sampler (all threads, wall clock): kept apart from the BPF
+# CPU samples so neither is double counted.
+DAEMON_METRICS = METRICS + ("py_samples",)
+GPU_MEASURED = ("gpu_time_ns", "kernel_count")
+
+_INTERPRETER_LIBS = ("libpython3", "/python3", "/python")
+MAX_NATIVE_FRAMES = 16
+PENDING_MAX_AGE_NS = 30_000_000_000
+PENDING_MAX_PER_THREAD = 65_536
+
+
+def trim_native(frames: Iterable[Frame]) -> tuple[Frame, ...]:
+    """Native frames below the interpreter, leaf-most MAX_NATIVE_FRAMES of them.
+
+    Frames of the interpreter itself (and everything above it: _start, Py_RunMain …) are what the
+    Python frames already say; a truncated marker is kept so a cut stack is never hidden.
+    """
+    out: list[Frame] = []
+    for f in reversed(tuple(frames)):  # leaf first
+        if f.kind == "native" and any(s in f.file for s in _INTERPRETER_LIBS):
+            break
+        out.append(f)
+        if len(out) >= MAX_NATIVE_FRAMES:
+            out.append(Frame.other("[truncated]"))
+            break
+    out.reverse()
+    return tuple(out)
+
+
+@dataclass
+class _Pending:
+    ktime_ns: int
+    path: tuple[Frame, ...]
+
+
+@dataclass
+class JoinStats:
+    events: int = 0
+    cpu_samples: int = 0
+    launches: int = 0
+    agent_records: int = 0
+    kernels_joined: int = 0
+    kernels_unmatched: int = 0
+    launches_unmatched: int = 0
+    rejected: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, int]:
+        d = {k: v for k, v in self.__dict__.items() if isinstance(v, int)}
+        d.update(self.extra)
+        return d
+
+
+class Joiner:
+    """Owns one process's tree. Feed it events in arrival order; take snapshots from any thread."""
+
+    def __init__(
+        self,
+        pid: int,
+        *,
+        agent: bool = False,
+        max_nodes: int = 100_000,
+        bucket_s: float = 1.0,
+        horizon_s: float = 120.0,
+        clock=time.monotonic,
+    ) -> None:
+        self.pid = pid
+        self.agent = agent
+        self.tree = WindowedCCT(
+            metrics=DAEMON_METRICS, bucket_s=bucket_s, horizon_s=horizon_s, max_nodes=max_nodes, clock=clock
+        )
+        self.stats = JoinStats()
+        self.meta: dict[str, Any] = {"pid": pid}
+        self._pending: dict[int, collections.deque[_Pending]] = collections.defaultdict(collections.deque)
+        self._by_correlation: dict[int, tuple[Frame, ...]] = {}
+        self._kernels_waiting: dict[int, list[Any]] = {}
+        self.gpu_seen = False  # a GPU library event arrived at all
+
+    # ---- BPF side -------------------------------------------------------------------------
+    def on_bpf(self, ev: Any) -> None:
+        self.stats.events += 1
+        kind = ev.kind
+        base = tuple(ev.py_stack) + tuple(Frame.op(o) for o in ev.op_path) + trim_native(ev.native_stack)
+        add = self.tree.add_many
+        if kind == "cpu_sample":
+            self.stats.cpu_samples += 1
+            add(base, {"cpu_samples": 1})
+            return
+        self.gpu_seen = True
+        api = Frame.api(ev.api)
+        if kind in ("launch", "graph"):
+            self.stats.launches += 1
+            name = getattr(ev, "kernel_name", "") or ""
+            path = base + (api, Frame.kernel(name)) if name else base + (api,)
+            add(path, {"launch_count": 1})
+            if self.agent:
+                q = self._pending[ev.tid]
+                q.append(_Pending(ev.ktime_ns, path))
+                if len(q) > PENDING_MAX_PER_THREAD:
+                    q.popleft()
+                    self.stats.launches_unmatched += 1
+        elif kind == "sync":
+            add(base + (api,), {"sync_wait_ns": ev.duration_ns, "api_cpu_ns": ev.duration_ns})
+        elif kind == "memcpy":
+            add(base + (api,), {"copy_bytes": ev.bytes, "api_cpu_ns": getattr(ev, "duration_ns", 0)})
+        elif kind == "alloc":
+            add(base + (api,), {"alloc_bytes": ev.bytes, "api_cpu_ns": getattr(ev, "duration_ns", 0)})
+        elif kind == "free":
+            add(base + (api,), {"api_cpu_ns": getattr(ev, "duration_ns", 0)})
+        elif kind == "op_counts":
+            pass  # aggregated op entry counts are reported through stats only
+        else:
+            self.stats.rejected += 1
+
+    # ---- agent side -----------------------------------------------------------------------
+    def on_agent(self, rec: Any) -> None:
+        self.stats.agent_records += 1
+        kind = type(rec).__name__
+        if kind == "PySample":
+            frames = tuple(Frame.python(f, fn, ln) for (f, fn, ln) in rec.frames)
+            if frames:
+                self.tree.add_many(frames, {"py_samples": 1})
+        elif kind == "ApiRecord":
+            self._claim(rec)
+        elif kind == "KernelRecord":
+            path = self._by_correlation.pop(rec.correlation_id, None)
+            if path is None:
+                waiting = self._kernels_waiting.setdefault(rec.correlation_id, [])
+                waiting.append(rec)
+                if len(self._kernels_waiting) > PENDING_MAX_PER_THREAD:
+                    self._kernels_waiting.pop(next(iter(self._kernels_waiting)))
+                    self.stats.kernels_unmatched += 1
+                return
+            self._charge(path, rec)
+        elif kind == "Note":
+            self.meta.setdefault("notes", [])
+            if len(self.meta["notes"]) < 32:
+                self.meta["notes"].append(str(rec.text)[:300])
+
+    def _claim(self, api: Any) -> None:
+        """A CUPTI launch API record claims the BPF launch of the same thread inside its interval."""
+        q = self._pending.get(api.tid)
+        if not q:
+            return
+        while q and q[0].ktime_ns < api.start_ns:
+            q.popleft()  # launches CUPTI never reported (before activation, or dropped)
+            self.stats.launches_unmatched += 1
+        if q and q[0].ktime_ns <= api.end_ns:
+            path = q.popleft().path
+            self._by_correlation[api.correlation_id] = path
+            for krec in self._kernels_waiting.pop(api.correlation_id, ()):
+                self._charge(path, krec)
+                self._by_correlation.pop(api.correlation_id, None)
+
+    def _charge(self, path: tuple[Frame, ...], krec: Any) -> None:
+        if path[-1].kind != "kernel":
+            path = path + (Frame.kernel(krec.name),)
+        elif path[-1].name != krec.name and path[-1].name.startswith("unresolved:"):
+            path = path[:-1] + (Frame.kernel(krec.name),)
+        self.tree.add_many(path, {"gpu_time_ns": max(0, krec.end_ns - krec.start_ns), "kernel_count": 1})
+        self.stats.kernels_joined += 1
+
+    def expire(self, now_ns: int) -> None:
+        for q in self._pending.values():
+            while q and now_ns - q[0].ktime_ns > PENDING_MAX_AGE_NS:
+                q.popleft()
+                self.stats.launches_unmatched += 1
+
+    # ---- reading --------------------------------------------------------------------------
+    def unavailable(self) -> set[str]:
+        out = set()
+        if not self.agent:
+            out.update(GPU_MEASURED)
+            out.add("py_samples")
+        return out
+
+    def snapshot(self, window_s: float | None = None) -> Snapshot:
+        return self.tree.snapshot(window_s=window_s, meta=dict(self.meta), unavailable=self.unavailable())

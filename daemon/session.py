@@ -1,0 +1,216 @@
+"""One profiling session per attached PID: probes (+ optional agent) → one aggregation thread → CCT.
+
+Requires root (BPF, ptrace for the agent). The aggregation thread is the only writer of the tree;
+other threads get snapshots by asking it (a future served between batches), so the tree needs no
+locks. Target exit is noticed within one poll interval and closes the session.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import queue
+import threading
+import time
+from typing import Any, Callable, Protocol
+
+from stacklens.cct import Snapshot
+from stacklens.daemon.join import Joiner
+from stacklens.errors import NoSuchProcess, StacklensError
+
+POLL_MS = 50
+
+
+class EventSource(Protocol):
+    def attach(self) -> Any: ...
+    def poll(self, timeout_ms: int = 100) -> list[Any]: ...
+    def stats(self) -> dict[str, int]: ...
+    def detach(self) -> None: ...
+
+
+class AgentSource(Protocol):
+    def poll(self) -> list[Any]: ...
+    def close(self) -> None: ...
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has exited as far as profiling goes
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def default_probe_factory(pid: int, *, cpu_hz: int, ops: bool) -> EventSource:
+    from stacklens.bpf import ProbeConfig, ProbeSession
+
+    return ProbeSession(pid, ProbeConfig(cpu_sample_hz=cpu_hz, ops=ops))
+
+
+def default_agent_factory(pid: int, *, sample_hz: int) -> AgentSource:
+    from stacklens.daemon.agentlink import start_agent
+
+    return start_agent(pid, sample_hz=sample_hz)
+
+
+class ProcessSession:
+    def __init__(
+        self,
+        pid: int,
+        *,
+        agent: bool = False,
+        cpu_hz: int = 99,
+        ops: bool = True,
+        max_nodes: int = 100_000,
+        probe_factory: Callable[..., EventSource] = default_probe_factory,
+        agent_factory: Callable[..., AgentSource] = default_agent_factory,
+        on_close: Callable[["ProcessSession"], None] | None = None,
+    ) -> None:
+        if not pid_alive(pid):
+            raise NoSuchProcess(f"no process {pid}: check the PID with `stacklens ps` or `ps -p {pid}`")
+        self.pid = pid
+        self.want_agent = agent
+        self.cpu_hz = cpu_hz
+        self.ops = ops
+        self._probe_factory = probe_factory
+        self._agent_factory = agent_factory
+        self._on_close = on_close
+        self.joiner = Joiner(pid, agent=agent, max_nodes=max_nodes)
+        self.probes: EventSource | None = None
+        self.agent: AgentSource | None = None
+        self.notes: list[str] = []
+        self.state = "starting"
+        self.started = time.time()
+        self._requests: queue.Queue[tuple[concurrent.futures.Future, Callable[[], Any]]] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stats: dict[str, int] = {}
+        self.comm = ""
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self) -> list[str]:
+        try:
+            with open(f"/proc/{self.pid}/comm") as fh:
+                self.comm = fh.read().strip()
+        except OSError:
+            pass
+        self.joiner.meta.update({"pid": self.pid, "comm": self.comm})
+        self.probes = self._probe_factory(self.pid, cpu_hz=self.cpu_hz, ops=self.ops)
+        try:
+            report = self.probes.attach()
+            self.notes.extend(getattr(report, "notes", []) or [])
+            if self.want_agent:
+                self.agent = self._agent_factory(self.pid, sample_hz=100)
+                self.notes.append("agent: injected (Python sampler; GPU collector if CUDA/ROCm is present)")
+        except BaseException:
+            self._teardown()
+            raise
+        self.joiner.meta["notes"] = list(self.notes)
+        self.state = "attached"
+        self._thread = threading.Thread(target=self._run, name=f"stacklens-agg-{self.pid}", daemon=True)
+        self._thread.start()
+        return self.notes
+
+    def stop(self, state: str = "detached") -> None:
+        self._stop.set()
+        if self._thread and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        if self.state in ("attached", "starting"):
+            self.state = state
+        self._teardown()
+
+    def _teardown(self) -> None:
+        if self.agent is not None:
+            try:
+                self.agent.close()
+            except Exception as e:  # noqa: BLE001 — detach must go on whatever the agent did
+                self.notes.append(f"agent close: {e}")
+            self.agent = None
+        if self.probes is not None:
+            try:
+                self._stats = dict(self.probes.stats())
+            except Exception:  # noqa: BLE001
+                pass
+            self.probes.detach()
+            self.probes = None
+
+    # ---- the aggregation thread -----------------------------------------------------------
+    def _run(self) -> None:
+        last_alive = 0.0
+        try:
+            while not self._stop.is_set():
+                for ev in self.probes.poll(POLL_MS):
+                    self.joiner.on_bpf(ev)
+                if self.agent is not None:
+                    for rec in self.agent.poll():
+                        self.joiner.on_agent(rec)
+                self._serve_requests()
+                now = time.monotonic()
+                if now - last_alive > 0.2:
+                    last_alive = now
+                    self.joiner.expire(time.monotonic_ns())
+                    if not pid_alive(self.pid):
+                        # drain what is left, then close
+                        for ev in self.probes.poll(0):
+                            self.joiner.on_bpf(ev)
+                        self.state = "exited"
+                        break
+        except Exception as e:  # noqa: BLE001 — a session error must not take the daemon down
+            self.state = f"error: {e}"
+        finally:
+            self._serve_requests()
+            if self.state != "attached":
+                self._teardown()
+                self._fail_requests()
+                if self._on_close:
+                    self._on_close(self)
+
+    def _serve_requests(self) -> None:
+        while True:
+            try:
+                fut, fn = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except Exception as e:  # noqa: BLE001
+                    fut.set_exception(e)
+
+    def _fail_requests(self) -> None:
+        self._final = self.joiner.snapshot()
+        self._serve_requests()
+
+    def _call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
+        if self._thread is None or not self._thread.is_alive():
+            return fn()  # the thread has finished: the joiner is no longer written to
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._requests.put((fut, fn))
+        try:
+            return fut.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            raise StacklensError(f"session {self.pid} did not answer within {timeout}s") from None
+
+    # ---- reading --------------------------------------------------------------------------
+    def snapshot(self, window_s: float | None = None) -> Snapshot:
+        snap = self._call(lambda: self.joiner.snapshot(window_s=window_s))
+        return snap
+
+    def stats(self) -> dict[str, int]:
+        def collect() -> dict[str, int]:
+            out = dict(self.joiner.stats.as_dict())
+            if self.probes is not None:
+                try:
+                    self._stats = dict(self.probes.stats())
+                except Exception:  # noqa: BLE001
+                    pass
+            out.update({f"bpf_{k}": int(v) for k, v in self._stats.items() if isinstance(v, (int, float))})
+            return out
+
+        return self._call(collect)
