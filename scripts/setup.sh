@@ -40,4 +40,10 @@ echo "$(pwd)/.venv/debian-bcc" > "$site/debian_bcc.pth"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e '.[test]'
+# The unit's ExecStart and users' shells find the commands here; the daemon's config and group.
+ln -sfn "$(pwd)/.venv/bin/stacklensd" /usr/local/bin/stacklensd
+ln -sfn "$(pwd)/.venv/bin/stacklens" /usr/local/bin/stacklens
+mkdir -p /etc/stacklens
+[ -f /etc/stacklens/stacklensd.toml ] || install -m 0644 systemd/stacklensd.toml /etc/stacklens/stacklensd.toml
+getent group stacklens >/dev/null || groupadd --system stacklens
 .venv/bin/python -c 'import bcc, torch, stacklens; print("setup: ok (bcc", bcc.__version__ if hasattr(bcc, "__version__") else "", ", torch", torch.__version__, ")")'
