@@ -1,0 +1,126 @@
+"""Frames: one level of a calling context (a Python line, an operator, a native symbol, a kernel).
+
+Pure data, no privilege, no I/O. A `Frame` is a NamedTuple so that hashing and comparing one
+(the CCT does both on every insertion) runs in C.
+
+Text labels (used by folded output, the TUI, JSON-free tests and `find`):
+
+    python       py:FILE:FUNC:LINE      parsed from the right: FILE may contain ':'
+    op           op:NAME                NAME is everything after 'op:' (aten::addmm)
+    native       native:LIB:SYMBOL      LIB ends at the first ':'; SYMBOL may contain '::'
+    gpu_api      api:NAME
+    kernel       kernel:NAME
+    instruction  insn:NAME
+    other        [NAME]
+
+So that every label parses back to its frame, the one field that sits left of a free-form
+field and may not contain ':' (FUNC of a python frame, LIB of a native frame) is escaped with
+'%3A' for ':' and '%25' for '%'; real function and library names never need it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+KINDS = ("python", "op", "native", "gpu_api", "kernel", "instruction", "other")
+
+_PREFIX_OF_KIND = {
+    "op": "op:",
+    "gpu_api": "api:",
+    "kernel": "kernel:",
+    "instruction": "insn:",
+}
+_KIND_OF_PREFIX = {prefix: kind for kind, prefix in _PREFIX_OF_KIND.items()}
+_LINE = re.compile(r"-?[0-9]+")
+
+
+def _escape(text: str) -> str:
+    return text.replace("%", "%25").replace(":", "%3A")
+
+
+def _unescape(text: str) -> str:
+    return text.replace("%3A", ":").replace("%25", "%")
+
+
+class Frame(NamedTuple):
+    """One level of a calling context.
+
+    `file` is the source file of a python frame and the library of a native frame; `line` is
+    only meaningful for python frames. Other kinds carry just `name`.
+    """
+
+    kind: str
+    name: str
+    file: str = ""
+    line: int = 0
+
+    @classmethod
+    def python(cls, file: str, func: str, line: int) -> Frame:
+        return cls("python", func, file, line)
+
+    @classmethod
+    def op(cls, name: str) -> Frame:
+        return cls("op", name)
+
+    @classmethod
+    def native(cls, lib: str, symbol: str) -> Frame:
+        return cls("native", symbol, lib)
+
+    @classmethod
+    def api(cls, name: str) -> Frame:
+        return cls("gpu_api", name)
+
+    @classmethod
+    def kernel(cls, name: str) -> Frame:
+        return cls("kernel", name)
+
+    @classmethod
+    def instruction(cls, name: str) -> Frame:
+        return cls("instruction", name)
+
+    @classmethod
+    def other(cls, name: str) -> Frame:
+        """A synthetic frame such as `[truncated]` or `[other]`; surrounding brackets are optional."""
+        if len(name) >= 2 and name[0] == "[" and name[-1] == "]":
+            name = name[1:-1]
+        return cls("other", name)
+
+    def label(self) -> str:
+        kind = self.kind
+        if kind == "python":
+            return f"py:{self.file}:{_escape(self.name)}:{self.line}"
+        if kind == "native":
+            return f"native:{_escape(self.file)}:{self.name}"
+        prefix = _PREFIX_OF_KIND.get(kind)
+        if prefix is not None:
+            return prefix + self.name
+        return f"[{self.name}]"
+
+    @classmethod
+    def from_label(cls, label: str) -> Frame:
+        """Parse a label written by `label()`; raises ValueError for anything else."""
+        if label.startswith("py:"):
+            parts = label[3:].rsplit(":", 2)
+            if len(parts) != 3 or not _LINE.fullmatch(parts[2]):
+                raise ValueError(f"python frame label must be py:FILE:FUNC:LINE, got {label!r}")
+            return cls("python", _unescape(parts[1]), parts[0], int(parts[2]))
+        if label.startswith("native:"):
+            lib, sep, symbol = label[7:].partition(":")
+            if not sep:
+                raise ValueError(f"native frame label must be native:LIB:SYMBOL, got {label!r}")
+            return cls("native", symbol, _unescape(lib))
+        if len(label) >= 2 and label[0] == "[" and label[-1] == "]":
+            return cls("other", label[1:-1])
+        prefix, sep, _ = label.partition(":")
+        kind = _KIND_OF_PREFIX.get(prefix + sep)
+        if kind is None:
+            raise ValueError(
+                f"unknown frame label {label!r}: expected a py:, op:, native:, api:, kernel: or "
+                "insn: prefix, or [name]"
+            )
+        return cls(kind, label[len(prefix) + 1 :])
+
+
+ROOT = Frame("other", "root")
+OTHER = Frame("other", "other")
