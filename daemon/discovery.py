@@ -95,7 +95,8 @@ def describe_process(pid: int, procfs: ProcFS | None = None) -> ProcessInfo:
     m = re.search(r"python(3\.\d+)", os.path.basename(exe))
     if libs.get("libpython"):
         lp = libs["libpython"][0]
-        python = f"{re.search(r'libpython(3\.\d+t?)', lp).group(1)} ({lp})"
+        ver = re.search(r"libpython(3\.\d+t?)", lp)
+        python = f"{ver.group(1) if ver else '3'} ({lp})"
     elif m:
         python = f"{m.group(1)} ({exe})"
     try:

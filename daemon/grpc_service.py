@@ -23,7 +23,7 @@ from stacklens.daemon import stacklens_pb2_grpc as pbg
 from stacklens.daemon.core import Daemon
 from stacklens.errors import InputError, StacklensError
 
-MAX_WINDOW_S = 3600.0
+MAX_WINDOW_S = 60.0  # window + diff window must fit the 120 s horizon of the tree
 
 
 def _abort(context: grpc.ServicerContext, err: StacklensError):

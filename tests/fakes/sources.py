@@ -1,0 +1,91 @@
+"""Fakes behind the daemon's Protocols (EventSource, AgentSource) for unit tests only.
+
+The integration tests in tests/bpf and tests/integration use the real probes and agent.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+
+from stacklens.cct import Frame
+
+
+@dataclass(frozen=True)
+class FakeEvent:
+    kind: str
+    tid: int = 1
+    ktime_ns: int = 0
+    api: str = ""
+    op_path: tuple = ()
+    native_stack: tuple = ()
+    py_stack: tuple = ()
+    kernel_name: str = ""
+    duration_ns: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ApiRecord:
+    tid: int
+    name: str
+    start_ns: int
+    end_ns: int
+    correlation_id: int
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    name: str
+    start_ns: int
+    end_ns: int
+    correlation_id: int
+    device: int = 0
+    stream: int = 0
+
+
+@dataclass(frozen=True)
+class PySample:
+    tid: int
+    t_ns: int
+    frames: tuple
+
+
+class FakeProbes:
+    """An EventSource fed by the test (`push`)."""
+
+    def __init__(self, pid: int, **kw) -> None:
+        self.pid = pid
+        self.kw = kw
+        self.q: collections.deque = collections.deque()
+        self.attached = False
+        self.detached = False
+        self.cv = threading.Condition()
+
+    def attach(self):
+        self.attached = True
+        return type("Report", (), {"notes": ["fake probes attached"]})()
+
+    def push(self, *events) -> None:
+        with self.cv:
+            self.q.extend(events)
+            self.cv.notify_all()
+
+    def poll(self, timeout_ms: int = 100):
+        with self.cv:
+            if not self.q and timeout_ms:
+                self.cv.wait(timeout_ms / 1000)
+            out = list(self.q)
+            self.q.clear()
+        return out
+
+    def stats(self):
+        return {"events": 0, "drops": 0}
+
+    def detach(self) -> None:
+        self.detached = True
+
+
+def py(func: str, line: int, file: str = "train.py") -> Frame:
+    return Frame.python(file, func, line)

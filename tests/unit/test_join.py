@@ -1,0 +1,89 @@
+"""The join: BPF launches + CUPTI records → GPU time on the exact launching path."""
+
+from __future__ import annotations
+
+from stacklens.cct import Frame
+from stacklens.daemon.join import Joiner, trim_native
+from tests.fakes.sources import ApiRecord, FakeEvent, KernelRecord, PySample, py
+
+STEP_A = (py("main", 10), py("step_a", 20))
+STEP_B = (py("main", 10), py("step_b", 30))
+
+
+def launch(tid, t, stack, op="aten::add", kernel=""):
+    return FakeEvent(kind="launch", tid=tid, ktime_ns=t, api="cuLaunchKernel", op_path=(op,), py_stack=stack, kernel_name=kernel)
+
+
+def test_without_agent_gpu_time_is_unavailable_not_zero():
+    j = Joiner(1, agent=False)
+    j.on_bpf(launch(1, 100, STEP_A))
+    snap = j.snapshot()
+    assert {"gpu_time_ns", "kernel_count"} <= snap.unavailable
+    n = snap.find(["py:train.py:main:10", "py:train.py:step_a:20", "op:aten::add", "api:cuLaunchKernel"])
+    assert n is not None and snap.inclusive(n, "launch_count") == 1
+
+
+def test_kernels_land_on_the_launching_path_in_order_per_thread():
+    j = Joiner(1, agent=True)
+    # thread 1 launches from step_a twice, thread 2 from step_b once, interleaved in time
+    j.on_bpf(launch(1, 1_000, STEP_A))
+    j.on_bpf(launch(2, 1_500, STEP_B, op="aten::mm"))
+    j.on_bpf(launch(1, 2_000, STEP_A))
+    # CUPTI: API records (thread, interval, correlation); kernel records arrive before some APIs
+    j.on_agent(KernelRecord("add_kernel", 10_000, 10_400, correlation_id=7))
+    j.on_agent(ApiRecord(1, "cuLaunchKernel", 900, 1_100, 7))
+    j.on_agent(ApiRecord(2, "cuLaunchKernel", 1_400, 1_600, 8))
+    j.on_agent(ApiRecord(1, "cuLaunchKernel", 1_900, 2_100, 9))
+    j.on_agent(KernelRecord("gemm", 11_000, 13_000, correlation_id=8))
+    j.on_agent(KernelRecord("add_kernel", 14_000, 14_600, correlation_id=9))
+    snap = j.snapshot()
+    a = snap.find([f.label() for f in STEP_A] + ["op:aten::add", "api:cuLaunchKernel", "kernel:add_kernel"])
+    b = snap.find([f.label() for f in STEP_B] + ["op:aten::mm", "api:cuLaunchKernel", "kernel:gemm"])
+    assert snap.inclusive(a, "gpu_time_ns") == 400 + 600
+    assert snap.inclusive(a, "kernel_count") == 2
+    assert snap.inclusive(b, "gpu_time_ns") == 2_000
+    assert snap.total("gpu_time_ns") == 3_000
+    assert j.stats.kernels_joined == 3 and j.stats.launches_unmatched == 0
+
+
+def test_launches_cupti_never_saw_are_counted_not_charged():
+    j = Joiner(1, agent=True)
+    j.on_bpf(launch(1, 100, STEP_A))  # before CUPTI was active
+    j.on_bpf(launch(1, 2_000, STEP_B))
+    j.on_agent(ApiRecord(1, "cuLaunchKernel", 1_900, 2_100, 5))
+    j.on_agent(KernelRecord("k", 0, 50, 5))
+    snap = j.snapshot()
+    assert j.stats.launches_unmatched == 1
+    assert snap.total("gpu_time_ns") == 50
+    b = snap.find([f.label() for f in STEP_B] + ["op:aten::add", "api:cuLaunchKernel", "kernel:k"])
+    assert snap.inclusive(b, "gpu_time_ns") == 50
+
+
+def test_sync_copy_alloc_and_cpu_samples():
+    j = Joiner(1, agent=True)
+    j.on_bpf(FakeEvent(kind="sync", api="cuStreamSynchronize", py_stack=STEP_A, op_path=("aten::item",), duration_ns=5_000))
+    j.on_bpf(FakeEvent(kind="memcpy", api="cuMemcpyHtoD_v2", py_stack=STEP_B, bytes=4096, duration_ns=100))
+    j.on_bpf(FakeEvent(kind="alloc", api="cuMemAlloc_v2", py_stack=STEP_B, bytes=1 << 20))
+    j.on_bpf(FakeEvent(kind="cpu_sample", py_stack=STEP_A, op_path=("aten::linear", "aten::addmm"),
+                       native_stack=(Frame.native("libtorch_cpu.so", "at::native::addmm"),)))
+    j.on_agent(PySample(1, 0, (("train.py", "main", 10), ("train.py", "step_a", 20))))
+    snap = j.snapshot()
+    assert snap.total("sync_wait_ns") == 5_000
+    assert snap.total("copy_bytes") == 4096
+    assert snap.total("alloc_bytes") == 1 << 20
+    leaf = snap.find([f.label() for f in STEP_A] + ["op:aten::linear", "op:aten::addmm", "native:libtorch_cpu.so:at::native::addmm"])
+    assert snap.exclusive(leaf, "cpu_samples") == 1
+    assert snap.total("py_samples") == 1
+
+
+def test_trim_native_drops_interpreter_frames_and_marks_cuts():
+    frames = (
+        Frame.native("/usr/bin/python3.11", "_PyEval_EvalFrameDefault"),
+        Frame.native("libtorch_python.so", "THPVariable_add"),
+        Frame.native("libtorch_cpu.so", "at::_ops::add::call"),
+    )
+    assert trim_native(frames) == frames[1:]
+    deep = tuple(Frame.native("libx.so", f"f{i}") for i in range(40))
+    out = trim_native(deep)
+    assert out[0] == Frame.other("[truncated]") or out[-1] == Frame.other("[truncated]")
+    assert len(out) == 17

@@ -1,0 +1,88 @@
+"""Prometheus collector over snapshots: names, units, hotspot bound, and promtool's linter."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from stacklens.cct import CCT, Frame
+from stacklens.daemon.join import DAEMON_METRICS
+from stacklens.daemon.prom import StacklensCollector, context_label
+
+
+def make_snapshot(n_contexts: int, unavailable=("gpu_time_ns", "kernel_count")):
+    t = CCT(metrics=DAEMON_METRICS, max_nodes=4 * n_contexts + 100)
+    for i in range(n_contexts):
+        path = (
+            Frame.python("/srv/train.py", "step", 10),
+            Frame.python("/srv/model.py", f"block{i}", 100 + i),
+            Frame.op("aten::addmm"),
+            Frame.api("cuLaunchKernel"),
+        )
+        t.add_many(path, {"cpu_samples": i + 1, "launch_count": 2, "sync_wait_ns": 1000 * i})
+    return t.snapshot(meta={"pid": 42}, unavailable=set(unavailable))
+
+
+def registry_for(snap, **kw):
+    reg = CollectorRegistry()
+    reg.register(StacklensCollector(lambda: [(42, "python3", "", snap, {"drops": 3})], health=lambda: {"events": 9}, **kw))
+    return reg
+
+
+def test_totals_units_and_unavailable():
+    snap = make_snapshot(10)
+    reg = registry_for(snap)
+    lv = {"pid": "42", "comm": "python3", "container": ""}
+    assert reg.get_sample_value("stacklens_kernel_launches_total", lv) == 20
+    assert reg.get_sample_value("stacklens_sync_wait_seconds_total", lv) == pytest.approx(45_000e-9)
+    assert reg.get_sample_value("stacklens_cpu_samples_total", lv) == 55
+    # GPU time was not measured: no value, an explicit unavailable marker instead
+    assert reg.get_sample_value("stacklens_gpu_kernel_seconds_total", lv) is None
+    assert reg.get_sample_value("stacklens_metric_unavailable", {**lv, "metric": "gpu_time_ns"}) == 1
+    assert reg.get_sample_value("stacklens_process_dropped_events_total", lv) == 3
+    assert reg.get_sample_value("stacklens_attached_processes") == 1
+    assert reg.get_sample_value("stacklens_events_total") == 9
+
+
+def test_hotspots_bounded_to_k_plus_other_with_10000_contexts():
+    snap = make_snapshot(10_000)
+    reg = registry_for(snap, top_k=10)
+    text = generate_latest(reg).decode()
+    series = [l for l in text.splitlines() if l.startswith("stacklens_hotspot_cpu_samples_total{")]
+    assert len(series) == 11
+    assert any('context="[other]"' in l for l in series)
+    total = sum(float(l.rsplit(" ", 1)[1]) for l in series)
+    assert total == snap.total("cpu_samples")
+    top = reg.get_sample_value(
+        "stacklens_hotspot_cpu_samples_total",
+        {"pid": "42", "comm": "python3", "container": "", "context": "model.py:block9999:10099 > aten::addmm > api:cuLaunchKernel"},
+    )
+    assert top == 10_000
+
+
+def test_series_cap_counts_evictions():
+    snap = make_snapshot(100)
+    coll = StacklensCollector(lambda: [(1, "a", "", snap, {}), (2, "b", "", snap, {})], top_k=10, series_cap=15)
+    reg = CollectorRegistry()
+    reg.register(coll)
+    text = generate_latest(reg).decode()
+    hot = [l for l in text.splitlines() if l.startswith("stacklens_hotspot_") and not l.startswith("#")]
+    assert len(hot) == 15
+    assert coll.series_evicted > 0
+
+
+def test_context_label_is_short_and_bounded():
+    path = (Frame.python("/a/b/model.py", "forward", 17), Frame.op("aten::linear"), Frame.kernel("x" * 500))
+    label = context_label(path)
+    assert label.startswith("model.py:forward:17 > aten::linear > kernel:")
+    assert len(label) <= 120
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+def test_promtool_check_metrics_passes():
+    text = generate_latest(registry_for(make_snapshot(50))).decode()
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
