@@ -1,0 +1,308 @@
+"""Symbolize the raw Python stacks recorded by pystack.h: code object -> (file, qualname, line).
+
+No privilege of its own: every read of the target goes through `ProcessMemory`
+(`python_process.ProcMem` over /proc/PID/mem in production, fakes in tests). Cost: a cache hit
+is two dict lookups; a miss reads the code object (~5 small reads, a few µs each) and decodes
+its line table once.
+
+Cache invalidation: BPF records, with each code address, a tag folded from the code object's
+`co_filename` and `co_name` pointers *at the time of the probe*. Entries are keyed by
+(address, tag): a code object freed and another allocated at the same address gives another
+tag, hence a miss and a fresh read; a read whose tag no longer matches the event's (the object
+died between the probe and the read) yields a marked `[stale code object]` frame, never a
+wrong name.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Optional, Protocol, Sequence
+
+from stacklens.errors import StacklensError
+
+try:
+    from stacklens.cct import Frame  # type: ignore[attr-defined]
+except ImportError:  # cct not there yet: same fields, same constructors used here
+    class Frame(NamedTuple):  # type: ignore[no-redef]
+        kind: str
+        name: str
+        file: str = ""
+        line: int = 0
+
+        @classmethod
+        def python(cls, file: str, func: str, line: int) -> "Frame":
+            return cls("python", func, file, line)
+
+        @classmethod
+        def other(cls, name: str) -> "Frame":
+            return cls("other", name)
+
+if TYPE_CHECKING:
+    from stacklens.bpf.python_layouts import PyLayout
+
+
+class MemoryReadError(StacklensError):
+    """The target's memory could not be read at that address (unmapped, process gone)."""
+
+
+class ProcessMemory(Protocol):
+    def read(self, addr: int, n: int) -> bytes:
+        """Exactly `n` bytes at `addr` of the target, or raise MemoryReadError."""
+        ...
+
+
+# ---- mirror of pystack.h structs (tests/bpf/test_pystack.py checks them against the C) ----
+
+SL_PY_OK, SL_PY_NOT_TARGET, SL_PY_NO_TSTATE, SL_PY_BAD_TSTATE, SL_PY_READ_ERR = range(5)
+SL_PYF_ENTRY, SL_PYF_NOCODE = 1, 2
+STATUS_NAMES = {0: "ok", 1: "not_target", 2: "no_tstate", 3: "bad_tstate", 4: "read_error"}
+
+
+class SlPyFrame(ct.Structure):
+    _fields_ = [("code", ct.c_uint64), ("tag", ct.c_uint64), ("offset", ct.c_int32),
+                ("flags", ct.c_uint32)]
+
+
+def sl_pystack_struct(max_depth: int) -> type[ct.Structure]:
+    """ctypes mirror of `struct sl_pystack` for a given -DSL_PY_MAX_DEPTH."""
+    return type(f"SlPyStack{max_depth}", (ct.Structure,), {"_fields_": [
+        ("depth", ct.c_uint32), ("status", ct.c_uint16), ("truncated", ct.c_uint8),
+        ("pad", ct.c_uint8), ("tstate", ct.c_uint64), ("frames", SlPyFrame * max_depth)]})
+
+
+class RawPyFrame(NamedTuple):
+    code: int
+    tag: int
+    offset: int
+    flags: int = 0
+
+
+class RawPyStack(NamedTuple):
+    """A stack as BPF recorded it: frames innermost first."""
+
+    status: int
+    truncated: bool
+    frames: tuple[RawPyFrame, ...]
+
+    @classmethod
+    def from_struct(cls, s: ct.Structure) -> "RawPyStack":
+        n = min(s.depth, len(s.frames))
+        return cls(s.status, bool(s.truncated), tuple(
+            RawPyFrame(f.code, f.tag, f.offset, f.flags) for f in s.frames[:n]))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, max_depth: int) -> "RawPyStack":
+        st = sl_pystack_struct(max_depth)
+        return cls.from_struct(st.from_buffer_copy(data[:ct.sizeof(st)]))
+
+
+# ---- line tables -----------------------------------------------------------------------------
+
+
+def line_ranges_311(table: bytes, firstlineno: int) -> list[tuple[int, int, int]]:
+    """3.11+ location table -> [(start, end, line)] in code units; line -1 = none."""
+    out = []
+    line, addr, i, n = firstlineno, 0, 0, len(table)
+
+    def varint(i: int) -> tuple[int, int]:
+        b = table[i]
+        val, shift = b & 63, 6
+        i += 1
+        while b & 64:
+            b = table[i]
+            val |= (b & 63) << shift
+            shift += 6
+            i += 1
+        return val, i
+
+    def svarint(i: int) -> tuple[int, int]:
+        v, i = varint(i)
+        return (-(v >> 1) if v & 1 else v >> 1), i
+
+    while i < n:
+        first = table[i]
+        i += 1
+        code, length = (first >> 3) & 15, (first & 7) + 1
+        if code == 15:
+            lineno = -1
+        elif code == 14:
+            d, i = svarint(i)
+            line += d
+            lineno = line
+            _, i = varint(i)
+            _, i = varint(i)
+            _, i = varint(i)
+        elif code == 13:
+            d, i = svarint(i)
+            line += d
+            lineno = line
+        elif code >= 10:
+            line += code - 10
+            lineno = line
+            i += 2
+        else:
+            lineno = line
+            i += 1
+        out.append((addr, addr + length, lineno))
+        addr += length
+    return out
+
+
+def line_ranges_310(table: bytes, firstlineno: int) -> list[tuple[int, int, int]]:
+    """3.10 co_linetable (PEP 626 pairs) -> [(start, end, line)] in code units."""
+    out = []
+    line, addr = firstlineno, 0
+    for j in range(0, len(table) - 1, 2):
+        sdelta, ldelta = table[j], struct.unpack("b", table[j + 1:j + 2])[0]
+        if ldelta == -128:
+            lineno = -1
+        else:
+            line += ldelta
+            lineno = line
+        if sdelta:
+            out.append((addr // 2, (addr + sdelta) // 2, lineno))
+        addr += sdelta
+    return out
+
+
+def line_of(ranges: Sequence[tuple[int, int, int]], unit: int, firstlineno: int) -> int:
+    if unit < 0:
+        return firstlineno
+    for start, end, line in ranges:
+        if start <= unit < end:
+            return line if line >= 0 else firstlineno
+    return firstlineno
+
+
+# ---- reading objects -------------------------------------------------------------------------
+
+
+def read_u64(mem: ProcessMemory, addr: int) -> int:
+    return struct.unpack("<Q", mem.read(addr, 8))[0]
+
+
+def read_unicode(mem: ProcessMemory, lay: "PyLayout", addr: int, limit: int = 4096) -> str:
+    length = read_u64(mem, addr + lay.unicode_length)
+    state = struct.unpack("<I", mem.read(addr + lay.unicode_state, 4))[0]
+    kind, compact, ascii_ = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
+    if not compact or kind not in (1, 2, 4) or length > limit:
+        raise MemoryReadError(f"unsupported str object at {addr:#x}")
+    if ascii_:
+        return mem.read(addr + lay.unicode_ascii_size, length).decode("ascii", "replace")
+    raw = mem.read(addr + lay.unicode_compact_size, length * kind)
+    enc = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind]
+    return raw.decode(enc, "replace")
+
+
+def read_bytes_obj(mem: ProcessMemory, lay: "PyLayout", addr: int, limit: int = 1 << 20) -> bytes:
+    n = read_u64(mem, addr + lay.bytes_size)
+    if n > limit:
+        raise MemoryReadError(f"bytes object at {addr:#x} too large ({n})")
+    return mem.read(addr + lay.bytes_sval, n) if n else b""
+
+
+@dataclass(frozen=True)
+class CodeInfo:
+    filename: str
+    qualname: str
+    firstlineno: int
+    ranges: tuple[tuple[int, int, int], ...]
+
+
+@dataclass
+class SymbolizerStats:
+    hits: int = 0      # frame resolved from the cache
+    misses: int = 0    # code object read from the target
+    stale: int = 0     # code object gone/reused before it could be read
+    errors: int = 0    # unreadable code object
+
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses + self.stale + self.errors
+        return self.hits / total if total else 0.0
+
+
+class Symbolizer:
+    """Raw frames -> `Frame.python(file, qualname, line)`, with a bounded (addr, tag) cache."""
+
+    def __init__(self, mem: ProcessMemory, layout: "PyLayout", code_type_addr: int = 0,
+                 max_entries: int = 65536) -> None:
+        self.mem = mem
+        self.layout = layout
+        self.code_type_addr = code_type_addr
+        self.max_entries = max_entries
+        self._codes: OrderedDict[tuple[int, int], CodeInfo] = OrderedDict()
+        self._frames: dict[tuple[int, int, int], Frame] = {}
+        self.stats = SymbolizerStats()
+
+    def _read_code(self, code: int, tag: int) -> Optional[CodeInfo]:
+        lay, mem = self.layout, self.mem
+        if self.code_type_addr and read_u64(mem, code + lay.ob_type) != self.code_type_addr:
+            return None
+        fn_ptr = read_u64(mem, code + lay.code_filename)
+        name_ptr = read_u64(mem, code + lay.code_name)
+        if tag and (fn_ptr ^ name_ptr) != tag:
+            return None
+        qual_ptr = read_u64(mem, code + lay.code_qualname) if lay.code_qualname >= 0 else name_ptr
+        first = struct.unpack("<i", mem.read(code + lay.code_firstlineno, 4))[0]
+        table = read_bytes_obj(mem, lay, read_u64(mem, code + lay.code_linetable))
+        decode = line_ranges_311 if lay.linetable_format == 311 else line_ranges_310
+        return CodeInfo(read_unicode(mem, lay, fn_ptr), read_unicode(mem, lay, qual_ptr), first,
+                        tuple(decode(table, first)))
+
+    def code_info(self, code: int, tag: int) -> Optional[CodeInfo]:
+        key = (code, tag)
+        info = self._codes.get(key)
+        if info is not None:
+            self._codes.move_to_end(key)
+            return info
+        info = self._read_code(code, tag)
+        if info is not None:
+            self._codes[key] = info
+            if len(self._codes) > self.max_entries:
+                old, _ = self._codes.popitem(last=False)
+                self._frames = {k: v for k, v in self._frames.items() if k[:2] != old}
+        return info
+
+    def frame(self, raw: RawPyFrame) -> Frame:
+        key = (raw.code, raw.tag, raw.offset)
+        fr = self._frames.get(key)
+        if fr is not None:
+            self.stats.hits += 1
+            return fr
+        if not raw.code or raw.flags & SL_PYF_NOCODE:
+            self.stats.errors += 1
+            return Frame.other("[unknown python frame]")
+        try:
+            info = self.code_info(raw.code, raw.tag)
+        except MemoryReadError:
+            self.stats.errors += 1
+            return Frame.other("[unreadable code object]")
+        if info is None:
+            self.stats.stale += 1
+            return Frame.other("[stale code object]")
+        self.stats.misses += 1
+        unit = raw.offset // 2 if raw.offset >= 0 else -1
+        fr = Frame.python(info.filename, info.qualname, line_of(info.ranges, unit, info.firstlineno))
+        if len(self._frames) < 8 * self.max_entries:
+            self._frames[key] = fr
+        return fr
+
+    def symbolize(self, raw: RawPyStack | Iterable[RawPyFrame],
+                  truncated: bool = False) -> tuple[Frame, ...]:
+        """Outermost first; a `[truncated]` frame leads when the outermost frames are missing."""
+        if isinstance(raw, RawPyStack):
+            frames, truncated = raw.frames, raw.truncated
+        else:
+            frames = tuple(raw)
+        out = [self.frame(f) for f in reversed(frames)]
+        if truncated:
+            out.insert(0, Frame.other("[truncated]"))
+        return tuple(out)
+
+    def entry_flags(self, raw: RawPyStack) -> tuple[bool, ...]:
+        """Outermost first, aligned with symbolize(): True where an eval-loop invocation begins
+        (the splice points for native stacks: one per _PyEval_EvalFrameDefault frame)."""
+        return tuple(bool(f.flags & SL_PYF_ENTRY) for f in reversed(raw.frames))

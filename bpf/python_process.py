@@ -1,0 +1,541 @@
+"""Find the CPython interpreter inside a running process and everything pystack.h needs.
+
+Requires root (or CAP_SYS_PTRACE + CAP_SYS_ADMIN) to read /proc/PID/mem and /proc/PID/root;
+/sys/kernel/btf/vmlinux for the task_struct layout. Costs: one ELF symbol lookup and a few
+/proc/PID/mem reads at attach (milliseconds); `walk_threads` is O(threads) reads.
+
+What it finds:
+- the object that holds `_PyRuntime` (libpython3.X.so or a statically linked `python3.X`), its
+  load bias, the version (`Py_Version` on 3.11+, `_Py_DebugOffsets` on 3.13+, the file name
+  otherwise) and the `PyLayout` (python_layouts.py picks it; nothing here names a version);
+- the thread list of the main interpreter (tstate, pthread_t, native tid);
+- how BPF finds the *current* thread's PyThreadState: the gilstate TSS slot in glibc's
+  `struct pthread` (`fsbase + specific_1stblock[key].data`). The offset is calibrated on the
+  target itself: for each known thread, the slot that holds its own tstate pointer (after an
+  odd glibc key sequence number) — so neither the glibc version nor the key is hard-coded;
+- the offset of `thread.fsbase` in the running kernel's `task_struct`, from its BTF (the headers
+  BCC compiles against may be for another kernel, so they cannot be trusted for this).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+from stacklens.bpf import python_layouts as pl
+from stacklens.bpf.pysym import ProcessMemory, MemoryReadError
+from stacklens.errors import AttachError, NoSuchProcess, PermissionDenied, UnsupportedVersion
+
+
+# ---------------------------------------------------------------------------------------------
+# /proc/PID/mem
+
+
+class ProcMem:
+    """`ProcessMemory` over /proc/PID/mem (pread; no ptrace stop needed as root)."""
+
+    def __init__(self, pid: int, proc: Path = Path("/proc")) -> None:
+        self.pid = pid
+        try:
+            self._fd = os.open(proc / str(pid) / "mem", os.O_RDONLY)
+        except FileNotFoundError as e:
+            raise NoSuchProcess(f"process {pid} does not exist (it may have exited)") from e
+        except PermissionError as e:
+            raise PermissionDenied(
+                f"cannot read /proc/{pid}/mem: run as root (or with CAP_SYS_PTRACE)") from e
+
+    def read(self, addr: int, n: int) -> bytes:
+        try:
+            data = os.pread(self._fd, n, addr)
+        except (OSError, OverflowError, ValueError) as e:
+            raise MemoryReadError(f"read {n} bytes at {addr:#x} in pid {self.pid}: {e}") from e
+        if len(data) != n:
+            raise MemoryReadError(f"short read at {addr:#x} in pid {self.pid}")
+        return data
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:  # best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def read_u64(mem: ProcessMemory, addr: int) -> int:
+    return struct.unpack("<Q", mem.read(addr, 8))[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# /proc/PID/maps and ELF
+
+
+@dataclass(frozen=True)
+class Mapping:
+    start: int
+    end: int
+    perms: str
+    offset: int
+    path: str
+
+
+def read_maps(pid: int, proc: Path = Path("/proc")) -> list[Mapping]:
+    try:
+        text = (proc / str(pid) / "maps").read_text()
+    except FileNotFoundError as e:
+        raise NoSuchProcess(f"process {pid} does not exist") from e
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        lo, hi = parts[0].split("-")
+        out.append(Mapping(int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16),
+                           parts[5].strip() if len(parts) > 5 else ""))
+    return out
+
+
+@dataclass(frozen=True)
+class ElfSymbol:
+    name: str
+    value: int
+    size: int
+
+
+class ElfFile:
+    """Just enough ELF64 (little-endian) to find symbols and the first PT_LOAD."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        with open(path, "rb") as f:
+            self._data = f.read()
+        d = self._data
+        if d[:4] != b"\x7fELF" or d[4] != 2 or d[5] != 1:
+            raise AttachError(f"{path} is not a 64-bit little-endian ELF file")
+        (self.e_type, _, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum,
+         shstrndx) = struct.unpack_from("<HHIQQQIHHHHHH", d, 16)
+        self.loads = []  # (p_vaddr, p_offset, p_filesz, p_memsz)
+        for i in range(phnum):
+            p_type, _, p_offset, p_vaddr, _, p_filesz, p_memsz, _ = struct.unpack_from(
+                "<IIQQQQQQ", d, phoff + i * phentsize)
+            if p_type == 1:
+                self.loads.append((p_vaddr, p_offset, p_filesz, p_memsz))
+        self._sections = []
+        for i in range(shnum):
+            self._sections.append(struct.unpack_from("<IIQQQQIIQQ", d, shoff + i * shentsize))
+        self._symbols: dict[str, ElfSymbol] | None = None
+
+    def _symtabs(self) -> Iterator[tuple[tuple, tuple]]:
+        for sh in self._sections:
+            if sh[1] in (2, 11):  # SHT_SYMTAB, SHT_DYNSYM
+                yield sh, self._sections[sh[6]]
+
+    def symbols(self) -> dict[str, ElfSymbol]:
+        if self._symbols is None:
+            syms: dict[str, ElfSymbol] = {}
+            d = self._data
+            for sh, strsh in self._symtabs():
+                off, size, entsize = sh[4], sh[5], sh[9] or 24
+                stroff = strsh[4]
+                for j in range(size // entsize):
+                    st_name, st_info, _, st_shndx, st_value, st_size = struct.unpack_from(
+                        "<IBBHQQ", d, off + j * entsize)
+                    if st_shndx == 0 or st_name == 0:
+                        continue
+                    end = d.index(b"\0", stroff + st_name)
+                    name = d[stroff + st_name:end].decode("latin-1")
+                    syms.setdefault(name, ElfSymbol(name, st_value, st_size))
+            self._symbols = syms
+        return self._symbols
+
+    def symbol(self, name: str) -> Optional[ElfSymbol]:
+        return self.symbols().get(name)
+
+    def bias(self, maps: list[Mapping], path: str) -> int:
+        """Load bias of this file in a process: mapped address = bias + st_value."""
+        first = min(self.loads, key=lambda s: s[0])
+        own = [m for m in maps if m.path == path]
+        if not own:
+            raise AttachError(f"{path} is not mapped in the target")
+        m0 = min(own, key=lambda m: m.start)
+        return m0.start - m0.offset - (first[0] - first[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# The interpreter
+
+
+@dataclass(frozen=True)
+class PyInterpreter:
+    pid: int
+    path: str  # as the target sees it (maps)
+    host_path: str  # through /proc/PID/root
+    version: tuple[int, int]
+    hexversion: int  # 0 when only the file name told the version
+    runtime_addr: int
+    code_type_addr: int  # &PyCode_Type, to validate code objects (0 if not exported)
+    layout: pl.PyLayout
+    main_interp: int  # PyInterpreterState* of the main interpreter
+
+
+_NAME_RE = re.compile(r"(?:^|/)(?:lib)?python(\d+)\.(\d+)(t?)(?:d|m)?(?:\.so[.\d]*)?$")
+
+
+def _candidates(maps: list[Mapping], exe: str) -> list[str]:
+    seen, out = set(), []
+    for m in maps:
+        if m.path and m.path not in seen and _NAME_RE.search(m.path):
+            seen.add(m.path)
+            out.append(m.path)
+    if exe and exe not in seen:
+        out.append(exe)
+    # libpython first: a python3.X executable linked against it has no _PyRuntime of its own.
+    return sorted(out, key=lambda p: "libpython" not in p)
+
+
+def find_interpreter(pid: int, mem: Optional[ProcessMemory] = None,
+                     proc: Path = Path("/proc")) -> PyInterpreter:
+    """Locate `_PyRuntime`, tell the version and choose the layout; raise if unsupported."""
+    maps = read_maps(pid, proc)
+    try:
+        exe = os.readlink(proc / str(pid) / "exe")
+    except OSError:
+        exe = ""
+    if exe.endswith(" (deleted)"):
+        exe = exe[: -len(" (deleted)")]
+    mem = mem or ProcMem(pid, proc)
+    root = proc / str(pid) / "root"
+    for path in _candidates(maps, exe):
+        host = str(root) + path
+        try:
+            elf = ElfFile(host)
+        except (OSError, AttachError):
+            continue
+        sym = elf.symbol("_PyRuntime")
+        if sym is None:
+            continue
+        bias = elf.bias(maps, path)
+        return _identify(pid, path, host, elf, bias, sym.value + bias, mem)
+    raise UnsupportedVersion(
+        f"no CPython interpreter (_PyRuntime) found in process {pid}: not a Python process, "
+        "or a stripped static build; Python frames will be missing")
+
+
+def _identify(pid: int, path: str, host: str, elf: ElfFile, bias: int, runtime: int,
+              mem: ProcessMemory) -> PyInterpreter:
+    m = _NAME_RE.search(path)
+    name_version = (int(m.group(1)), int(m.group(2))) if m else None
+    free_threaded = bool(m and m.group(3) == "t")
+    hexversion = 0
+    pv = elf.symbol("Py_Version")  # 3.11+: const unsigned long = PY_VERSION_HEX
+    if pv is not None:
+        hexversion = struct.unpack("<I", mem.read(pv.value + bias, 4))[0]
+        version = pl.version_from_hex(hexversion)
+    elif name_version is not None:
+        version = name_version
+    else:
+        raise UnsupportedVersion(
+            f"cannot tell the CPython version of {path} (no Py_Version symbol, unusual name)")
+    if name_version is not None and name_version != version:
+        raise UnsupportedVersion(
+            f"{path} is named {name_version} but Py_Version says {version}; refusing to guess")
+    head = None
+    if pl.needs_debug_offsets(version):
+        head = mem.read(runtime, pl.debug_offsets_size(version))
+    layout = pl.layout_for(version, head, free_threaded=free_threaded)
+    ct = elf.symbol("PyCode_Type")
+    # main interpreter = last in the list (head is the newest)
+    interp = read_u64(mem, runtime + layout.runtime_interpreters_head)
+    main, hops = interp, 0
+    while interp and hops < 1024:
+        main = interp
+        interp = read_u64(mem, interp + layout.interp_next)
+        hops += 1
+    if not main:
+        raise AttachError(f"CPython in pid {pid} has no interpreter yet (starting or exiting)")
+    return PyInterpreter(pid=pid, path=path, host_path=host, version=version,
+                         hexversion=hexversion, runtime_addr=runtime,
+                         code_type_addr=(ct.value + bias) if ct else 0, layout=layout,
+                         main_interp=main)
+
+
+@dataclass(frozen=True)
+class PyThread:
+    tstate: int
+    pthread: int  # pthread_t (glibc: TCB address == the thread's fsbase)
+    native_tid: int  # 0 when the build does not record it (3.10)
+
+
+def walk_threads(mem: ProcessMemory, interp: PyInterpreter, limit: int = 4096) -> list[PyThread]:
+    lay = interp.layout
+    out = []
+    ts = read_u64(mem, interp.main_interp + lay.interp_threads_head)
+    while ts and len(out) < limit:
+        pthread = read_u64(mem, ts + lay.tstate_thread_id)
+        tid = 0
+        if lay.tstate_native_thread_id >= 0:
+            tid = struct.unpack("<I", mem.read(ts + lay.tstate_native_thread_id, 4))[0]
+        out.append(PyThread(ts, pthread, tid))
+        ts = read_u64(mem, ts + lay.tstate_next)
+    return out
+
+
+TCB_SCAN = 0x1000  # glibc's struct pthread: specific_1stblock sits at 0x310 on x86-64
+
+
+def calibrate_tls(mem: ProcessMemory, threads: list[PyThread]) -> Optional[int]:
+    """Offset from a thread's fsbase to the TSS slot holding its PyThreadState, or None.
+
+    glibc keeps `struct pthread_key_data {uintptr_t seq; void *data;}` for keys < 32 inline in
+    `struct pthread`; a live key's `seq` is odd. The slot that holds each thread's own tstate
+    pointer after an odd `seq` is CPython's gilstate key.
+    """
+    votes: Counter[int] = Counter()
+    checked = 0
+    for t in threads:
+        if not t.pthread:
+            continue
+        try:
+            blob = mem.read(t.pthread, TCB_SCAN)
+        except MemoryReadError:
+            continue
+        if struct.unpack_from("<Q", blob, 0)[0] != t.pthread:  # tcbhead_t.tcb == self
+            continue
+        checked += 1
+        needle = struct.pack("<Q", t.tstate)
+        start = 16
+        while True:
+            i = blob.find(needle, start)
+            if i < 0:
+                break
+            if i % 8 == 0 and struct.unpack_from("<Q", blob, i - 8)[0] & 1:
+                votes[i] += 1
+            start = i + 1
+    if not votes:
+        return None
+    off, n = votes.most_common(1)[0]
+    # threads caught between creation and binding may lack it; most must agree
+    if n * 2 < checked:
+        return None
+    return off
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel BTF: offset of task_struct.thread.fsbase
+
+_BTF_KIND_SIZES = {1: 4, 2: 0, 3: 12, 4: None, 5: None, 6: None, 7: 0, 8: 0, 9: 0, 10: 0,
+                   11: 0, 12: 0, 13: None, 14: 4, 15: None, 16: 0, 17: 4, 18: 0, 19: None}
+
+
+def _parse_btf(data: bytes):
+    magic, _ver, _flags, hdr_len, type_off, type_len, str_off, _str_len = struct.unpack_from(
+        "<HBBIIIII", data, 0)
+    if magic != 0xEB9F:
+        raise AttachError("not a BTF blob")
+    types = [None]
+    pos, end = hdr_len + type_off, hdr_len + type_off + type_len
+    strs = hdr_len + str_off
+
+    def name(off: int) -> str:
+        e = data.index(b"\0", strs + off)
+        return data[strs + off:e].decode()
+
+    while pos < end:
+        name_off, info, size_type = struct.unpack_from("<III", data, pos)
+        kind, vlen, kflag = (info >> 24) & 0x1F, info & 0xFFFF, info >> 31
+        pos += 12
+        members = None
+        if kind in (4, 5):
+            members = []
+            for j in range(vlen):
+                m_name, m_type, m_off = struct.unpack_from("<III", data, pos + 12 * j)
+                members.append((m_name, m_type, (m_off & 0xFFFFFF) if kflag else m_off))
+            pos += 12 * vlen
+        elif kind == 6:
+            pos += 8 * vlen
+        elif kind == 13:
+            pos += 8 * vlen
+        elif kind == 15:
+            pos += 12 * vlen
+        elif kind == 19:
+            pos += 12 * vlen
+        else:
+            extra = _BTF_KIND_SIZES.get(kind)
+            if extra is None:
+                raise AttachError(f"unknown BTF kind {kind}")
+            pos += extra
+        types.append((kind, name_off, size_type, members))
+    return types, name
+
+
+def kernel_fsbase_offset(btf_path: str = "/sys/kernel/btf/vmlinux") -> int:
+    """offsetof(struct task_struct, thread.fsbase) in the running kernel (x86-64)."""
+    try:
+        data = Path(btf_path).read_bytes()
+    except OSError as e:
+        raise AttachError(f"cannot read {btf_path}: the kernel needs CONFIG_DEBUG_INFO_BTF "
+                          "for in-BPF Python stacks") from e
+    types, name = _parse_btf(data)
+
+    def find_struct(want: str) -> int:
+        for i, t in enumerate(types):
+            if t and t[0] == 4 and name(t[1]) == want:
+                return i
+        raise AttachError(f"struct {want} not in kernel BTF")
+
+    def member_offset(tid: int, want: str) -> Optional[tuple[int, int]]:
+        for m_name, m_type, bits in types[tid][3]:
+            if m_name and name(m_name) == want:
+                return bits // 8, m_type
+            if not m_name:  # anonymous struct/union: search inside
+                inner = m_type
+                while types[inner][0] in (8, 9, 10, 11, 18):
+                    inner = types[inner][2]
+                if types[inner][0] in (4, 5):
+                    r = member_offset(inner, want)
+                    if r:
+                        return bits // 8 + r[0], r[1]
+        return None
+
+    task = find_struct("task_struct")
+    r = member_offset(task, "thread")
+    if r is None:
+        raise AttachError("task_struct.thread not found in kernel BTF")
+    r2 = member_offset(find_struct("thread_struct"), "fsbase")
+    if r2 is None:
+        raise AttachError("thread_struct.fsbase not found in kernel BTF (not x86-64?)")
+    return r[0] + r2[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The API the probe programs and the daemon use
+
+PROGRAMS_DIR = Path(__file__).resolve().parent / "programs"
+
+
+class PythonStackReader:
+    """Everything needed to record and name Python stacks of one process from BPF.
+
+        r = PythonStackReader(pid)                 # raises UnsupportedVersion / AttachError
+        b = BPF(src_file=..., cflags=r.cflags())   # program does #include "pystack.h"
+        r.populate(b)                              # tid -> tstate map, if the program has one
+        ...
+        frames = r.symbolize(RawPyStack.from_struct(ev.st))   # tuple[Frame, ...], outermost first
+
+    Thread-state discovery: glibc TSS slot read in BPF (`mode == "tls"`), calibrated here on
+    the target; when that fails (musl, odd layouts) `mode == "map"`: BPF looks the tid up in
+    `sl_py_threads`, filled by `populate()` and `refresh_threads()` (threads started later are
+    missed until the next refresh). tests/bpf/test_pystack.py and docs/notes/python-stacks.md.
+    """
+
+    def __init__(self, pid: int, *, max_depth: int = 48, tag: bool = True,
+                 mem: Optional[ProcessMemory] = None, proc: Path = Path("/proc"),
+                 btf_path: str = "/sys/kernel/btf/vmlinux", force_map: bool = False) -> None:
+        from stacklens.bpf.pysym import Symbolizer
+
+        self.pid = pid
+        self.max_depth = max_depth
+        self.tag = tag
+        self.mem = mem or ProcMem(pid, proc)
+        self.interpreter = find_interpreter(pid, self.mem, proc)
+        self.layout = self.interpreter.layout
+        self.fsbase_offset = kernel_fsbase_offset(btf_path)
+        self.threads = walk_threads(self.mem, self.interpreter)
+        self.tls_offset = None if force_map else calibrate_tls(self.mem, self.threads)
+        self.mode = "tls" if self.tls_offset else "map"
+        self.symbolizer = Symbolizer(self.mem, self.layout, self.interpreter.code_type_addr)
+        self._bpf = None
+
+    # -- compile side
+    @staticmethod
+    def include_dir() -> str:
+        return str(PROGRAMS_DIR)
+
+    @staticmethod
+    def c_include() -> str:
+        """Path of pystack.h (`#include "pystack.h"` with `-I include_dir()`)."""
+        return str(PROGRAMS_DIR / "pystack.h")
+
+    def defines(self) -> dict[str, int]:
+        d = dict(pl.bpf_defines(self.layout))
+        d.update(SL_PY_TGID=self.pid, SL_PY_INTERP=self.interpreter.main_interp,
+                 SL_PY_TLS_OFF=self.tls_offset or 0, SL_TASK_FSBASE_OFF=self.fsbase_offset,
+                 SL_PY_MAX_DEPTH=self.max_depth)
+        return d
+
+    def cflags(self) -> list[str]:
+        flags = [f"-I{self.include_dir()}"]
+        for k, v in self.defines().items():
+            flags.append(f"-D{k}={v:#x}ULL" if v > 0x7FFFFFFF else f"-D{k}={v}")
+        if not self.tag:
+            flags.append("-DSL_PY_NO_TAG")
+        return flags
+
+    # -- maps
+    def populate(self, bpf, table: str = "sl_py_threads") -> int:
+        """Fill the tid -> tstate map if the program defines it; returns entries written."""
+        self._bpf = bpf
+        return self._fill(bpf)
+
+    def _fill(self, bpf) -> int:
+        try:
+            tab = bpf.get_table("sl_py_threads")
+        except KeyError:
+            return 0
+        host = _host_tids(self.pid, [t.native_tid for t in self.threads])
+        n = 0
+        for t in self.threads:
+            tid = host.get(t.native_tid)
+            if tid:
+                tab[tab.Key(tid)] = tab.Leaf(t.tstate)
+                n += 1
+        return n
+
+    def refresh_threads(self) -> list[PyThread]:
+        """Re-walk the interpreter's thread list (new threads) and refresh the BPF map."""
+        self.threads = walk_threads(self.mem, self.interpreter)
+        if self._bpf is not None:
+            self._fill(self._bpf)
+        return self.threads
+
+    # -- user side
+    def symbolize(self, raw) -> tuple:
+        """RawPyStack (or raw frames, innermost first) -> tuple[Frame, ...], outermost first."""
+        return self.symbolizer.symbolize(raw)
+
+    def struct_type(self):
+        from stacklens.bpf.pysym import sl_pystack_struct
+        return sl_pystack_struct(self.max_depth)
+
+    def describe(self) -> dict:
+        i = self.interpreter
+        return {"pid": self.pid, "path": i.path, "version": "%d.%d" % i.version,
+                "layout_source": self.layout.source, "runtime": hex(i.runtime_addr),
+                "interp": hex(i.main_interp), "mode": self.mode,
+                "tls_offset": self.tls_offset, "threads": len(self.threads),
+                "fsbase_offset": self.fsbase_offset}
+
+
+def _host_tids(pid: int, ns_tids: list[int], proc: Path = Path("/proc")) -> dict[int, int]:
+    """Namespace tid (as CPython saw gettid()) -> host tid, via /proc/PID/task/*/status NSpid."""
+    out = {}
+    try:
+        tasks = os.listdir(proc / str(pid) / "task")
+    except OSError:
+        return out
+    for t in tasks:
+        try:
+            for line in (proc / str(pid) / "task" / t / "status").read_text().splitlines():
+                if line.startswith("NSpid:"):
+                    out[int(line.split()[-1])] = int(t)
+        except OSError:
+            continue
+    return out
