@@ -201,6 +201,19 @@ def _candidates(maps: list[Mapping], exe: str) -> list[str]:
     return sorted(out, key=lambda p: "libpython" not in p)
 
 
+def _open_paths(pid: int, maps: list[Mapping], path: str, proc: Path) -> Iterator[str]:
+    """Where to open a mapped file from here. /proc/PID/maps prints paths relative to *our*
+    root when the file is reachable from it (a chroot shows the host path) and relative to the
+    target's mount namespace otherwise (a container), so try, in order: the exact mapped file
+    (map_files, root only), the path under /proc/PID/root, the path as printed."""
+    for m in maps:
+        if m.path == path:
+            yield str(proc / str(pid) / "map_files" / f"{m.start:x}-{m.end:x}")
+            break
+    yield str(proc / str(pid) / "root") + path
+    yield path
+
+
 def find_interpreter(pid: int, mem: Optional[ProcessMemory] = None,
                      proc: Path = Path("/proc")) -> PyInterpreter:
     """Locate `_PyRuntime`, tell the version and choose the layout; raise if unsupported."""
@@ -212,12 +225,15 @@ def find_interpreter(pid: int, mem: Optional[ProcessMemory] = None,
     if exe.endswith(" (deleted)"):
         exe = exe[: -len(" (deleted)")]
     mem = mem or ProcMem(pid, proc)
-    root = proc / str(pid) / "root"
     for path in _candidates(maps, exe):
-        host = str(root) + path
-        try:
-            elf = ElfFile(host)
-        except (OSError, AttachError):
+        elf, host = None, ""
+        for host in _open_paths(pid, maps, path, proc):
+            try:
+                elf = ElfFile(host)
+                break
+            except (OSError, AttachError):
+                continue
+        if elf is None:
             continue
         sym = elf.symbol("_PyRuntime")
         if sym is None:
