@@ -1,0 +1,99 @@
+"""stacklensd end to end, as root with real probes: started from the unit's ExecStart line,
+eight targets attached at once through the CLI, each with its own tree; one killed and one
+detached without disturbing the rest; ps/report/advise work.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+UNIT = REPO / "systemd" / "stacklensd.service"
+TARGET = REPO / "tests" / "targets" / "named_loop.py"
+BIN = Path(sys.executable).parent
+
+
+def exec_start() -> list[str]:
+    for line in UNIT.read_text().splitlines():
+        if line.startswith("ExecStart="):
+            return shlex.split(line.split("=", 1)[1])
+    raise AssertionError("no ExecStart in the unit")
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_unit_verifies():
+    r = subprocess.run(["systemd-analyze", "verify", str(UNIT)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture
+def daemon(tmp_path, bpf_available):
+    argv = exec_start()
+    # the unit's command line, with this venv's binary and private paths for the test
+    argv[0] = str(BIN / "stacklensd") if not Path(argv[0]).exists() else argv[0]
+    sock = tmp_path / "run" / "stacklens.sock"
+    cfg = tmp_path / "stacklensd.toml"
+    cfg.write_text("top_k = 5\n")
+    repl = {"--socket": str(sock), "--metrics-address": "off", "--config": str(cfg)}
+    for i, a in enumerate(argv):
+        if a in repl:
+            argv[i + 1] = repl[a]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()
+    assert "ready" in line, line + proc.stdout.read() if proc.poll() is not None else line
+    yield sock
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+def cli(sock, *args, check=True) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(BIN / "stacklens"), "--socket", str(sock), *args], capture_output=True, text=True, timeout=180)
+    if check:
+        assert r.returncode == 0, f"{args}: {r.stdout}\n{r.stderr}"
+    return r
+
+
+def test_eight_targets_each_with_its_own_tree(daemon):
+    names = [f"hot_{i}" for i in range(8)]
+    procs = [subprocess.Popen([sys.executable, str(TARGET), n], stdout=subprocess.PIPE, text=True) for n in names]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        for p in procs:
+            cli(daemon, "attach", str(p.pid))
+        ps = cli(daemon, "ps").stdout
+        for p in procs:
+            assert str(p.pid) in ps
+        time.sleep(3)
+        # kill one, detach another: the rest keep working
+        procs[0].kill()
+        procs[0].wait()
+        cli(daemon, "detach", str(procs[1].pid))
+        time.sleep(1.5)
+        for i, p in enumerate(procs[2:], start=2):
+            out = cli(daemon, "report", str(p.pid), "--format", "folded", "--metric", "cpu_samples").stdout
+            assert f":hot_{i}:" in out, out[:2000]
+            others = [n for n in names if n != f"hot_{i}" and f":{n}:" in out]
+            assert not others, f"tree of {p.pid} has other targets' frames: {others}"
+            adv = cli(daemon, "advise", str(p.pid))
+            assert adv.returncode == 0
+        r = cli(daemon, "report", str(procs[0].pid), "--format", "text", check=False)
+        assert r.returncode == 0 and "cpu_samples" in r.stdout  # the exited session keeps its tree
+        r = cli(daemon, "attach", "999999999", check=False)
+        assert r.returncode != 0 and "Traceback" not in r.stderr and "999999999" in r.stderr
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
