@@ -1,1 +1,10 @@
-"""stacklens.bpf."""
+"""stacklens.bpf — eBPF probes attached to a running process by PID (BCC).
+
+Requires root (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE). Importing this package has no side effects
+and does not import bcc; ProbeSession.attach() does.
+"""
+
+from .events import AttachReport, Event, LibraryAttach
+from .session import ProbeConfig, ProbeSession, dump_bpf
+
+__all__ = ["ProbeSession", "ProbeConfig", "AttachReport", "Event", "LibraryAttach", "dump_bpf"]

@@ -1,0 +1,59 @@
+"""Decoded BPF events: frozen dataclasses handed to callers of ProbeSession.poll()."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .frames import Frame
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One GPU API call or CPU sample of the target.
+
+    kind: "launch" | "graph" | "alloc" | "free" | "memcpy" | "sync" | "cpu_sample"
+    api: the probed symbol ("cuLaunchKernel"), "" for samples
+    ktime_ns: CLOCK_MONOTONIC at the call's entry (or the sample)
+    duration_ns: time inside the call for return-probed APIs (syncs, allocs, copies), else 0
+    args: decoded arguments by name (grid_x, block_z, shared_mem, stream, bytesize, ...)
+    op_path: live framework operators of the thread, outermost first ("aten::linear", "aten::addmm")
+    native_stack: outermost first; starts with Frame.other("[truncated]") when the unwind was cut
+    py_stack: outermost first; empty until in-BPF Python stacks are enabled
+    kernel_name: launches: kernel name, or "unresolved:0x..." when the handle's name was not seen
+    bytes: allocs/frees/copies; direction: copies ("HtoD", "DtoH", "DtoD", "HtoH", "default")
+    ret: return value (return-probed APIs)
+    """
+
+    kind: str
+    api: str
+    pid: int
+    tid: int
+    ktime_ns: int
+    duration_ns: int = 0
+    args: dict = field(default_factory=dict, compare=False)
+    op_path: tuple[str, ...] = ()
+    native_stack: tuple[Frame, ...] = ()
+    py_stack: tuple[Frame, ...] = ()
+    kernel_name: str = ""
+    bytes: int = 0
+    direction: str = ""
+    ret: int = 0
+
+
+@dataclass(frozen=True)
+class LibraryAttach:
+    path: str
+    role: str            # "cuda" | "hip" | "torch"
+    probes: int          # offsets attached in this file
+    missing: tuple[str, ...] = ()  # probed symbols the file does not export
+
+
+@dataclass(frozen=True)
+class AttachReport:
+    pid: int
+    libraries: tuple[LibraryAttach, ...]
+    probes_attached: int
+    cpu_sampling_hz: int
+    attach_s: float
+    notes: tuple[str, ...] = ()
+    method: str = "uprobe_multi"   # or "perf_event" (fallback on kernels without uprobe_multi)

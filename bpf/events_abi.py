@@ -1,0 +1,95 @@
+"""ctypes mirrors of the C structs in bpf/programs/stacklens.h — each defined once, here.
+
+tests/bpf/test_events_abi.py compiles a tiny C program with the header and checks every size
+and offset against these classes.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+
+SL_NARGS = 12
+SL_BLOB = 64
+SL_NAME = 128
+SL_OP_DEPTH = 32  # default of -DSL_OP_DEPTH
+
+SL_EV_API = 1
+SL_EV_SAMPLE = 2
+SL_EV_NAME = 3
+
+# indices of the per-CPU `counters` array
+COUNTERS = (
+    "events", "drops", "stack_errors", "op_overflow", "op_calls", "op_path_full",
+    "pending_miss", "samples", "no_user_regs", "py_stack_errors", "lost_samples",
+)
+
+
+class SlSpec(ct.Structure):
+    _fields_ = [
+        ("nargs", ct.c_uint8),
+        ("flags", ct.c_uint8),
+        ("blob_arg", ct.c_int8),
+        ("out_arg", ct.c_int8),
+        ("str_arg", ct.c_int8),
+        ("ref_arg", ct.c_int8),
+        ("pad", ct.c_uint8 * 2),
+        ("src", ct.c_uint8 * SL_NARGS),
+    ]
+
+
+class SlEvent(ct.Structure):
+    _fields_ = [
+        ("kind", ct.c_uint32),
+        ("spec", ct.c_uint32),
+        ("pid", ct.c_uint32),
+        ("tid", ct.c_uint32),
+        ("ktime_ns", ct.c_uint64),
+        ("duration_ns", ct.c_uint64),
+        ("op_hash", ct.c_uint64),
+        ("op_depth", ct.c_uint32),
+        ("stack_id", ct.c_int32),
+        ("py_stack_id", ct.c_uint64),
+        ("ret", ct.c_uint64),
+        ("out", ct.c_uint64),
+        ("caller", ct.c_uint64),
+        ("args", ct.c_uint64 * SL_NARGS),
+        ("blob", ct.c_uint8 * SL_BLOB),
+    ]
+
+
+class SlNameEvent(ct.Structure):
+    _fields_ = [
+        ("kind", ct.c_uint32),
+        ("spec", ct.c_uint32),
+        ("handle", ct.c_uint64),
+        ("ref", ct.c_uint64),
+        ("name", ct.c_char * SL_NAME),
+    ]
+
+
+class SlOpEntry(ct.Structure):
+    _fields_ = [
+        ("sp", ct.c_uint64),
+        ("ret", ct.c_uint64),
+        ("hash", ct.c_uint64),
+        ("op", ct.c_uint32),
+        ("pad", ct.c_uint32),
+    ]
+
+
+class SlShadow(ct.Structure):
+    _fields_ = [("depth", ct.c_uint32), ("pad", ct.c_uint32), ("e", SlOpEntry * SL_OP_DEPTH)]
+
+
+class SlOpPath(ct.Structure):
+    _fields_ = [("depth", ct.c_uint32), ("ops", ct.c_uint32 * SL_OP_DEPTH)]
+
+
+ABI_STRUCTS = {
+    "sl_spec": SlSpec,
+    "sl_event": SlEvent,
+    "sl_name_event": SlNameEvent,
+    "sl_op_entry": SlOpEntry,
+    "sl_shadow": SlShadow,
+    "sl_op_path": SlOpPath,
+}

@@ -1,0 +1,181 @@
+"""/proc/PID/maps parsing, library discovery and native-frame symbolization.
+
+No privileges beyond reading /proc/PID (root for other users' processes). Files are opened through
+/proc/PID/root so a target in a container resolves to its own files. Symbol tables are cached per
+(device, inode, mtime), so each file is parsed once per daemon however many processes map it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from bisect import bisect_right
+from dataclasses import dataclass
+
+from stacklens.errors import NoSuchProcess, PermissionDenied
+
+from .elf import ElfFile, SymbolTable
+from .frames import Frame
+
+
+@dataclass(frozen=True)
+class Mapping:
+    start: int
+    end: int
+    perms: str
+    offset: int
+    dev: str
+    inode: int
+    path: str
+
+
+def read_maps(pid: int, proc: str = "/proc") -> list[Mapping]:
+    try:
+        with open(f"{proc}/{pid}/maps") as f:
+            lines = f.readlines()
+    except FileNotFoundError as e:
+        raise NoSuchProcess(f"no process {pid}; check the PID with `ps`") from e
+    except PermissionError as e:
+        raise PermissionDenied(f"cannot read /proc/{pid}/maps; run as root (or with CAP_SYS_PTRACE)") from e
+    out = []
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        lo, hi = parts[0].split("-")
+        path = parts[5].rstrip("\n") if len(parts) > 5 else ""
+        out.append(Mapping(int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), parts[3], int(parts[4]), path))
+    return out
+
+
+@dataclass(frozen=True)
+class LibraryFile:
+    """One distinct file (by device + inode) a process maps."""
+
+    path: str          # path as the target sees it
+    host_path: str     # /proc/PID/root/<path>: what we open and attach to
+    dev: str
+    inode: int
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.dev, self.inode)
+
+
+def find_libraries(pid: int, pattern: re.Pattern[str], proc: str = "/proc") -> list[LibraryFile]:
+    """Every distinct file matching `pattern` (on its basename) that the process maps."""
+    seen: dict[tuple[str, int], LibraryFile] = {}
+    for m in read_maps(pid, proc):
+        if not m.path.startswith("/") or m.inode == 0:
+            continue
+        path = m.path.removesuffix(" (deleted)")
+        if not pattern.search(os.path.basename(path)):
+            continue
+        key = (m.dev, m.inode)
+        if key not in seen:
+            seen[key] = LibraryFile(path, f"{proc}/{pid}/root{path}", m.dev, m.inode)
+    return list(seen.values())
+
+
+def demangle(names: list[str]) -> list[str]:
+    """Demangle C++ names with one `c++filt` process; names it cannot handle come back as given."""
+    mangled = [n for n in names if n.startswith("_Z")]
+    if not mangled:
+        return list(names)
+    try:
+        r = subprocess.run(["c++filt"], input="\n".join(mangled), capture_output=True, text=True, timeout=30)
+        out = r.stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return list(names)
+    table = dict(zip(mangled, out)) if len(out) >= len(mangled) else {}
+    return [table.get(n, n) or n for n in names]
+
+
+_TABLES: dict[tuple, SymbolTable | None] = {}
+
+
+def symbol_table(host_path: str) -> SymbolTable | None:
+    """Cached symbol table of a file, keyed by (dev, inode, mtime); None if unreadable."""
+    try:
+        st = os.stat(host_path)
+    except OSError:
+        return None
+    key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+    if key not in _TABLES:
+        try:
+            with ElfFile(host_path) as elf:
+                _TABLES[key] = SymbolTable(elf)
+        except Exception:
+            _TABLES[key] = None
+    return _TABLES[key]
+
+
+class Symbolizer:
+    """Address -> Frame.native(lib, symbol) for one process, caching every answer.
+
+    Unknown addresses become Frame.native(lib, "0x<file offset>") or Frame.other("[unknown]")."""
+
+    def __init__(self, pid: int, proc: str = "/proc"):
+        self.pid = pid
+        self.proc = proc
+        self._maps: list[Mapping] = []
+        self._starts: list[int] = []
+        self._cache: dict[int, Frame] = {}
+        self._demangled: dict[str, str] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        try:
+            maps = [m for m in read_maps(self.pid, self.proc) if "x" in m.perms]
+        except NoSuchProcess:
+            return  # keep what we had: the process exited, its events still need names
+        self._maps = sorted(maps, key=lambda m: m.start)
+        self._starts = [m.start for m in self._maps]
+
+    def _find(self, addr: int) -> Mapping | None:
+        i = bisect_right(self._starts, addr) - 1
+        if i >= 0 and addr < self._maps[i].end:
+            return self._maps[i]
+        return None
+
+    def frame(self, addr: int) -> Frame:
+        f = self._cache.get(addr)
+        if f is not None:
+            return f
+        m = self._find(addr)
+        if m is None:
+            self.refresh()
+            m = self._find(addr)
+        if m is None or not m.path.startswith("/"):
+            f = Frame.other(f"[unknown 0x{addr:x}]" if m is None else f"[{m.path or 'anon'} 0x{addr:x}]")
+        else:
+            lib = os.path.basename(m.path)
+            file_off = addr - m.start + m.offset
+            table = symbol_table(f"{self.proc}/{self.pid}/root{m.path.removesuffix(' (deleted)')}")
+            name = None
+            if table is not None:
+                vaddr = None
+                for s in table.segments:
+                    if s.offset <= file_off < s.offset + max(s.filesz, 1):
+                        vaddr = file_off - s.offset + s.vaddr
+                        break
+                if vaddr is not None:
+                    name = table.lookup(vaddr)
+            if name is None:
+                f = Frame.native(lib, f"0x{file_off:x}")
+            else:
+                f = Frame.native(lib, self._demangle(name))
+        self._cache[addr] = f
+        return f
+
+    def _demangle(self, name: str) -> str:
+        d = self._demangled.get(name)
+        if d is None:
+            d = demangle([name])[0] if name.startswith("_Z") else name
+            self._demangled[name] = d
+        return d
+
+    def stack(self, addrs) -> tuple[Frame, ...]:
+        """Innermost-first addresses (as BPF returns them) -> outermost-first frames."""
+        return tuple(self.frame(a) for a in reversed(addrs))

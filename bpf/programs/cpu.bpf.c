@@ -1,0 +1,45 @@
+/* cpu.bpf.c — CPU time samples of the target (perf cpu-clock, SL_SAMPLE_HZ per CPU).
+ *
+ * Attached on every CPU, filtered to the target's tgid in BPF. Each sample carries the user
+ * native stack and the thread's operator path, so CPU time lands in the same CCT as GPU work.
+ */
+#include "stacklens.h"
+
+int sl_cpu_sample(struct bpf_perf_event_data *ctx)
+{
+    if (!sl_is_target())
+        return 0;
+    sl_count(SL_C_SAMPLES);
+    struct sl_event *ev = events.ringbuf_reserve(sizeof(struct sl_event));
+    if (!ev) {
+        sl_count(SL_C_DROPS);
+        sl_count(SL_C_SAMPLE_DROPS);
+        return 0;
+    }
+    u64 id = bpf_get_current_pid_tgid();
+    __builtin_memset(ev, 0, sizeof(*ev));
+    ev->kind = SL_EV_SAMPLE;
+    ev->pid = id >> 32;
+    ev->tid = (u32)id;
+    ev->ktime_ns = bpf_ktime_get_ns();
+    /* user registers even when the sample hit kernel code */
+    struct pt_regs *uregs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+    u64 usp = 0;
+    if (uregs)
+        bpf_probe_read_kernel(&usp, sizeof(usp), &uregs->sp);
+    if (usp)
+        sl_op_context(usp, &ev->op_depth, &ev->op_hash);
+    else
+        sl_count(SL_C_NO_USER_REGS);
+    ev->stack_id = -1;
+    if (SL_NATIVE_STACKS) {
+        int sid = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+        if (sid < 0)
+            sl_count(SL_C_STACK_ERR);
+        ev->stack_id = sid;
+    }
+    SL_CAPTURE_PYSTACK(ctx, ev);
+    events.ringbuf_submit(ev, 0);
+    sl_count(SL_C_EVENTS);
+    return 0;
+}

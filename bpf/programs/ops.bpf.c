@@ -1,0 +1,93 @@
+/* ops.bpf.c — framework operator entries (libtorch `at::_ops::<op>::call`).
+ *
+ * One program attached to every op symbol through a single uprobe_multi link; the cookie is
+ * the op index. No uretprobes: the per-thread shadow stack pops returned ops lazily (see
+ * sl_shadow_live_depth). Op calls are counted in-kernel per op path (op_counts[path hash]);
+ * op_paths[path hash] holds the path so user space can name it. ~1 uprobe hit per op call.
+ */
+#include "stacklens.h"
+
+static __always_inline u64 sl_mix(u64 h, u64 op)
+{
+    /* FNV-1a style step over the op index, never 0 */
+    h ^= op + 0x9e3779b97f4a7c15ULL;
+    h *= 0x100000001b3ULL;
+    return h ? h : 1;
+}
+
+static __always_inline int sl_op_entry(struct pt_regs *ctx, u32 op)
+{
+    if (!sl_is_target())
+        return 0;
+    sl_count(SL_C_OP_CALLS);
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct sl_shadow *s = shadow.lookup(&tid);
+    if (!s) {
+        u32 zero = 0;
+        struct sl_shadow *z = shadow_zero.lookup(&zero);
+        if (!z)
+            return 0;
+        shadow.update(&tid, z);
+        s = shadow.lookup(&tid);
+        if (!s)
+            return 0;
+    }
+    u64 sp = ctx->sp;
+    u32 d = sl_shadow_live_depth(s, sp);
+    if (d >= SL_OP_DEPTH) {
+        s->depth = d;
+        sl_count(SL_C_OP_OVERFLOW);
+        return 0;
+    }
+    u64 parent = 0xcbf29ce484222325ULL;
+    if (d > 0)
+        parent = s->e[sl_op_idx(d - 1)].hash;
+    u64 h = sl_mix(parent, op);
+    u64 ret = 0;
+    bpf_probe_read_user(&ret, sizeof(ret), (void *)sp);
+    struct sl_op_entry *e = &s->e[sl_op_idx(d)];
+    e->sp = sp;
+    e->ret = ret;
+    e->hash = h;
+    e->op = op;
+    s->depth = d + 1;
+
+    u64 *cnt = op_counts.lookup(&h);
+    if (cnt) {
+        __sync_fetch_and_add(cnt, 1);
+        return 0;
+    }
+    /* first call on this path: record the path, then its count */
+    u32 zero = 0;
+    struct sl_op_path *p = path_scratch.lookup(&zero);
+    if (!p)
+        return 0;
+    p->depth = d + 1;
+#pragma unroll
+    for (int i = 0; i < SL_OP_DEPTH; i++)
+        p->ops[i] = i <= d ? s->e[i].op : 0;
+    if (op_paths.update(&h, p) != 0) {
+        sl_count(SL_C_OPPATH_FULL);
+        return 0;
+    }
+    u64 one = 1;
+    if (op_counts.insert(&h, &one) != 0) {
+        cnt = op_counts.lookup(&h);
+        if (cnt)
+            __sync_fetch_and_add(cnt, 1);
+        else
+            sl_count(SL_C_OPPATH_FULL);
+    }
+    return 0;
+}
+
+#ifndef SL_NO_COOKIE
+int sl_op_entry_multi(struct pt_regs *ctx)
+{
+    return sl_op_entry(ctx, (u32)bpf_get_attach_cookie(ctx));
+}
+#endif
+
+/* SL_NO_COOKIE fallback (short op list): one stub per op, appended by bpf/program.py. */
+#define SL_OP_STUBS(N) \
+    int sl_op_entry_##N(struct pt_regs *ctx) { return sl_op_entry(ctx, N); }

@@ -1,0 +1,232 @@
+/* stacklens.h — shared types, maps and helpers for the stacklens BPF programs.
+ *
+ * Compiled by BCC with -D parameters (see bpf/program.py):
+ *   SL_TGID              target process id (tgid); every program filters on it
+ *   SL_MAX_SPECS         size of the probe-spec array (entries of bpf/probes.toml)
+ *   SL_RINGBUF_PAGES     ring buffer size in pages (power of two)
+ *   SL_STACK_ENTRIES     entries of the native stack-trace map
+ *   SL_OP_DEPTH          depth of the per-thread operator shadow stack (a power of two:
+ *                        indices are masked with SL_OP_DEPTH - 1 for the verifier)
+ *   SL_OP_PATHS          entries of the op-path / op-count maps
+ *   SL_NATIVE_STACKS     1: capture user native stacks (default), 0: never
+ *   SL_NO_COOKIE         fallback build: per-probe stubs pass the spec index instead of a cookie
+ *   STACKLENS_PYSTACK    include pystack.h (in-BPF Python stack capture, written separately)
+ *
+ * Every C struct here that reaches user space is mirrored once in bpf/events_abi.py
+ * (tests/bpf/test_events_abi.py checks sizes and offsets).
+ */
+#ifndef STACKLENS_H
+#define STACKLENS_H
+
+#ifdef SL_ABI_ONLY
+/* plain C (tests/bpf/test_events_abi.py): only the structs, for sizeof/offsetof checks */
+#include <stdint.h>
+typedef uint8_t u8;
+typedef int8_t s8;
+typedef uint32_t u32;
+typedef int32_t s32;
+typedef uint64_t u64;
+#define SL_TGID 0
+#else
+#include <uapi/linux/ptrace.h>
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/bpf_perf_event.h>
+#include <linux/sched.h>
+#endif
+
+#ifndef SL_TGID
+#error "SL_TGID must be set with -DSL_TGID=<pid>"
+#endif
+#ifndef SL_MAX_SPECS
+#define SL_MAX_SPECS 64
+#endif
+#ifndef SL_RINGBUF_PAGES
+#define SL_RINGBUF_PAGES 4096
+#endif
+#ifndef SL_STACK_ENTRIES
+#define SL_STACK_ENTRIES 16384
+#endif
+#ifndef SL_OP_DEPTH
+#define SL_OP_DEPTH 32
+#endif
+#ifndef SL_OP_PATHS
+#define SL_OP_PATHS 65536
+#endif
+
+#ifndef SL_NATIVE_STACKS
+#define SL_NATIVE_STACKS 1
+#endif
+
+#define SL_OP_MASK (SL_OP_DEPTH - 1)
+/* keeps clang from dropping an index mask it can prove redundant (the verifier cannot) */
+#define SL_OPAQUE(x) asm volatile("" : "+r"(x))
+static __always_inline u32 sl_op_idx(u32 i)
+{
+    SL_OPAQUE(i);
+    return i & SL_OP_MASK;
+}
+
+#define SL_NARGS 12
+#define SL_BLOB 64
+#define SL_NAME 128
+
+/* event kinds (struct sl_event.kind) */
+#define SL_EV_API 1      /* GPU API call: entry-only, or entry+return with duration */
+#define SL_EV_SAMPLE 2   /* perf cpu-clock sample */
+#define SL_EV_NAME 3     /* struct sl_name_event: handle -> kernel name */
+
+/* spec flags (struct sl_spec.flags) */
+#define SL_F_RETURN 1    /* a return probe completes the event (duration, return value) */
+#define SL_F_STACK 2     /* capture the native user stack */
+#define SL_F_NAME 4      /* emit an sl_name_event at return: *out_arg -> str_arg (or ref_arg) */
+
+/* counters (index into the `counters` per-CPU array) */
+#define SL_C_EVENTS 0          /* events submitted to the ring buffer */
+#define SL_C_DROPS 1           /* ring buffer full: event lost */
+#define SL_C_STACK_ERR 2       /* bpf_get_stackid failed (collision, fault) */
+#define SL_C_OP_OVERFLOW 3     /* op shadow stack deeper than SL_OP_DEPTH */
+#define SL_C_OP_CALLS 4        /* op entries seen */
+#define SL_C_OPPATH_FULL 5     /* op-path map full */
+#define SL_C_PENDING_MISS 6    /* return probe without its entry (attached mid-call) */
+#define SL_C_SAMPLES 7         /* cpu samples of the target */
+#define SL_C_NO_USER_REGS 8    /* sample without user registers (kernel thread context) */
+#define SL_C_PY_ERR 9          /* Python stack capture failed (pystack.h) */
+#define SL_C_SAMPLE_DROPS 10   /* cpu samples lost to a full ring buffer */
+#define SL_NCOUNTERS 16
+
+/* One probe target of bpf/probes.toml, as the generic API programs need it.
+ * src[i]: where value i comes from at function entry: 0..5 = argument registers
+ * (rdi rsi rdx rcx r8 r9), 6+k = stack slot k ([sp + 8 + 8k]); 255 = unused. */
+struct sl_spec {
+    u8 nargs;
+    u8 flags;
+    s8 blob_arg;   /* copy SL_BLOB bytes from *(args[blob_arg]) (e.g. CUlaunchConfig), -1 none */
+    s8 out_arg;    /* at return, read u64 *(args[out_arg]) into .out (e.g. CUdeviceptr *), -1 none */
+    s8 str_arg;    /* SL_F_NAME: C string args[str_arg] is the kernel name, -1 none */
+    s8 ref_arg;    /* SL_F_NAME without a string: args[ref_arg] is the handle that names it */
+    u8 pad[2];
+    u8 src[SL_NARGS];
+};
+
+struct sl_event {
+    u32 kind;          /* SL_EV_* */
+    u32 spec;          /* index of the probe spec (cookie); 0 for samples */
+    u32 pid;
+    u32 tid;
+    u64 ktime_ns;      /* CLOCK_MONOTONIC at entry / sample */
+    u64 duration_ns;   /* return probes: time inside the call; 0 otherwise */
+    u64 op_hash;       /* hash of the thread's live operator path; 0 = none */
+    u32 op_depth;      /* number of live operators (path in the op_paths map) */
+    s32 stack_id;      /* native user stack in `stacks`; <0 = none / error */
+    u64 py_stack_id;   /* Python stack (pystack.h); 0 = not captured */
+    u64 ret;           /* return value (return probes) */
+    u64 out;           /* value behind the out-pointer argument (return probes) */
+    u64 caller;        /* API probes: return address at [sp] on entry. The frame-pointer walk
+                        * from a function's first instruction skips its direct caller (rbp is
+                        * still the caller's), so user space inserts this frame. */
+    u64 args[SL_NARGS];
+    u8 blob[SL_BLOB];
+};
+
+struct sl_name_event {
+    u32 kind;          /* SL_EV_NAME */
+    u32 spec;
+    u64 handle;        /* CUfunction / CUkernel written by the call */
+    u64 ref;           /* handle it was derived from (cuKernelGetFunction), 0 if a name is given */
+    char name[SL_NAME];
+};
+
+struct sl_op_entry {
+    u64 sp;            /* stack pointer at the op's entry (points at its return address) */
+    u64 ret;           /* return address stored at sp: still there iff the op has not returned */
+    u64 hash;          /* hash of the path up to and including this op */
+    u32 op;            /* op index (attach cookie) */
+    u32 pad;
+};
+
+struct sl_shadow {
+    u32 depth;
+    u32 pad;
+    struct sl_op_entry e[SL_OP_DEPTH];
+};
+
+struct sl_op_path {
+    u32 depth;
+    u32 ops[SL_OP_DEPTH];
+};
+
+#ifndef SL_ABI_ONLY
+BPF_RINGBUF_OUTPUT(events, SL_RINGBUF_PAGES);
+BPF_STACK_TRACE(stacks, SL_STACK_ENTRIES);
+BPF_PERCPU_ARRAY(counters, u64, SL_NCOUNTERS);
+BPF_TABLE("lru_hash", u32, struct sl_shadow, shadow, 8192);
+BPF_HASH(op_paths, u64, struct sl_op_path, SL_OP_PATHS);
+BPF_HASH(op_counts, u64, u64, SL_OP_PATHS);
+BPF_PERCPU_ARRAY(shadow_zero, struct sl_shadow, 1);
+BPF_PERCPU_ARRAY(path_scratch, struct sl_op_path, 1);
+
+static __always_inline void sl_count(u32 idx)
+{
+    u64 *c = counters.lookup(&idx);
+    if (c)
+        (*c)++;
+}
+
+static __always_inline int sl_is_target(void)
+{
+    return (bpf_get_current_pid_tgid() >> 32) == SL_TGID;
+}
+
+/* ---- operator shadow stack (kept without uretprobes) ----------------------------------
+ * An entry is live at a later event iff its saved SP is above the event's SP (the stack
+ * grows down) and its return address is still stored there (an op that returned had its
+ * slot reused by later frames). Dead entries are popped lazily, top first. */
+static __always_inline u32 sl_shadow_live_depth(struct sl_shadow *s, u64 sp)
+{
+    u32 d = s->depth;
+#pragma unroll
+    for (int i = 0; i < SL_OP_DEPTH; i++) {
+        if (d == 0)
+            break;
+        if (d > SL_OP_DEPTH)
+            d = SL_OP_DEPTH;
+        struct sl_op_entry *e = &s->e[sl_op_idx(d - 1)];
+        if (e->sp > sp) {
+            u64 ret = 0;
+            if (bpf_probe_read_user(&ret, sizeof(ret), (void *)e->sp) != 0 || ret == e->ret)
+                break;
+        }
+        d--;
+    }
+    return d;
+}
+
+static __always_inline void sl_op_context(u64 sp, u32 *depth, u64 *hash)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct sl_shadow *s = shadow.lookup(&tid);
+    *depth = 0;
+    *hash = 0;
+    if (!s)
+        return;
+    u32 d = sl_shadow_live_depth(s, sp);
+    s->depth = d;
+    if (d == 0 || d > SL_OP_DEPTH)
+        return;
+    *depth = d;
+    *hash = s->e[sl_op_idx(d - 1)].hash;
+}
+
+/* ---- Python stack hook -----------------------------------------------------------------
+ * pystack.h (another engineer's file) defines
+ *   SL_CAPTURE_PYSTACK(ctx, ev)  -> sets ev->py_stack_id, counts SL_C_PY_ERR on failure.
+ * Without it events carry py_stack_id = 0 and user space reports an empty py_stack. */
+#ifdef STACKLENS_PYSTACK
+#include "pystack.h"
+#endif
+#ifndef SL_CAPTURE_PYSTACK
+#define SL_CAPTURE_PYSTACK(ctx, ev) do { (ev)->py_stack_id = 0; } while (0)
+#endif
+#endif /* !SL_ABI_ONLY */
+
+#endif /* STACKLENS_H */

@@ -1,0 +1,490 @@
+"""ProbeSession: attach the stacklens BPF programs to one running process by PID.
+
+Requires root (CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE for /proc/PID/root), kernel >= 6.6 for
+uprobe_multi (per-probe perf-event uprobes otherwise, with a short op list).
+Overhead (measured on the 2-core Firecracker VM, docs/benchmarks/probes.md): one uprobe hit per
+GPU API call and per libtorch op call (~3 µs each here), 99 Hz per CPU for samples.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import os
+import re
+import struct
+import time
+from dataclasses import dataclass, field
+
+from stacklens.errors import AttachError, InputError, NoSuchProcess, NotApplicable, PermissionDenied
+
+from . import program
+from .events import AttachReport, Event, LibraryAttach
+from .events_abi import COUNTERS, SL_EV_API, SL_EV_NAME, SL_EV_SAMPLE, SL_NAME, SL_NARGS, SlEvent, SlOpPath, SlSpec
+from .frames import Frame
+from .ops import LIBTORCH_RE, OpSymbol, find_op_symbols
+from .procmaps import LibraryFile, Symbolizer, find_libraries
+from .ringbuf import RingBufReader
+from .spec import DEFAULT_SPEC, MEMCPY_KINDS, ProbeSpec, load_specs
+from .uprobe_multi import UprobeMultiError, attach_uprobe_multi
+
+_HEAD = struct.Struct("<IIIIQQQIiQQQQ")  # sl_event up to `args` (checked against SlEvent below)
+_ARGS = struct.Struct(f"<{SL_NARGS}Q")
+_ARGS_OFF = SlEvent.args.offset
+_BLOB_OFF = SlEvent.blob.offset
+assert _HEAD.size == _ARGS_OFF and _ARGS_OFF + _ARGS.size == _BLOB_OFF
+_NAME_HEAD = struct.Struct("<IIQQ")
+_KIND = struct.Struct("<I")
+TRUNCATED = Frame.other("[truncated]")
+# outermost frames of a complete user stack; anything else at the bottom means the unwind was cut
+_STACK_ROOTS = ("_start", "__libc_start_main", "__libc_start_call_main", "clone", "clone3",
+                "__clone", "__clone3", "start_thread", "__GI___clone3", "__GI___clone")
+_ROLE = {"libcuda": "cuda", "libamdhip64": "hip"}
+PERF_TYPE_SOFTWARE = 1
+PERF_COUNT_SW_CPU_CLOCK = 0
+BPF_TRACE_UPROBE_MULTI = 48
+# ops attached when uprobe_multi is unavailable (one perf event each: slow to attach and detach)
+FALLBACK_OPS = ("aten::linear", "aten::addmm", "aten::matmul", "aten::mm", "aten::bmm", "aten::conv2d",
+                "aten::convolution", "aten::relu", "aten::softmax_int", "aten::layer_norm",
+                "aten::embedding", "aten::add_Tensor", "aten::mul_Tensor", "aten::copy_",
+                "aten::to_dtype", "aten::t", "aten::mse_loss", "aten::sum", "aten::item")
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    cpu_sample_hz: int = 99
+    ops: bool = True
+    gpu: bool = True
+    native_stacks: bool = True
+    python_stacks: bool = True
+    spec_path: str = str(DEFAULT_SPEC)
+    ringbuf_pages: int = 4096          # 16 MiB
+    rescan_interval_s: float = 2.0     # look for libraries loaded after attach (0 = never)
+    op_filter: str = ""                # regex on op names; "" = every at::_ops::*::call
+    force_fallback: bool = False       # per-probe perf-event uprobes even where uprobe_multi works
+    # -D flags of the in-BPF Python stack reader (layout, TLS offset) for this target; Python
+    # stacks are compiled in only when given (hook for bpf/programs/pystack.h)
+    pystack_cflags: tuple[str, ...] = ()
+
+
+def _check_pid(pid: int) -> None:
+    if not isinstance(pid, int) or pid <= 0:
+        raise InputError(f"PID must be a positive integer, got {pid!r}")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError as e:
+        raise NoSuchProcess(f"no process {pid}; check the PID with `ps`") from e
+    except PermissionError as e:
+        raise PermissionDenied(f"not allowed to signal process {pid}; run stacklens as root") from e
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                raise NoSuchProcess(f"process {pid} has exited (zombie); nothing to attach to")
+    except FileNotFoundError as e:
+        raise NoSuchProcess(f"no process {pid}; check the PID with `ps`") from e
+
+
+def dump_bpf(pid: int, config: ProbeConfig = ProbeConfig()) -> str:
+    """The final C text (with its cflags) a session for `pid` compiles: `--dump-bpf`."""
+    specs = load_specs(config.spec_path)
+    return program.build_source(
+        pid, gpu=config.gpu, ops=config.ops, cpu=config.cpu_sample_hz > 0,
+        native_stacks=config.native_stacks,
+        python_stacks=config.python_stacks and bool(config.pystack_cflags) and program.pystack_available(),
+        pystack_cflags=config.pystack_cflags, max_specs=max(64, len(specs)), ringbuf_pages=config.ringbuf_pages).render()
+
+
+class ProbeSession:
+    """Probes of one process. attach() -> poll()* -> detach(); detach is idempotent."""
+
+    def __init__(self, pid: int, config: ProbeConfig = ProbeConfig()):
+        self.pid = pid
+        self.config = config
+        self._bpf = None
+        self._links: list[int] = []
+        self._perf_attached = False
+        self._reader: RingBufReader | None = None
+        self._attached_files: set[tuple[str, int]] = set()
+        self._specs: list[ProbeSpec] = []
+        self._op_names: list[str] = []
+        self._names: dict[int, str] = {}
+        self._allocs: dict[int, int] = {}
+        self._stack_cache: dict[int, tuple[Frame, ...]] = {}
+        self._op_cache: dict[int, tuple[str, ...]] = {0: ()}
+        self._symbolizer: Symbolizer | None = None
+        self._fallback = False
+        self._last_scan = 0.0
+        self._user = {"decoded": 0, "truncated_stacks": 0, "stack_lookup_failures": 0, "rescans": 0}
+        self._libraries: list[LibraryAttach] = []
+        self._notes: list[str] = []
+        self.attached = False
+
+    # ------------------------------------------------------------------ attach
+    def attach(self) -> AttachReport:
+        if self.attached:
+            from stacklens.errors import AlreadyAttached
+            raise AlreadyAttached(f"this session is already attached to {self.pid}; detach() first")
+        t0 = time.perf_counter()
+        _check_pid(self.pid)
+        cfg = self.config
+        self._specs = load_specs(cfg.spec_path) if cfg.gpu else []
+        self._notes = []
+        self._libraries = []
+        try:
+            self._compile_and_load()
+            self._scan(initial=True)
+            if cfg.cpu_sample_hz > 0:
+                self._bpf.attach_perf_event(ev_type=PERF_TYPE_SOFTWARE, ev_config=PERF_COUNT_SW_CPU_CLOCK,
+                                            fn_name=b"sl_cpu_sample", sample_freq=int(cfg.cpu_sample_hz))
+                self._perf_attached = True
+            table = self._bpf[b"events"]
+            self._reader = RingBufReader(table.map_fd, cfg.ringbuf_pages * os.sysconf("SC_PAGE_SIZE"))
+            self._symbolizer = Symbolizer(self.pid)
+            # the process may have exited while we attached: then nothing must stay attached
+            _check_pid(self.pid)
+        except BaseException as e:
+            self.detach()
+            if isinstance(e, (NoSuchProcess, PermissionDenied, InputError, NotApplicable, AttachError)):
+                raise
+            if isinstance(e, FileNotFoundError) or not os.path.exists(f"/proc/{self.pid}"):
+                raise NoSuchProcess(f"process {self.pid} exited during attach; nothing was left attached") from e
+            raise AttachError(f"attach to {self.pid} failed: {e}; run `stacklens doctor` to check "
+                              f"kernel headers, tracefs and BPF permissions") from e
+        self.attached = True
+        self._last_scan = time.monotonic()
+        n = sum(lib.probes for lib in self._libraries)
+        return AttachReport(self.pid, tuple(self._libraries), n, cfg.cpu_sample_hz,
+                            time.perf_counter() - t0, tuple(self._notes),
+                            "perf_event" if self._fallback else "uprobe_multi")
+
+    def _compile_and_load(self) -> None:
+        from bcc import BPF  # imported here: no import-time side effects, tests without bcc still import
+
+        cfg = self.config
+        py = cfg.python_stacks and bool(cfg.pystack_cflags) and program.pystack_available()
+        if cfg.python_stacks and not py:
+            self._notes.append("python stacks: not captured in BPF yet (no pystack cflags for this "
+                               "target); events carry an empty py_stack")
+        self._fallback = cfg.force_fallback or not _uprobe_multi_supported()
+        if self._fallback:
+            self._notes.append("uprobe_multi unavailable: per-probe uprobes with a short op list "
+                               f"({len(FALLBACK_OPS)} ops); detach takes ~0.1 s per probe")
+        src = program.build_source(
+            self.pid, gpu=cfg.gpu, ops=cfg.ops, cpu=cfg.cpu_sample_hz > 0, native_stacks=cfg.native_stacks,
+            python_stacks=py, pystack_cflags=cfg.pystack_cflags, max_specs=max(64, len(self._specs)), ringbuf_pages=cfg.ringbuf_pages,
+            api_stubs=len(self._specs) if self._fallback else 0,
+            op_stubs=len(FALLBACK_OPS) if self._fallback else 0)
+        self._source = src
+        try:
+            self._bpf = BPF(text=src.text.encode(), cflags=list(src.cflags))
+        except Exception as e:
+            raise AttachError(f"BPF compile failed: {e}; check kernel headers with `stacklens doctor`") from e
+        if cfg.gpu:
+            table = self._bpf.get_table(b"specs", keytype=ct.c_int, leaftype=SlSpec)
+            for s in self._specs:
+                table[table.Key(s.index)] = s.bpf_spec()
+        if not self._fallback:
+            if cfg.gpu:
+                self._api_entry = self._bpf.load_func(b"sl_api_entry_multi", BPF.KPROBE,
+                                                      attach_type=BPF_TRACE_UPROBE_MULTI)
+                self._api_return = self._bpf.load_func(b"sl_api_return_multi", BPF.KPROBE,
+                                                       attach_type=BPF_TRACE_UPROBE_MULTI)
+            if cfg.ops:
+                self._op_entry = self._bpf.load_func(b"sl_op_entry_multi", BPF.KPROBE,
+                                                     attach_type=BPF_TRACE_UPROBE_MULTI)
+
+    # ------------------------------------------------------------------ discovery
+    def rescan(self) -> list[LibraryAttach]:
+        """Attach to libraries the process mapped since the last scan; returns what was added."""
+        before = len(self._libraries)
+        self._scan(initial=False)
+        self._user["rescans"] += 1
+        self._last_scan = time.monotonic()
+        return self._libraries[before:]
+
+    def _scan(self, initial: bool) -> None:
+        cfg = self.config
+        if cfg.gpu:
+            by_re: dict[str, list[ProbeSpec]] = {}
+            for s in self._specs:
+                by_re.setdefault(s.library, []).append(s)
+            found_any = False
+            for regex, specs in by_re.items():
+                for lib in find_libraries(self.pid, re.compile(regex)):
+                    found_any = True
+                    if lib.key not in self._attached_files:
+                        self._attach_gpu_library(lib, specs)
+            if initial and not found_any:
+                self._notes.append("GPU API probes: not applicable: the process maps no libcuda/"
+                                   "libamdhip64 (CPU sampling and operator probes still apply; "
+                                   "libraries loaded later are picked up by rescan)")
+        if cfg.ops:
+            libs = find_libraries(self.pid, LIBTORCH_RE)
+            for lib in libs:
+                if lib.key not in self._attached_files:
+                    self._attach_torch(lib)
+            if initial and not libs:
+                self._notes.append("operator probes: not applicable: the process maps no libtorch_cpu.so")
+
+    def _attach_gpu_library(self, lib: LibraryFile, specs: list[ProbeSpec]) -> None:
+        from .elf import ElfFile
+
+        self._attached_files.add(lib.key)
+        with ElfFile(lib.host_path) as elf:
+            offsets = elf.symbol_offsets([s.symbol for s in specs])
+        present = [s for s in specs if s.symbol in offsets]
+        missing = tuple(s.symbol for s in specs if s.symbol not in offsets)
+        role = next((r for k, r in _ROLE.items() if k in os.path.basename(lib.path)), "gpu")
+        if not present:
+            self._notes.append(f"GPU API probes: not applicable: {lib.path} exports none of the "
+                               f"{len(specs)} probed symbols")
+            self._libraries.append(LibraryAttach(lib.path, role, 0, missing))
+            return
+        if self._fallback:
+            for s in present:
+                self._bpf.attach_uprobe(name=lib.host_path, sym=s.symbol, fn_name=f"sl_api_entry_{s.index}",
+                                        pid=self.pid)
+                if s.ret:
+                    self._bpf.attach_uretprobe(name=lib.host_path, sym=s.symbol,
+                                               fn_name=f"sl_api_return_{s.index}", pid=self.pid)
+        else:
+            self._links.append(self._link(self._api_entry.fd, lib.host_path,
+                                          [offsets[s.symbol] for s in present], [s.index for s in present]))
+            rets = [s for s in present if s.ret]
+            if rets:
+                self._links.append(self._link(self._api_return.fd, lib.host_path,
+                                              [offsets[s.symbol] for s in rets], [s.index for s in rets],
+                                              retprobe=True))
+        if missing:
+            self._notes.append(f"{lib.path}: {len(missing)} probed symbols not exported "
+                               f"({', '.join(missing[:6])}{'…' if len(missing) > 6 else ''})")
+        self._libraries.append(LibraryAttach(lib.path, role, len(present), missing))
+
+    def _attach_torch(self, lib: LibraryFile) -> None:
+        self._attached_files.add(lib.key)
+        ops: list[OpSymbol] = find_op_symbols(lib.host_path)
+        if self.config.op_filter:
+            rx = re.compile(self.config.op_filter)
+            ops = [o for o in ops if rx.search(o.name)]
+        if self._fallback:
+            wanted = {n: i for i, n in enumerate(FALLBACK_OPS)}
+            ops = [o for o in ops if o.name in wanted]
+        if not ops:
+            self._notes.append(f"operator probes: not applicable: {lib.path} exports no at::_ops::*::call")
+            self._libraries.append(LibraryAttach(lib.path, "torch", 0))
+            return
+        if self._fallback:
+            from .elf import ElfFile  # noqa: F401  (offsets are file offsets: BCC takes them as addr)
+            self._op_names = list(FALLBACK_OPS)
+            for o in ops:
+                self._bpf.attach_uprobe(name=lib.host_path, addr=o.offset,
+                                        fn_name=f"sl_op_entry_{wanted[o.name]}", pid=self.pid)
+        else:
+            base = len(self._op_names)
+            self._op_names.extend(o.name for o in ops)
+            self._links.append(self._link(self._op_entry.fd, lib.host_path, [o.offset for o in ops],
+                                          list(range(base, base + len(ops)))))
+        self._libraries.append(LibraryAttach(lib.path, "torch", len(ops)))
+
+    def _link(self, prog_fd: int, path: str, offsets: list[int], cookies: list[int],
+              retprobe: bool = False) -> int:
+        try:
+            return attach_uprobe_multi(prog_fd, path, offsets, cookies, pid=self.pid, retprobe=retprobe)
+        except UprobeMultiError as e:
+            if e.errno == errno.ESRCH:
+                raise NoSuchProcess(f"process {self.pid} exited during attach; nothing was left attached") from e
+            if e.errno == errno.ENOENT:
+                raise NoSuchProcess(f"{path} vanished during attach (process {self.pid} exited?)") from e
+            raise AttachError(f"{e}; is the kernel >= 6.6 (uprobe_multi)? "
+                              f"ProbeConfig(force_fallback=True) uses per-probe uprobes") from e
+
+    # ------------------------------------------------------------------ events
+    def poll(self, timeout_ms: int = 100, max_events: int = 1 << 20) -> list[Event]:
+        """Decoded events since the last poll (waits up to timeout_ms when none are ready)."""
+        if self._reader is None:
+            return []
+        if self.config.rescan_interval_s and time.monotonic() - self._last_scan > self.config.rescan_interval_s:
+            try:
+                self.rescan()
+            except (NoSuchProcess, FileNotFoundError):
+                self._last_scan = time.monotonic()
+        reader = self._reader
+        recs, pos = reader.peek(max_events)
+        if not recs and timeout_ms:
+            reader.wait(timeout_ms)
+            recs, pos = reader.peek(max_events)
+        out = self._decode(reader.data, recs)
+        reader.commit(pos)
+        return out
+
+    def _decode(self, data, recs) -> list[Event]:
+        out: list[Event] = []
+        append = out.append
+        head, args_s, kind_s = _HEAD.unpack_from, _ARGS.unpack_from, _KIND.unpack_from
+        specs = self._specs
+        stack_cache, op_cache = self._stack_cache, self._op_cache
+        for off, _ln in recs:
+            kind = kind_s(data, off)[0]
+            if kind == SL_EV_NAME:
+                self._name_event(data, off)
+                continue
+            (kind, si, pid, tid, t, dur, oh, _od, sid, _py, ret, outv, caller) = head(data, off)
+            if sid < 0:
+                stack = ()
+            else:
+                stack = stack_cache.get((sid, caller))
+                if stack is None:
+                    stack = self._stack(sid, caller)
+            ops = op_cache.get(oh)
+            if ops is None:
+                ops = self._op_path(oh)
+            if kind == SL_EV_SAMPLE:
+                append(Event("cpu_sample", "", pid, tid, t, 0, {}, ops, stack, ()))
+                continue
+            spec = specs[si]
+            a = args_s(data, off + _ARGS_OFF)
+            blob = bytes(data[off + _BLOB_OFF:off + _BLOB_OFF + 64]) if spec.struct_fields else b""
+            args = spec.decode(a, blob)
+            k = spec.kind
+            kernel = ""
+            nbytes = 0
+            direction = ""
+            if k == "launch":
+                h = args.get(spec.kernel, 0)
+                if spec.kernel_from == "host_stub":
+                    kernel = self._symbolizer.frame(h).name if h else "unresolved:0x0"
+                else:
+                    kernel = self._names.get(h) or f"unresolved:0x{h:x}"
+            elif k == "alloc":
+                nbytes = args.get(spec.bytes_arg, 0)
+                args["ptr"] = outv
+                if ret == 0:
+                    self._allocs[outv] = nbytes
+            elif k == "free":
+                p = a[0]
+                nbytes = self._allocs.pop(p, 0)
+            elif k == "memcpy":
+                nbytes = args.get(spec.bytes_arg, 0)
+                direction = spec.direction or MEMCPY_KINDS.get(args.get(spec.direction_arg, -1), "unknown")
+            append(Event(k, spec.symbol, pid, tid, t, dur, args, ops, stack, (), kernel, nbytes, direction, ret))
+        self._user["decoded"] += len(out)
+        return out
+
+    def _name_event(self, data, off: int) -> None:
+        _, _, handle, ref = _NAME_HEAD.unpack_from(data, off)
+        raw = bytes(data[off + _NAME_HEAD.size:off + _NAME_HEAD.size + SL_NAME])
+        name = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+        if not name and ref:
+            name = self._names.get(ref, f"unresolved:0x{ref:x}")
+        if handle:
+            self._names[handle] = name
+
+    def _stack(self, sid: int, caller: int = 0) -> tuple[Frame, ...]:
+        try:
+            addrs = list(self._bpf[b"stacks"].walk(sid))
+        except Exception:
+            addrs = []
+        if caller and addrs and (len(addrs) < 2 or addrs[1] != caller):
+            addrs.insert(1, caller)  # the direct caller, skipped by the walk at function entry
+        if not addrs:
+            self._user["stack_lookup_failures"] += 1
+            frames: tuple[Frame, ...] = (TRUNCATED,)
+        else:
+            sym = self._symbolizer
+            inner: list[Frame] = []
+            cut = len(addrs) >= 127
+            for a in addrs:  # innermost first
+                f = sym.frame(a)
+                if f.kind != "native":
+                    # not in an executable mapping: the frame-pointer walk read garbage here
+                    cut = True
+                    break
+                inner.append(f)
+            frames = tuple(reversed(inner))
+            root = frames[0].name if frames else ""
+            if cut or not any(root == r or root.startswith(r + "@") for r in _STACK_ROOTS):
+                frames = (TRUNCATED,) + frames
+                self._user["truncated_stacks"] += 1
+        self._stack_cache[(sid, caller)] = frames
+        return frames
+
+    def _op_path(self, h: int) -> tuple[str, ...]:
+        table = self._bpf[b"op_paths"]
+        try:
+            p = table[table.Key(h)]
+            names = self._op_names
+            path = tuple(names[i] if i < len(names) else f"op#{i}" for i in p.ops[:p.depth])
+        except KeyError:
+            return ("[unknown op path]",)
+        self._op_cache[h] = path
+        return path
+
+    # ------------------------------------------------------------------ aggregates / stats
+    def op_counts(self) -> dict[tuple[str, ...], int]:
+        """Operator calls counted in the kernel, by operator path (outermost first)."""
+        if self._bpf is None or not self.config.ops:
+            return {}
+        out: dict[tuple[str, ...], int] = {}
+        for k, v in self._bpf[b"op_counts"].items():
+            path = self._op_cache.get(k.value) or self._op_path(k.value)
+            out[path] = out.get(path, 0) + v.value
+        return out
+
+    def kernel_names(self) -> dict[int, str]:
+        return dict(self._names)
+
+    def stats(self) -> dict[str, int]:
+        out = {name: 0 for name in COUNTERS}
+        if self._bpf is not None:
+            table = self._bpf[b"counters"]
+            for i, name in enumerate(COUNTERS):
+                out[name] = int(sum(table[table.Key(i)]))
+        out["unwind_errors"] = out["stack_errors"] + self._user["stack_lookup_failures"]
+        out.update(self._user)
+        out["links"] = len(self._links)
+        return out
+
+    @property
+    def source(self) -> str:
+        """The C text and cflags this session compiled (`--dump-bpf`)."""
+        return self._source.render()
+
+    # ------------------------------------------------------------------ detach
+    def detach(self) -> None:
+        """Remove every probe; safe to call twice and after a failed attach."""
+        links, self._links = self._links, []
+        for fd in links:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        bpf, self._bpf = self._bpf, None
+        if bpf is not None:
+            try:
+                bpf.cleanup()
+            except Exception:
+                pass
+        self._perf_attached = False
+        self.attached = False
+
+    def __enter__(self) -> "ProbeSession":
+        self.attach()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
+
+
+_UPROBE_MULTI: bool | None = None
+
+
+def _uprobe_multi_supported() -> bool:
+    """Kernel >= 6.6 with CONFIG_UPROBES: checked once via the kernel version."""
+    global _UPROBE_MULTI
+    if _UPROBE_MULTI is None:
+        m = re.match(r"(\d+)\.(\d+)", os.uname().release)
+        _UPROBE_MULTI = bool(m) and (int(m.group(1)), int(m.group(2))) >= (6, 6)
+    return _UPROBE_MULTI

@@ -1,0 +1,160 @@
+"""Probe targets from bpf/probes.toml: parsing, the BPF-side table, and argument decoding.
+
+Pure (no privileges). x86-64 System V only: the first six register-sized arguments are in
+rdi, rsi, rdx, rcx, r8, r9; the rest are on the caller's stack, read at entry from [sp+8k].
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from stacklens.errors import InputError
+
+from .events_abi import SL_BLOB, SL_NARGS, SlSpec
+
+DEFAULT_SPEC = Path(__file__).with_name("probes.toml")
+KINDS = {"launch", "graph", "alloc", "free", "memcpy", "sync", "name"}
+SCALARS = {"u32", "i32", "u64", "ptr", "size", "str", "memcpy_kind"}
+MEMCPY_KINDS = {0: "HtoH", 1: "HtoD", 2: "DtoH", 3: "DtoD", 4: "default"}
+SL_F_RETURN, SL_F_STACK, SL_F_NAME = 1, 2, 4
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class StructField:
+    name: str
+    type: str
+    offset: int
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    index: int               # attach cookie / index into the BPF `specs` array
+    library: str             # regex on the mapped file's basename
+    symbol: str
+    kind: str
+    args: tuple[tuple[str, str], ...]
+    ret: bool = False
+    stack: bool = True
+    kernel: str = ""
+    kernel_from: str = "handle"
+    bytes_arg: str = ""
+    direction: str = ""
+    direction_arg: str = ""
+    out: str = ""
+    name_arg: str = ""
+    ref_arg: str = ""
+    struct_fields: tuple[StructField, ...] = ()
+    # derived: value slot of each C argument (dim3 takes two)
+    slots: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def library_re(self) -> re.Pattern[str]:
+        return re.compile(self.library)
+
+    def bpf_spec(self) -> SlSpec:
+        s = SlSpec()
+        s.nargs = sum(2 if t == "dim3" else 1 for _, t in self.args)
+        s.flags = (SL_F_RETURN if self.ret else 0) | (SL_F_STACK if self.stack else 0) | (
+            SL_F_NAME if self.kind == "name" else 0)
+        s.blob_arg = -1
+        s.out_arg = self.slots[self.out] if self.out else -1
+        s.str_arg = self.slots[self.name_arg] if self.name_arg else -1
+        s.ref_arg = self.slots[self.ref_arg] if self.ref_arg else -1
+        for i in range(SL_NARGS):
+            s.src[i] = 255
+        for i in range(s.nargs):
+            s.src[i] = i  # ABI slot i: register i (< 6) or stack slot i - 6 (src 6 + k)
+        for name, t in self.args:
+            if t not in SCALARS and t != "dim3":
+                s.blob_arg = self.slots[name]
+        return s
+
+    def decode(self, args, blob: bytes) -> dict[str, int]:
+        """Event argument values -> {name: value}; dim3 and structs are flattened to fields."""
+        out: dict[str, int] = {}
+        for name, t in self.args:
+            i = self.slots[name]
+            v = args[i]
+            if t == "dim3":
+                out[f"{name}_x"] = v & _MASK32
+                out[f"{name}_y"] = (v >> 32) & _MASK32
+                out[f"{name}_z"] = args[i + 1] & _MASK32
+            elif t in ("u32", "memcpy_kind"):
+                out[name] = v & _MASK32
+            elif t == "i32":
+                v &= _MASK32
+                out[name] = v - (1 << 32) if v & 0x80000000 else v
+            elif t in SCALARS:
+                out[name] = v
+            else:
+                out[name] = v
+                for f in self.struct_fields:
+                    size = 4 if f.type in ("u32", "i32") else 8
+                    out[f.name] = int.from_bytes(blob[f.offset:f.offset + size], "little")
+        return out
+
+
+def _parse_struct(name: str, table: dict) -> tuple[StructField, ...]:
+    fields = []
+    for item in table.get("fields", []):
+        m = re.fullmatch(r"(\w+):(\w+)@(\d+)", item)
+        if not m:
+            raise InputError(f"probes.toml: struct {name} field {item!r} is not 'name:type@offset'")
+        f = StructField(m.group(1), m.group(2), int(m.group(3)))
+        if f.offset + (4 if f.type in ("u32", "i32") else 8) > SL_BLOB:
+            raise InputError(f"probes.toml: struct {name} field {f.name} lies past the {SL_BLOB}-byte copy")
+        fields.append(f)
+    return tuple(fields)
+
+
+def load_specs(path: Path | str = DEFAULT_SPEC) -> list[ProbeSpec]:
+    """Parse probes.toml; raise InputError naming the entry that is wrong."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise InputError(f"cannot read probe spec {path}: {e}") from e
+    structs = {n: _parse_struct(n, t) for n, t in data.get("structs", {}).items()}
+    specs = []
+    for idx, p in enumerate(data.get("probe", [])):
+        where = f"probes.toml probe #{idx} ({p.get('symbol', '?')})"
+        try:
+            args = tuple(tuple(a.split(":", 1)) for a in p.get("args", []))
+        except ValueError as e:
+            raise InputError(f"{where}: args must be 'name:type'") from e
+        if p.get("kind") not in KINDS:
+            raise InputError(f"{where}: kind must be one of {sorted(KINDS)}")
+        slots: dict[str, int] = {}
+        n = 0
+        struct_fields: tuple[StructField, ...] = ()
+        for name, t in args:
+            if t not in SCALARS and t != "dim3":
+                if t not in structs:
+                    raise InputError(f"{where}: unknown type {t!r} (define it under [structs.{t}])")
+                if struct_fields:
+                    raise InputError(f"{where}: at most one struct argument per probe")
+                struct_fields = structs[t]
+            slots[name] = n
+            n += 2 if t == "dim3" else 1
+        if n > SL_NARGS or n - 6 > 8:
+            raise InputError(f"{where}: {n} argument slots, at most {SL_NARGS} are decoded")
+        for ref in ("kernel", "out", "name_arg", "ref_arg", "bytes", "direction_arg"):
+            if p.get(ref) and p[ref] not in slots:
+                raise InputError(f"{where}: {ref} = {p[ref]!r} is not one of its args")
+        specs.append(ProbeSpec(
+            index=idx, library=p["library"], symbol=p["symbol"], kind=p["kind"], args=args,
+            ret=bool(p.get("return", False)), stack=bool(p.get("stack", True)),
+            kernel=p.get("kernel", ""), kernel_from=p.get("kernel_from", "handle"),
+            bytes_arg=p.get("bytes", ""), direction=p.get("direction", ""),
+            direction_arg=p.get("direction_arg", ""), out=p.get("out", ""),
+            name_arg=p.get("name_arg", ""), ref_arg=p.get("ref_arg", ""),
+            struct_fields=struct_fields, slots=slots))
+    return specs

@@ -1,0 +1,103 @@
+"""Acceptance 1: GPU API probes on fake libcuda / libamdhip64, attached by PID (root + eBPF)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stacklens.bpf import ProbeConfig, ProbeSession
+
+from .conftest import poll_until
+
+pytestmark = pytest.mark.bpf
+N, M = 7, 5
+SYNC_US = 30000
+
+
+def _attach(pid, **kw):
+    s = ProbeSession(pid, ProbeConfig(cpu_sample_hz=0, **kw))
+    report = s.attach()
+    return s, report
+
+
+def _names(stack):
+    return [f.name for f in stack]
+
+
+def test_cuda_launch_alloc_copy_sync(bpf_ok, fake_libs, start_target):
+    t = start_target("fake_cuda_app.py", str(fake_libs["dir"]), str(N), str(M),
+                     env={"FAKE_SYNC_US": str(SYNC_US)})
+    s, report = _attach(t.pid)
+    try:
+        assert [lib.role for lib in report.libraries] == ["cuda"]
+        assert report.libraries[0].probes >= 20
+        t.send()
+        done = t.readline()
+        fwd, bwd, ptr = (int(x) for x in done.split()[1:])
+        evs = poll_until(s, lambda e: any(x.kind == "sync" for x in e))
+    finally:
+        s.detach()
+
+    launches = [e for e in evs if e.api == "cuLaunchKernel"]
+    assert len(launches) == N + M
+    a = [e for e in launches if e.kernel_name == "fwd_kernel"]
+    b = [e for e in launches if e.kernel_name == "bwd_kernel"]
+    assert len(a) == N and len(b) == M
+    assert a[0].args == {"f": fwd, "grid_x": 64, "grid_y": 2, "grid_z": 1, "block_x": 256, "block_y": 1,
+                         "block_z": 1, "shared_mem": 1024, "stream": 0x5151, "params": 0, "extra": 0}
+    # block_z, shared memory and stream are stack arguments on x86-64
+    assert (b[0].args["block_y"], b[0].args["block_z"], b[0].args["shared_mem"], b[0].args["stream"]) == (
+        2, 3, 2048, 0x5252)
+    assert all(e.pid == t.pid and e.tid == t.pid for e in launches)
+    # native stacks reach the C caller that launched (frame pointers in libfakeapp)
+    assert all("app_forward_launches" in _names(e.native_stack) for e in a)
+    assert all("app_backward_launches" in _names(e.native_stack) for e in b)
+    assert all(e.native_stack[-1].name == "cuLaunchKernel" for e in launches)
+
+    ex = [e for e in evs if e.api == "cuLaunchKernelEx"]
+    assert len(ex) == 3
+    assert {k: ex[0].args[k] for k in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
+                                        "shared_mem", "stream", "num_attrs")} == {
+        "grid_x": 7, "grid_y": 8, "grid_z": 9, "block_x": 32, "block_y": 4, "block_z": 2,
+        "shared_mem": 4096, "stream": 0x5353, "num_attrs": 0}
+    assert ex[0].kernel_name == "fwd_kernel"
+    assert "app_ex_launches" in _names(ex[0].native_stack)
+
+    alloc = [e for e in evs if e.kind == "alloc"]
+    free = [e for e in evs if e.kind == "free"]
+    assert len(alloc) == 1 and alloc[0].bytes == 1 << 20 and alloc[0].args["ptr"] == ptr
+    assert len(free) == 1 and free[0].bytes == 1 << 20
+    copies = {(e.api, e.direction, e.bytes) for e in evs if e.kind == "memcpy"}
+    assert copies == {("cuMemcpyHtoD_v2", "HtoD", 4096), ("cuMemcpyDtoH_v2", "DtoH", 8192),
+                      ("cuMemcpyDtoD_v2", "DtoD", 512), ("cuMemcpyHtoDAsync_v2", "HtoD", 256)}
+    sync = [e for e in evs if e.kind == "sync"]
+    assert len(sync) == 1 and sync[0].args["stream"] == 0x99
+    assert abs(sync[0].duration_ns - SYNC_US * 1000) <= 0.1 * SYNC_US * 1000
+    assert not any(e.kind == "cpu_sample" for e in evs)
+    assert all(e.py_stack == () for e in evs)
+
+
+def test_hip_launch_alloc_copy_sync(bpf_ok, fake_libs, start_target):
+    t = start_target("fake_hip_app.py", str(fake_libs["dir"]), "4", env={"FAKE_SYNC_US": str(SYNC_US)})
+    s, report = _attach(t.pid)
+    try:
+        assert [lib.role for lib in report.libraries] == ["hip"]
+        t.send()
+        t.readline()
+        evs = poll_until(s, lambda e: any(x.kind == "sync" for x in e))
+    finally:
+        s.detach()
+    launches = [e for e in evs if e.api == "hipLaunchKernel"]
+    assert len(launches) == 4
+    assert launches[0].args["grid_x"] == 10 and launches[0].args["grid_y"] == 20 and launches[0].args["grid_z"] == 30
+    assert (launches[0].args["block_x"], launches[0].args["block_y"], launches[0].args["block_z"]) == (64, 2, 1)
+    assert launches[0].args["shared_mem"] == 512 and launches[0].args["stream"] == 0x4242
+    assert launches[0].kernel_name == "fake_hip_vector_add_stub"  # host stub symbolized
+    mod = [e for e in evs if e.api == "hipModuleLaunchKernel"]
+    assert len(mod) == 2 and mod[0].kernel_name == "hip_gemm"
+    assert (mod[0].args["block_z"], mod[0].args["shared_mem"], mod[0].args["stream"]) == (10, 256, 0x4343)
+    alloc = [e for e in evs if e.kind == "alloc"]
+    assert len(alloc) == 1 and alloc[0].bytes == 65536
+    assert [e.bytes for e in evs if e.kind == "free"] == [65536]
+    assert sorted((e.direction, e.bytes) for e in evs if e.kind == "memcpy") == [("DtoH", 2000), ("HtoD", 1000)]
+    sync = [e for e in evs if e.kind == "sync"]
+    assert len(sync) == 1 and abs(sync[0].duration_ns - SYNC_US * 1000) <= 0.1 * SYNC_US * 1000
