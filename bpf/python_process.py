@@ -469,6 +469,7 @@ class PythonStackReader:
         self.mode = "tls" if self.tls_offset else "map"
         self.symbolizer = Symbolizer(self.mem, self.layout, self.interpreter.code_type_addr)
         self._bpf = None
+        self._table = "sl_py_threads"
 
     # -- compile side
     @staticmethod
@@ -498,12 +499,12 @@ class PythonStackReader:
     # -- maps
     def populate(self, bpf, table: str = "sl_py_threads") -> int:
         """Fill the tid -> tstate map if the program defines it; returns entries written."""
-        self._bpf = bpf
-        return self._fill(bpf)
+        self._bpf, self._table = bpf, table
+        return self._fill(bpf, table)
 
-    def _fill(self, bpf) -> int:
+    def _fill(self, bpf, table: str) -> int:
         try:
-            tab = bpf.get_table("sl_py_threads")
+            tab = bpf.get_table(table.encode())
         except KeyError:
             return 0
         host = _host_tids(self.pid, [t.native_tid for t in self.threads])
@@ -519,7 +520,7 @@ class PythonStackReader:
         """Re-walk the interpreter's thread list (new threads) and refresh the BPF map."""
         self.threads = walk_threads(self.mem, self.interpreter)
         if self._bpf is not None:
-            self._fill(self._bpf)
+            self._fill(self._bpf, self._table)
         return self.threads
 
     # -- user side
