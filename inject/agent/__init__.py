@@ -1,1 +1,313 @@
-"""stacklens.inject.agent."""
+"""The in-process agent: loaded into the target by the bootstrap, runs on one daemon thread.
+
+Stdlib only (GPU collectors feature-detect cupti-python / ctypes ROCm libraries). It never imports
+the daemon, never raises into the target (every entry point catches BaseException), bounds its
+memory (outbox <= 4 MiB, GPU record queue <= 100k, drops counted) and CPU (sampler rate adapts),
+and detaches completely: collectors stopped, socket closed by the bootstrap, its modules removed
+from ``sys.modules``, its thread gone.
+
+Injected, the package is loaded as ``_stacklens_agent`` from a read-only directory without
+writing bytecode; in tests it is the ordinary ``stacklens.inject.agent``.
+"""
+
+import collections
+import os
+import select
+import sys
+import threading
+import time
+
+DEFAULTS = {"sample_hz": 100.0, "max_depth": 128, "max_overhead": 0.02, "flush_ms": 200,
+            "gpu": True, "max_outbox": 4 << 20, "max_gpu_queue": 100_000}
+
+
+def _sub(name):
+    """Import a sibling module; in injected mode compile it from source (no bytecode written)."""
+    full = __name__ + "." + name
+    mod = sys.modules.get(full)
+    if mod is not None:
+        return mod
+    if __name__ != "_stacklens_agent":
+        import importlib
+        return importlib.import_module(full)
+    import types
+    path = os.path.join(os.path.dirname(__file__), name + ".py")
+    with open(path, "rb") as fh:
+        code = compile(fh.read(), path, "exec")
+    mod = types.ModuleType(full)
+    mod.__file__ = path
+    mod.__package__ = __name__
+    sys.modules[full] = mod
+    exec(code, mod.__dict__)
+    return mod
+
+
+class Channel:
+    """Non-blocking framed JSON over the connected socket; a bounded outbox, drops counted."""
+
+    def __init__(self, sock, max_outbox=4 << 20):
+        self.wire = _sub("wire")
+        self.sock = sock
+        sock.setblocking(False)
+        self.out = bytearray()
+        self.inbuf = bytearray()
+        self.max_outbox = max_outbox
+        self.dropped_msgs = 0
+        self.closed = False
+        self.poller = select.poll()
+        self.poller.register(sock.fileno(), select.POLLIN)
+        self._want_out = False
+
+    def send(self, msg):
+        try:
+            data = self.wire.encode(msg)
+        except (TypeError, ValueError):
+            self.dropped_msgs += 1
+            return False
+        if len(data) - 4 > self.wire.MAX_FRAME or len(self.out) + len(data) > self.max_outbox:
+            self.dropped_msgs += 1
+            return False
+        self.out += data
+        return True
+
+    def pump(self, timeout_s):
+        """Wait up to timeout_s; write what the socket takes, return complete incoming messages."""
+        if self.closed:
+            time.sleep(max(0.0, timeout_s))
+            return []
+        want = bool(self.out)
+        if want != self._want_out:
+            self.poller.modify(self.sock.fileno(), select.POLLIN | (select.POLLOUT if want else 0))
+            self._want_out = want
+        events = self.poller.poll(max(0, int(timeout_s * 1000)))
+        msgs = []
+        for _fd, ev in events:
+            if ev & select.POLLOUT and self.out:
+                try:
+                    n = self.sock.send(self.out)
+                    del self.out[:n]
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError:
+                    self.closed = True
+            if ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                try:
+                    data = self.sock.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    data = None
+                except OSError:
+                    data = b""
+                if data == b"":
+                    self.closed = True
+                elif data:
+                    self.inbuf += data
+                    msgs.extend(self._parse())
+        return msgs
+
+    def _parse(self):
+        import json
+        out = []
+        while len(self.inbuf) >= 4:
+            n = int.from_bytes(self.inbuf[:4], "big")
+            if n > 65536:           # the daemon never sends this much: treat as a broken peer
+                self.closed = True
+                return out
+            if len(self.inbuf) < 4 + n:
+                break
+            raw = bytes(self.inbuf[4:4 + n])
+            del self.inbuf[:4 + n]
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(msg, dict) and isinstance(msg.get("t"), str):
+                out.append(msg)
+        return out
+
+    def drain(self, timeout_s):
+        """Blocking-ish flush of the outbox at detach, bounded by timeout_s."""
+        end = time.monotonic() + timeout_s
+        while self.out and not self.closed and time.monotonic() < end:
+            self.pump(min(0.05, max(0.0, end - time.monotonic())))
+
+
+class Agent:
+    def __init__(self, sock, token, config=None):
+        self.token = token
+        self.cfg = dict(DEFAULTS)
+        self.ch = Channel(sock)
+        self.stop_requested = False
+        self.gpu = None
+        self.gpu_queue = collections.deque()
+        self.gpu_dropped = 0
+        self.max_gpu_queue = DEFAULTS["max_gpu_queue"]
+        self.samples_dropped = 0
+        if config:
+            self._apply_config(config)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _apply_config(self, msg):
+        for k, default in DEFAULTS.items():
+            v = msg.get(k)
+            if isinstance(v, bool) and isinstance(default, bool):
+                self.cfg[k] = v
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and not isinstance(default, bool):
+                self.cfg[k] = type(default)(v)
+        self.ch.max_outbox = max(1 << 16, min(int(self.cfg["max_outbox"]), 64 << 20))
+        self.max_gpu_queue = max(1000, min(int(self.cfg["max_gpu_queue"]), 1_000_000))
+
+    def note(self, level, message):
+        self.ch.send({"t": "note", "level": level, "msg": str(message)[:2000], "t_ns": time.monotonic_ns()})
+
+    def gpu_sink(self, kind, rec):
+        """Called from collector threads: never blocks, drops and counts when full."""
+        if len(self.gpu_queue) >= self.max_gpu_queue:
+            self.gpu_dropped += 1
+            return
+        self.gpu_queue.append((kind, rec))
+
+    def _handle(self, msgs):
+        for m in msgs:
+            t = m.get("t")
+            if t == "stop":
+                self.stop_requested = True
+            elif t == "config":
+                self._apply_config(m)
+
+    # -- main loop ---------------------------------------------------------------------
+    def run(self):
+        ch = self.ch
+        ch.send({"t": "hello", "v": 1, "pid": os.getpid(), "tid": threading.get_native_id(),
+                 "python": list(sys.version_info[:3]), "token": self.token,
+                 "executable": sys.executable[:4096]})
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end and not ch.closed:
+            msgs = ch.pump(0.05)
+            self._handle(msgs)
+            if any(m.get("t") == "config" for m in msgs) or self.stop_requested:
+                break
+        sampler_mod = _sub("sampler")
+        sampler = sampler_mod.Sampler(self.cfg["sample_hz"], self.cfg["max_depth"],
+                                      self.cfg["max_overhead"], skip_idents={threading.get_ident()})
+        if self.cfg["gpu"] and not self.stop_requested:
+            self._start_gpu()
+        batch = _SampleBatch()
+        flush_s = max(0.02, self.cfg["flush_ms"] / 1000.0)
+        now = time.monotonic()
+        next_sample, next_flush, next_stats = now, now + flush_s, now + 1.0
+        last_hz = sampler.hz
+        while not self.stop_requested and not ch.closed:
+            now = time.monotonic()
+            if now >= next_sample:
+                for s in sampler.sample():
+                    if not batch.add(s):
+                        self.samples_dropped += 1
+                next_sample += sampler.interval
+                if next_sample < now:          # we fell behind: do not burst to catch up
+                    next_sample = now + sampler.interval
+                if sampler.hz != last_hz:
+                    self.note("info", f"sampler rate {sampler.hz:.1f} Hz "
+                                      f"(sample cost {sampler.cost_ewma * 1e6:.0f} us)")
+                    last_hz = sampler.hz
+            if now >= next_flush:
+                self._flush(batch)
+                next_flush = now + flush_s
+            if now >= next_stats:
+                self._send_stats(sampler)
+                next_stats = now + 1.0
+            wait = min(next_sample, next_flush) - time.monotonic()
+            self._handle(ch.pump(max(0.0, wait)))
+        self._detach(batch, sampler)
+
+    def _start_gpu(self):
+        try:
+            gpu_mod = _sub("gpu")
+            self.gpu = gpu_mod.select_collector(_sub, self.note)
+            if self.gpu is not None and not self.gpu.start(self.gpu_sink):
+                self.gpu = None
+        except BaseException as e:  # a collector must never take the agent (or target) down
+            self.gpu = None
+            self.note("warning", f"GPU collector unavailable: {type(e).__name__}: {e}")
+
+    def _flush(self, batch):
+        if batch.samples:
+            if not self.ch.send(batch.message()):
+                self.samples_dropped += len(batch.samples)
+            batch.clear()
+        if self.gpu is not None:
+            try:
+                self.gpu.poll()
+            except BaseException as e:
+                self.note("warning", f"GPU collector poll failed: {e}")
+        self._send_gpu_records()
+
+    def _send_gpu_records(self):
+        q = self.gpu_queue
+        groups = {}
+        n = 0
+        while q and n < 20000:
+            kind, rec = q.popleft()
+            groups.setdefault(kind, []).append(rec)
+            n += 1
+        for kind, recs in groups.items():
+            for i in range(0, len(recs), 2000):
+                if not self.ch.send({"t": kind, "r": recs[i:i + 2000]}):
+                    self.gpu_dropped += len(recs[i:i + 2000])
+
+    def _send_stats(self, sampler):
+        st = {"t": "stats", "samples": sampler.samples, "sample_hz": round(sampler.hz, 2),
+              "sample_cost_us": round(sampler.cost_ewma * 1e6, 1),
+              "dropped": {"samples": self.samples_dropped, "gpu": self.gpu_dropped,
+                          "messages": self.ch.dropped_msgs}}
+        if self.gpu is not None:
+            try:
+                st["gpu"] = self.gpu.stats()
+            except BaseException:
+                pass
+        self.ch.send(st)
+
+    def _detach(self, batch, sampler):
+        if self.gpu is not None:
+            try:
+                self.gpu.stop()
+            except BaseException as e:
+                self.note("warning", f"GPU collector stop failed: {e}")
+        self._flush(batch)
+        self._send_stats(sampler)
+        self.ch.send({"t": "bye"})
+        self.ch.drain(2.0)
+
+
+class _SampleBatch:
+    """Samples between two flushes; identical stacks are sent once per message."""
+
+    MAX_SAMPLES = 5000
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self):
+        self.stacks = {}
+        self.samples = []
+
+    def add(self, s):
+        if len(self.samples) >= self.MAX_SAMPLES:
+            return False
+        tid, t_ns, stack, truncated = s
+        idx = self.stacks.get(stack)
+        if idx is None:
+            idx = self.stacks[stack] = len(self.stacks)
+        self.samples.append([tid, t_ns, idx, 1 if truncated else 0])
+        return True
+
+    def message(self):
+        return {"t": "samples", "stacks": [[list(f) for f in st] for st in self.stacks],
+                "s": self.samples}
+
+
+def main(sock, token):
+    """Entry point called by the bootstrap on the agent thread. Never raises."""
+    try:
+        Agent(sock, token).run()
+    except BaseException:
+        pass

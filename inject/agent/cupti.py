@@ -1,0 +1,232 @@
+"""CUPTI collector through cupti-python: activity API only (never a subscriber, never finalize).
+
+Runs in the target. Kinds: CONCURRENT_KERNEL, MEMCPY, MEMSET, RUNTIME, DRIVER, SYNCHRONIZATION.
+Costs: CUPTI's own per-launch activity overhead plus one Python call per completed buffer
+(8 MiB) that turns records into tuples. On CUDA <= 13.2 CUPTI has one subscriber and global
+buffer callbacks, so we never call ``cuptiSubscribe`` (measured: it breaks the user's
+torch.profiler for good) and we yield when a profiler of the user's own is active: activities
+disabled, a note sent, resumed when it has finished.
+Binding: cupti-python must resolve to the libcupti already mapped in the process; if importing
+it maps a second copy we stop and say so (two CUPTI instances fight over the driver's hooks).
+"""
+
+import os
+import threading
+
+BUFFER_SIZE = 8 << 20
+CALIBRATE_EVERY_NS = 10_000_000_000
+
+_MEMCPY = {"HTOD": "HtoD", "DTOH": "DtoH", "DTOD": "DtoD", "HTOH": "HtoH", "PTOP": "PtoP"}
+_SYNC = {"EVENT_SYNCHRONIZE": "event", "STREAM_WAIT_EVENT": "stream_wait_event",
+         "STREAM_SYNCHRONIZE": "stream", "CONTEXT_SYNCHRONIZE": "context"}
+
+
+def _import_cupti():
+    from cupti import cupti  # optional dependency, feature-detected
+    return cupti
+
+
+class CuptiCollector:
+    name = "cupti"
+
+    def __init__(self, note, lib=None, gpu=None, thread_ids=None):
+        self.note = note
+        self._lib = lib                  # the cupti.cupti module, or a fake with the same surface
+        self._gpu = gpu                  # the agent's gpu module (helpers), injected for tests
+        self._thread_ids = thread_ids    # pthread ident -> native tid, default from threading
+        self.sink = None
+        self.enabled_kinds = []
+        self.active = False
+        self.yielded_to = None
+        self.clock = None
+        self.counts = {"kernel": 0, "api": 0, "memcpy": 0, "sync": 0, "buffers": 0, "unknown": 0,
+                       "yields": 0}
+        self._names = {}
+        self._lock = threading.Lock()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, sink):
+        gpu = self._gpu or _sibling("gpu")
+        who = gpu.user_profiler_active()
+        if who:
+            self.note("warning", f"GPU collector yields: {who} is active in the target; "
+                                 "only Python samples are collected")
+            self.yielded_to = who
+            self.counts["yields"] += 1
+            self.sink = sink
+            return True          # keep polling: resume when the user's profiler has finished
+        before = {p for p in gpu.mapped_libraries() if "libcupti" in os.path.basename(p)}
+        if self._lib is None:
+            try:
+                self._lib = _import_cupti()
+            except ImportError:
+                self.note("info", "cupti-python is not installed in the target: GPU kernel times "
+                                  "unavailable (pip install cupti-python matching the CUDA version)")
+                return False
+        after = {p for p in gpu.mapped_libraries() if "libcupti" in os.path.basename(p)}
+        if before and len(after) > len(before):
+            self.note("error", f"cupti-python loaded a second libcupti ({sorted(after - before)}) next "
+                               f"to the process's own ({sorted(before)}); GPU collection disabled")
+            return False
+        self.sink = sink
+        return self._enable()
+
+    def _enable(self):
+        lib = self._lib
+        self.clock = (self._gpu or _sibling("gpu")).ClockCalibration(lib.get_timestamp)
+        lib.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+        K = lib.ActivityKind
+        self.enabled_kinds = []
+        for kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER, K.SYNCHRONIZATION):
+            try:
+                lib.activity_enable(kind)
+                self.enabled_kinds.append(kind)
+            except Exception as e:
+                self.note("warning", f"CUPTI activity {getattr(kind, 'name', kind)} not enabled: {e}")
+        self.active = bool(self.enabled_kinds)
+        if self.active:
+            self.note("info", f"CUPTI activity collection on ({len(self.enabled_kinds)} kinds, "
+                              f"clock offset {self.clock.offset_ns} ns +- {self.clock.uncertainty_ns} ns)")
+        return self.active
+
+    def _disable(self, flush=True):
+        lib = self._lib
+        for kind in self.enabled_kinds:
+            try:
+                lib.activity_disable(kind)
+            except Exception:
+                pass
+        self.enabled_kinds = []
+        if flush:
+            try:
+                lib.activity_flush_all(0)   # not forced: a forced flush returns running kernels (end=0)
+            except Exception:
+                pass
+        self.active = False
+
+    def poll(self):
+        gpu = self._gpu or _sibling("gpu")
+        who = gpu.user_profiler_active()
+        if who and self.active:
+            self._disable(flush=True)
+            self.yielded_to = who
+            self.counts["yields"] += 1
+            self.note("warning", f"GPU collector yields: {who} started in the target")
+        elif not who and self.yielded_to is not None:
+            self.note("info", f"{self.yielded_to} finished: GPU collection resumes")
+            self.yielded_to = None
+            if self._lib is None:
+                try:
+                    self._lib = _import_cupti()
+                except ImportError:
+                    return
+            self._enable()
+        elif self.active:
+            if self.clock.mono() - self.clock.calibrated_at > CALIBRATE_EVERY_NS:
+                self.clock.calibrate()
+            try:
+                self._lib.activity_flush_all(0)
+            except Exception:
+                pass
+
+    def stop(self):
+        if self.active:
+            self._disable(flush=True)
+
+    def stats(self):
+        st = dict(self.counts)
+        st["active"] = 1 if self.active else 0
+        if self.clock is not None:
+            st["clock_offset_ns"] = self.clock.offset_ns
+            st["clock_uncertainty_ns"] = self.clock.uncertainty_ns
+        return st
+
+    # -- CUPTI callbacks (CUPTI's thread, holding the GIL) ---------------------------------------
+    def _buffer_requested(self):
+        return BUFFER_SIZE, 0
+
+    def _buffer_completed(self, activities):
+        try:
+            self.counts["buffers"] += 1
+            sink = self.sink
+            if sink is None:
+                return
+            for row in self.convert(activities):
+                sink(row[0], row[1])
+        except BaseException:
+            pass
+
+    def _tid(self, pthread_id):
+        m = self._thread_ids
+        if m is None or pthread_id not in m:
+            m = self._thread_ids = {t.ident: (t.native_id or 0) for t in threading.enumerate()}
+        return m.get(pthread_id, 0) & 0x7FFFFFFF
+
+    def _api_name(self, domain, cbid):
+        key = (domain, cbid)
+        n = self._names.get(key)
+        if n is None:
+            try:
+                n = str(self._lib.get_callback_name(domain, cbid))
+            except Exception:
+                n = f"cbid_{cbid}"
+            self._names[key] = n
+        return n
+
+    def convert(self, activities):
+        """Activity objects -> (kind, wire row). Pure apart from name/thread caches."""
+        lib = self._lib
+        K = lib.ActivityKind
+        to = self.clock.to_mono
+        for r in activities:
+            k = r.kind
+            if k in (K.CONCURRENT_KERNEL, K.KERNEL):
+                if not r.end or r.end < r.start:
+                    self.counts["unknown"] += 1
+                    continue
+                self.counts["kernel"] += 1
+                yield "kernel", [str(r.name)[:8192], to(r.start), to(r.end), int(r.device_id),
+                                 int(r.stream_id), int(r.correlation_id), int(r.grid_x), int(r.grid_y),
+                                 int(r.grid_z), int(r.block_x), int(r.block_y), int(r.block_z),
+                                 int(getattr(r, "graph_id", 0) or 0)]
+            elif k in (K.RUNTIME, K.DRIVER):
+                self.counts["api"] += 1
+                domain = "runtime" if k == K.RUNTIME else "driver"
+                cbdom = lib.CallbackDomain.RUNTIME_API if k == K.RUNTIME else lib.CallbackDomain.DRIVER_API
+                yield "api", [domain, self._api_name(cbdom, int(r.cbid))[:256], self._tid(int(r.thread_id)),
+                              to(r.start), to(max(r.end, r.start)), int(r.correlation_id), int(r.cbid)]
+            elif k == K.MEMCPY:
+                self.counts["memcpy"] += 1
+                try:
+                    kind = _MEMCPY.get(lib.ActivityMemcpyKind(r.copy_kind).name, "other")
+                except Exception:
+                    kind = "other"
+                yield "memcpy", [kind, int(r.bytes), to(r.start), to(max(r.end, r.start)), int(r.device_id),
+                                 int(r.stream_id), int(r.correlation_id)]
+            elif k == K.MEMSET:
+                self.counts["memcpy"] += 1
+                yield "memcpy", ["memset", int(r.bytes), to(r.start), to(max(r.end, r.start)),
+                                 int(r.device_id), int(r.stream_id), int(r.correlation_id)]
+            elif k == K.SYNCHRONIZATION:
+                self.counts["sync"] += 1
+                try:
+                    typ = _SYNC.get(lib.ActivitySynchronizationType(r.type).name, "other")
+                except Exception:
+                    typ = "other"
+                yield "sync", [typ, to(r.start), to(max(r.end, r.start)), int(r.stream_id) & ((1 << 63) - 1),
+                               int(r.correlation_id)]
+            else:
+                self.counts["unknown"] += 1
+
+
+def _sibling(name):
+    import sys
+    pkg = __name__.rpartition(".")[0]
+    mod = sys.modules.get(pkg + "." + name)
+    if mod is None:
+        load = getattr(sys.modules.get(pkg), "_sub", None)
+        if load is None:
+            import importlib
+            return importlib.import_module(pkg + "." + name)
+        mod = load(name)
+    return mod

@@ -1,0 +1,106 @@
+"""The GPU collector interface of the agent and the choice of implementation (stdlib only).
+
+A collector pushes rows into ``sink(kind, row)`` (kinds "kernel", "api", "memcpy", "sync"; row
+layouts are the daemon's wire format, times already CLOCK_MONOTONIC ns). ``sink`` never blocks.
+``poll()`` runs on the agent thread between flushes; ``stop()`` disables activities and flushes,
+and never finalizes the vendor library (that poisons CUPTI for the rest of the process).
+"""
+
+import os
+import sys
+import time
+
+try:
+    from typing import Protocol
+except ImportError:  # pragma: no cover
+    Protocol = object
+
+
+class GpuCollector(Protocol):
+    name: str
+
+    def start(self, sink) -> bool: ...
+    def poll(self) -> None: ...
+    def stop(self) -> None: ...
+    def stats(self) -> dict: ...
+
+
+def mapped_libraries():
+    """Paths of the shared objects mapped in this process (our own /proc/self/maps)."""
+    out = set()
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and ".so" in parts[5]:
+                    out.add(parts[5].strip())
+    except OSError:
+        pass
+    return out
+
+
+def user_profiler_active():
+    """Name of a profiler of the user's own that owns the GPU tracing library, or None."""
+    env = os.environ
+    if env.get("NSYS_PROFILING_SESSION_ID") or "ToolsInjection" in env.get("CUDA_INJECTION64_PATH", ""):
+        return "Nsight Systems"
+    if env.get("NV_COMPUTE_PROFILER_PERFWORKS_DIR") or env.get("NV_NSIGHT_INJECTION_TRANSPORT_TYPE"):
+        return "Nsight Compute"
+    if any("ToolsInjection" in p for p in mapped_libraries()):
+        return "Nsight"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch._C._autograd._profiler_enabled():
+                return "torch.profiler"
+        except Exception:
+            pass
+        if env.get("KINETO_USE_DAEMON") == "1":
+            return "Kineto on-demand (KINETO_USE_DAEMON=1)"
+    jax_prof = sys.modules.get("jax._src.profiler")
+    if jax_prof is not None:
+        try:
+            if getattr(jax_prof._profile_state, "profile_session", None) is not None:
+                return "jax.profiler"
+        except Exception:
+            pass
+    return None
+
+
+class ClockCalibration:
+    """Offset between a device-tracing clock and CLOCK_MONOTONIC, from the tightest of n pairs."""
+
+    def __init__(self, device_now, n=7, mono=time.monotonic_ns):
+        self.device_now = device_now
+        self.mono = mono
+        self.n = n
+        self.offset_ns = 0
+        self.uncertainty_ns = 0
+        self.calibrated_at = 0
+        self.calibrate()
+
+    def calibrate(self):
+        best = None
+        for _ in range(self.n):
+            t1 = self.mono()
+            d = self.device_now()
+            t2 = self.mono()
+            if best is None or t2 - t1 < best[0]:
+                best = (t2 - t1, (t1 + t2) // 2 - d)
+        self.uncertainty_ns = best[0] // 2
+        self.offset_ns = best[1]
+        self.calibrated_at = self.mono()
+
+    def to_mono(self, t):
+        return max(0, int(t) + self.offset_ns)
+
+
+def select_collector(load, note, libraries=None):
+    """A collector for the GPU runtime this process has loaded, or None (sampler only)."""
+    libs = libraries if libraries is not None else mapped_libraries()
+    names = {os.path.basename(p) for p in libs}
+    if any(n.startswith(("libcudart", "libcuda.so", "libcupti")) for n in names):
+        return load("cupti").CuptiCollector(note)
+    if any(n.startswith(("libamdhip64", "libroctracer64")) for n in names):
+        return load("rocm").RocmCollector(note)
+    return None

@@ -1,0 +1,63 @@
+"""The few lines of Python that the target runs at its next safe point.
+
+They start one daemon thread and return. That thread connects to the daemon's socket (and exits
+silently if nobody listens: a late pending call after a withdrawn attach is harmless), loads the
+agent from its read-only directory without writing bytecode, runs it, and on the way out closes
+the socket and removes the agent's modules from ``sys.modules``. Nothing is bound in the
+namespace the text runs in (``__main__`` on 3.10–3.13): the body runs under ``exec`` in a fresh dict.
+"""
+
+from __future__ import annotations
+
+THREAD_NAME = "stacklens-agent"
+
+_BODY = '''
+try:
+    import sys, threading
+    if not any(t.name == {name!r} for t in threading.enumerate()):
+        def run(path={sock!r}, d={agent_dir!r}, token={token!r}):
+            import socket
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.settimeout(5.0)
+                s.connect(path)
+            except OSError:
+                s.close()
+                return
+            try:
+                import types
+                m = types.ModuleType('_stacklens_agent')
+                m.__file__ = d + '/__init__.py'
+                m.__path__ = [d]
+                m.__package__ = '_stacklens_agent'
+                sys.modules['_stacklens_agent'] = m
+                with open(m.__file__, 'rb') as f:
+                    exec(compile(f.read(), m.__file__, 'exec'), m.__dict__)
+                m.main(s, token)
+            except BaseException:
+                pass
+            finally:
+                s.close()
+                for n in [n for n in list(sys.modules) if n.split('.')[0] == '_stacklens_agent']:
+                    sys.modules.pop(n, None)
+        threading.Thread(target=run, name={name!r}, daemon=True).start()
+except BaseException:
+    pass
+'''
+
+
+def bootstrap_body(socket_path: str, agent_dir: str, token: str) -> str:
+    for v in (socket_path, agent_dir, token):
+        if not isinstance(v, str) or "\0" in v:
+            raise ValueError("bad bootstrap parameter")
+    return _BODY.format(name=THREAD_NAME, sock=socket_path, agent_dir=agent_dir, token=token)
+
+
+def pending_call_text(socket_path: str, agent_dir: str, token: str) -> bytes:
+    """One statement for PyRun_SimpleString: exec the body in a fresh namespace."""
+    return f"exec({bootstrap_body(socket_path, agent_dir, token)!r}, {{}})\n".encode()
+
+
+def script_file_text(socket_path: str, agent_dir: str, token: str) -> bytes:
+    """The PEP 768 script (CPython already runs it in a fresh namespace)."""
+    return bootstrap_body(socket_path, agent_dir, token).encode()

@@ -1,0 +1,142 @@
+"""``inject_agent(pid, socket_path, timeout_s)``: load the agent into a running CPython process.
+
+Requires root / CAP_SYS_PTRACE. The method is chosen by the target's CPython version, read from
+the target (``target.find_python``): 3.14+ the PEP 768 protocol (no stop at all), 3.10–3.13 the
+ptrace pending-call injector (main thread stopped ~1 ms). Either way the bootstrap runs on the
+target's main thread at its next eval-breaker check; we then wait for the agent's hello on the
+``AgentServer`` at ``socket_path``. If it does not come within ``timeout_s`` the request is
+withdrawn (PEP 768: pending flag cleared; ptrace: the queued text emptied) and ``Timeout`` says the
+target is not executing Python, naming the syscall its main thread is blocked in.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import AlreadyAttached, AttachError, InputError, NoSuchProcess, Timeout, UnsupportedVersion
+from . import pep768, ptrace_inject
+from .bootstrap import pending_call_text, script_file_text
+from .memory import RemoteMemory
+from .procfs import ProcFS
+from .server import AgentServer, server_for, target_view
+from .target import TargetPython, find_python
+
+MIN_VERSION = (3, 10)
+PEP768_VERSION = (3, 14)
+
+_IN_PROGRESS: set[int] = set()
+_IN_PROGRESS_LOCK = threading.Lock()
+
+SYSCALL_NAMES = {0: "read", 7: "poll", 23: "select", 35: "nanosleep", 43: "accept", 45: "recvfrom",
+                 47: "recvmsg", 61: "wait4", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait",
+                 270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 288: "accept4", 441: "epoll_pwait2"}
+
+
+@dataclass(frozen=True)
+class AttachResult:
+    pid: int
+    method: str                    # "pep768" | "ptrace"
+    python: tuple[int, int, int]
+    version_source: str
+    latency_s: float               # from the call to the agent's hello
+    stop_us: int                   # how long the main thread was stopped (0 for PEP 768)
+
+
+def choose_method(tp: TargetPython) -> str:
+    if tp.minor < MIN_VERSION:
+        raise UnsupportedVersion(
+            f"PID {tp.pid} runs CPython {'.'.join(map(str, tp.version))}; stacklens injects into "
+            "3.10 and newer. The eBPF probes still work without the agent.")
+    return "pep768" if tp.minor >= PEP768_VERSION else "ptrace"
+
+
+def _blocked_reason(procfs: ProcFS, pid: int) -> str:
+    nr = procfs.thread_syscall(pid, pid)
+    if nr.isdigit():
+        return f"its main thread is blocked in the {SYSCALL_NAMES.get(int(nr), 'syscall ' + nr)} syscall"
+    if nr == "running":
+        return "its main thread is running native code (no eval-breaker check)"
+    return "its main thread did not reach an eval-breaker check"
+
+
+def inject_agent(pid: int, socket_path: str | None = None, timeout_s: float = 5.0, *,
+                 server: AgentServer | None = None, method: str = "auto",
+                 procfs: ProcFS | None = None) -> AttachResult:
+    if type(pid) is not int or pid <= 0:
+        raise InputError(f"bad PID {pid!r}: give the numeric PID of a running Python process")
+    if pid == os.getpid():
+        raise InputError("stacklens cannot attach to itself")
+    if timeout_s <= 0:
+        raise InputError("timeout_s must be positive")
+    procfs = procfs or ProcFS()
+    if not procfs.exists(pid):
+        raise NoSuchProcess(f"no process with PID {pid}: check the PID (`ps -p {pid}`)")
+    server = server or (server_for(socket_path) if socket_path else None)
+    if server is None:
+        raise InputError("inject_agent needs the AgentServer (or its socket_path) that the agent "
+                         "connects back to: srv = AgentServer(pid, dir); inject_agent(pid, srv.path)")
+    if server.pid != pid:
+        raise InputError(f"the AgentServer at {server.path} serves PID {server.pid}, not {pid}")
+    if server.connected:
+        raise AlreadyAttached(f"an agent is already attached to PID {pid}; detach it first")
+    with _IN_PROGRESS_LOCK:
+        if pid in _IN_PROGRESS:
+            raise AlreadyAttached(f"an attach to PID {pid} is already in progress")
+        _IN_PROGRESS.add(pid)
+    try:
+        return _inject(pid, server, timeout_s, method, procfs)
+    finally:
+        with _IN_PROGRESS_LOCK:
+            _IN_PROGRESS.discard(pid)
+
+
+def _inject(pid: int, server: AgentServer, timeout_s: float, method: str, procfs: ProcFS) -> AttachResult:
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    mem = RemoteMemory(pid)
+    tp = find_python(pid, procfs, mem)
+    chosen = choose_method(tp) if method == "auto" else method
+    if chosen not in ("pep768", "ptrace"):
+        raise InputError(f"unknown injection method {method!r}")
+    server.reset_hello()
+    if chosen == "pep768":
+        if "_PyRuntime" not in tp.symbols:
+            raise AttachError(f"{tp.binary} does not export _PyRuntime; cannot use PEP 768")
+        script = Path(server.agent_dir) / f"bootstrap-{server.token[:8]}.py"
+        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(script_file_text(server.target_path, server.target_agent_dir, server.token))
+        req = pep768.request_exec(mem, tp.symbols["_PyRuntime"], pid, target_view(script, pid))
+        stop_us = 0
+
+        def withdraw() -> None:
+            pep768.withdraw(mem, req)
+    else:
+        text = pending_call_text(server.target_path, server.target_agent_dir, server.token)
+        call = ptrace_inject.queue_pending_call(tp, text, timeout_s=max(0.1, deadline - time.monotonic()),
+                                                procfs=procfs, mem=mem)
+        stop_us = call.stop_us
+
+        def withdraw() -> None:
+            ptrace_inject.disarm(pid, call.page, mem)
+    try:
+        while not server.wait_hello(0.02):
+            if time.monotonic() > deadline:
+                withdraw()
+                if server.wait_hello(0.05):   # it connected while we withdrew
+                    break
+                raise Timeout(f"target not executing Python: PID {pid} did not run the bootstrap within "
+                              f"{timeout_s:g} s ({_blocked_reason(procfs, pid)}); the request was "
+                              "withdrawn and the target is unchanged. Retry when it runs Python code.")
+            if not procfs.exists(pid):
+                raise NoSuchProcess(f"PID {pid} exited during attach")
+    except BaseException:
+        raise
+    else:
+        if chosen == "ptrace":
+            ptrace_inject.disarm(pid, call.page, mem)   # a stale queued call now does nothing
+    return AttachResult(pid, chosen, tp.version, tp.version_source, time.monotonic() - t0, stop_us)

@@ -1,0 +1,123 @@
+"""Injector for CPython 3.14+: the PEP 768 remote-debugging protocol, written by us.
+
+Needs CAP_SYS_PTRACE (process_vm_writev) but never stops the target. We do what
+``sys.remote_exec`` does (Python/remote_debugging.c) from any daemon Python version: read
+``_Py_DebugOffsets`` at the start of the target's ``_PyRuntime``, find the main thread state,
+write the script path into its ``_PyRemoteDebuggerSupport``, set ``debugger_pending_call`` and
+the eval-breaker "please stop" bit. The main thread runs the script at its next eval-breaker
+check. A target started with ``PYTHON_DISABLE_REMOTE_DEBUG`` / ``-X disable_remote_debug`` has
+``config.remote_debug == 0``: we refuse (the user opted out) with a clear error.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ..errors import AttachError, UnsupportedVersion
+from .memory import ProcessMemory
+
+COOKIE = b"xdebugpy"
+EVAL_PLEASE_STOP_BIT = 1 << 5
+
+
+@dataclass(frozen=True)
+class DebugOffsetsLayout:
+    """Byte positions of the fields we use *inside* the _Py_DebugOffsets struct of one minor."""
+    runtime_finalizing: int
+    runtime_interpreters_head: int
+    interp_threads_main: int
+    dbg_eval_breaker: int
+    dbg_remote_debugger_support: int
+    dbg_remote_debugging_enabled: int
+    dbg_pending_call: int
+    dbg_script_path: int
+    dbg_script_path_size: int
+
+
+# From Include/internal/pycore_debug_offsets.h of 3.14 (all fields uint64_t): header 3 words,
+# runtime_state 3, interpreter_state 14 (threads_main 5th), thread_state 9, interpreter_frame 7,
+# code_object 10, pyobject 2, type_object 4, tuple 3, list 3, set 4, dict 3, float 2, long 3,
+# bytes 3, unicode 4, gc 2, gen 4, then debugger_support (6 words) at word 83.
+LAYOUTS = {
+    (3, 14): DebugOffsetsLayout(
+        runtime_finalizing=32, runtime_interpreters_head=40, interp_threads_main=48 + 4 * 8,
+        dbg_eval_breaker=83 * 8, dbg_remote_debugger_support=84 * 8,
+        dbg_remote_debugging_enabled=85 * 8, dbg_pending_call=86 * 8, dbg_script_path=87 * 8,
+        dbg_script_path_size=88 * 8),
+}
+
+
+@dataclass(frozen=True)
+class RemoteExecTarget:
+    tstate: int
+    pending_addr: int
+    path_addr: int
+    path_size: int
+    eval_breaker_addr: int
+    free_threaded: bool
+
+
+def _u64(mem: ProcessMemory, addr: int) -> int:
+    return struct.unpack("<Q", mem.read(addr, 8))[0]
+
+
+def locate(mem: ProcessMemory, runtime_addr: int, pid: int) -> RemoteExecTarget:
+    head = mem.read(runtime_addr, 24)
+    if head[:8] != COOKIE:
+        raise AttachError(f"PID {pid}: no _Py_DebugOffsets cookie at _PyRuntime {runtime_addr:#x}")
+    hexv, free_threaded = struct.unpack_from("<QQ", head, 8)
+    minor = ((hexv >> 24) & 0xFF, (hexv >> 16) & 0xFF)
+    layout = LAYOUTS.get(minor)
+    if layout is None:
+        raise UnsupportedVersion(
+            f"PID {pid} runs CPython {minor[0]}.{minor[1]}, whose remote-debugging layout stacklens "
+            f"does not know (known: {', '.join('%d.%d' % k for k in LAYOUTS)}); upgrade stacklens")
+    off = lambda field: _u64(mem, runtime_addr + getattr(layout, field))  # noqa: E731
+    path_size = off("dbg_script_path_size")
+    if not 64 <= path_size <= 1 << 16:
+        raise UnsupportedVersion(f"PID {pid}: implausible _Py_DebugOffsets (script path size "
+                                 f"{path_size}); this CPython {minor[0]}.{minor[1]} build differs")
+    if _u64(mem, runtime_addr + off("runtime_finalizing")) != 0:
+        raise AttachError(f"PID {pid} is shutting down (interpreter finalizing)")
+    interp = _u64(mem, runtime_addr + off("runtime_interpreters_head"))
+    if interp == 0:
+        raise AttachError(f"PID {pid} has no interpreter yet; retry when it has started")
+    enabled = struct.unpack("<i", mem.read(interp + off("dbg_remote_debugging_enabled"), 4))[0]
+    if enabled != 1:
+        raise AttachError(
+            f"PID {pid} disabled remote debugging (PYTHON_DISABLE_REMOTE_DEBUG or "
+            "-X disable_remote_debug, or built --without-remote-debug): stacklens respects that; "
+            "restart the job without it to profile it")
+    tstate = _u64(mem, interp + _u64(mem, runtime_addr + layout.interp_threads_main))
+    if tstate == 0:
+        raise AttachError(f"PID {pid} has no main thread state (main thread exited?)")
+    support = tstate + off("dbg_remote_debugger_support")
+    return RemoteExecTarget(tstate, support + off("dbg_pending_call"), support + off("dbg_script_path"),
+                            path_size, tstate + off("dbg_eval_breaker"), bool(free_threaded))
+
+
+def request_exec(mem: ProcessMemory, runtime_addr: int, pid: int, script_path: str) -> RemoteExecTarget:
+    """Ask the target's main thread to run ``script_path`` (a path in the target's namespace)."""
+    tgt = locate(mem, runtime_addr, pid)
+    raw = script_path.encode()
+    if len(raw) + 1 > tgt.path_size:
+        raise AttachError(f"script path too long for PEP 768 ({len(raw)} >= {tgt.path_size}); "
+                          "use a shorter socket directory")
+    mem.write(tgt.path_addr, raw + b"\0")
+    mem.write(tgt.pending_addr, struct.pack("<i", 1))
+    eb = _u64(mem, tgt.eval_breaker_addr)
+    mem.write(tgt.eval_breaker_addr, struct.pack("<Q", eb | EVAL_PLEASE_STOP_BIT))
+    return tgt
+
+
+def withdraw(mem: ProcessMemory, tgt: RemoteExecTarget) -> None:
+    """Cancel a request that has not run yet (the eval-breaker bit left set is harmless)."""
+    try:
+        mem.write(tgt.pending_addr, struct.pack("<i", 0))
+    except OSError:
+        pass
+
+
+def pending(mem: ProcessMemory, tgt: RemoteExecTarget) -> bool:
+    return struct.unpack("<i", mem.read(tgt.pending_addr, 4))[0] != 0

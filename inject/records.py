@@ -1,0 +1,94 @@
+"""Frozen records the daemon gets from an agent (already validated by ``server.py``).
+
+All times are CLOCK_MONOTONIC nanoseconds of the target's host (the agent converts CUPTI /
+ROCm timestamps with its clock calibration).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PyFrame = tuple[str, str, int]          # (file, function/qualname, line)
+
+
+@dataclass(frozen=True)
+class AgentHello:
+    pid: int
+    tid: int
+    python: tuple[int, int, int]
+    executable: str
+
+
+@dataclass(frozen=True)
+class PySample:
+    tid: int
+    t_ns: int
+    frames: tuple[PyFrame, ...]          # outermost first
+    truncated: bool = False              # deeper than the agent's max_depth: outermost cut
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    name: str
+    start_ns: int
+    end_ns: int
+    device: int
+    stream: int
+    correlation_id: int
+    grid: tuple[int, int, int] = (0, 0, 0)
+    block: tuple[int, int, int] = (0, 0, 0)
+    graph_id: int = 0
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass(frozen=True)
+class ApiRecord:
+    domain: str                          # "runtime" | "driver" | "hip"
+    name: str
+    tid: int
+    start_ns: int
+    end_ns: int
+    correlation_id: int
+    cbid: int = 0
+
+
+@dataclass(frozen=True)
+class MemcpyRecord:
+    kind: str                            # "HtoD" | "DtoH" | "DtoD" | "HtoH" | "PtoP" | "memset" | "other"
+    bytes: int
+    start_ns: int
+    end_ns: int
+    device: int
+    stream: int
+    correlation_id: int
+
+
+@dataclass(frozen=True)
+class SyncRecord:
+    type: str                            # "event" | "stream" | "context" | "stream_wait_event" | "other"
+    start_ns: int
+    end_ns: int
+    stream: int
+    correlation_id: int
+
+
+@dataclass(frozen=True)
+class Note:
+    level: str                           # "info" | "warning" | "error"
+    message: str
+    t_ns: int = 0
+
+
+@dataclass(frozen=True)
+class AgentStats:
+    samples: int
+    sample_hz: float
+    sample_cost_us: float
+    dropped: dict = field(default_factory=dict)
+    gpu: dict = field(default_factory=dict)
+
+
+AgentRecord = PySample | KernelRecord | ApiRecord | MemcpyRecord | SyncRecord | Note | AgentStats | AgentHello

@@ -1,0 +1,462 @@
+"""Daemon side of the agent channel: a Unix socket per target, strict parsing into records.
+
+Runs as root. The socket lives in a root-owned directory that is not writable by others (mode
+0600, or 0660 with the target's group when the target is not root), and only a peer whose
+SO_PEERCRED pid is the target is served. Everything the agent sends is treated as hostile:
+bounded frame size, strict types and ranges per message kind, unknown kinds rejected; every
+rejection is counted (``stats()``) and the server keeps running. Nothing received is executed.
+One reader thread per server; records wait in a bounded deque (drops counted) until ``poll()``.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import socket
+import stat
+import struct
+import threading
+import time
+from pathlib import Path
+
+from ..errors import AlreadyAttached, InputError, NoSuchProcess
+from .agent import wire
+from .records import (AgentHello, AgentStats, ApiRecord, KernelRecord, MemcpyRecord, Note,
+                      PySample, SyncRecord)
+
+AGENT_SRC = Path(__file__).parent / "agent"
+MAX_STR = 8192
+MAX_INT = (1 << 63) - 1
+MAX_BATCH = 20000
+LEVELS = ("info", "warning", "error")
+MEMCPY_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "memset", "other")
+SYNC_TYPES = ("event", "stream", "context", "stream_wait_event", "other")
+API_DOMAINS = ("runtime", "driver", "hip")
+
+# servers by socket path, so inject_agent(pid, socket_path=srv.path) can wait for the hello
+_REGISTRY: dict[str, "AgentServer"] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+class ProtocolError(ValueError):
+    pass
+
+
+def _int(v, lo=0, hi=MAX_INT) -> int:
+    if type(v) is not int or not lo <= v <= hi:
+        raise ProtocolError(f"bad integer {v!r}")
+    return v
+
+
+def _str(v, maxlen=MAX_STR) -> str:
+    if type(v) is not str or len(v) > maxlen:
+        raise ProtocolError("bad string")
+    return v
+
+
+def _num(v) -> float:
+    if type(v) not in (int, float) or v != v or abs(v) > 1e18:
+        raise ProtocolError("bad number")
+    return float(v)
+
+
+def _list(v, maxlen=MAX_BATCH) -> list:
+    if type(v) is not list or len(v) > maxlen:
+        raise ProtocolError("bad list")
+    return v
+
+
+def _row(v, n) -> list:
+    if type(v) is not list or len(v) != n:
+        raise ProtocolError("bad row")
+    return v
+
+
+def _counts(v) -> dict:
+    if type(v) is not dict or len(v) > 32:
+        raise ProtocolError("bad counters")
+    return {_str(k, 64): (_num(x) if type(x) is float else _int(x)) for k, x in v.items()}
+
+
+def parse_message(msg) -> list:
+    """One decoded JSON message -> records. Raises ProtocolError on anything unexpected."""
+    if type(msg) is not dict:
+        raise ProtocolError("not an object")
+    t = msg.get("t")
+    if t == "samples":
+        stacks = []
+        for st in _list(msg.get("stacks"), 5000):
+            frames = tuple((_str(f[0]), _str(f[1]), _int(f[2], 0, 1 << 31))
+                           for f in (_row(x, 3) for x in _list(st, wire.MAX_STACK_DEPTH)))
+            stacks.append(frames)
+        out = []
+        for s in _list(msg.get("s")):
+            tid, t_ns, idx, trunc = _row(s, 4)
+            _int(idx, 0, len(stacks) - 1)
+            out.append(PySample(_int(tid, 0, 1 << 31), _int(t_ns), stacks[idx], bool(_int(trunc, 0, 1))))
+        return out
+    if t == "kernel":
+        out = []
+        for r in _list(msg.get("r")):
+            name, s, e, dev, strm, corr, gx, gy, gz, bx, by, bz, graph = _row(r, 13)
+            s, e = _int(s), _int(e)
+            if e < s:
+                raise ProtocolError("kernel ends before it starts")
+            out.append(KernelRecord(_str(name), s, e, _int(dev, 0, 1 << 16), _int(strm), _int(corr),
+                                    (_int(gx), _int(gy), _int(gz)), (_int(bx), _int(by), _int(bz)), _int(graph)))
+        return out
+    if t == "api":
+        out = []
+        for r in _list(msg.get("r")):
+            dom, name, tid, s, e, corr, cbid = _row(r, 7)
+            if dom not in API_DOMAINS:
+                raise ProtocolError("bad api domain")
+            s, e = _int(s), _int(e)
+            if e < s:
+                raise ProtocolError("api call ends before it starts")
+            out.append(ApiRecord(dom, _str(name, 256), _int(tid, 0, 1 << 31), s, e, _int(corr), _int(cbid, 0, 1 << 20)))
+        return out
+    if t == "memcpy":
+        out = []
+        for r in _list(msg.get("r")):
+            kind, nbytes, s, e, dev, strm, corr = _row(r, 7)
+            if kind not in MEMCPY_KINDS:
+                raise ProtocolError("bad memcpy kind")
+            s, e = _int(s), _int(e)
+            if e < s:
+                raise ProtocolError("memcpy ends before it starts")
+            out.append(MemcpyRecord(kind, _int(nbytes), s, e, _int(dev, 0, 1 << 16), _int(strm), _int(corr)))
+        return out
+    if t == "sync":
+        out = []
+        for r in _list(msg.get("r")):
+            typ, s, e, strm, corr = _row(r, 5)
+            if typ not in SYNC_TYPES:
+                raise ProtocolError("bad sync type")
+            s, e = _int(s), _int(e)
+            if e < s:
+                raise ProtocolError("sync ends before it starts")
+            out.append(SyncRecord(typ, s, e, _int(strm), _int(corr)))
+        return out
+    if t == "note":
+        level = msg.get("level")
+        if level not in LEVELS:
+            raise ProtocolError("bad note level")
+        return [Note(level, _str(msg.get("msg"), 2000), _int(msg.get("t_ns", 0)))]
+    if t == "stats":
+        gpu = msg.get("gpu", {})
+        return [AgentStats(_int(msg.get("samples")), _num(msg.get("sample_hz")),
+                           _num(msg.get("sample_cost_us")), _counts(msg.get("dropped", {})), _counts(gpu))]
+    if t == "bye":
+        return []
+    raise ProtocolError(f"unknown message kind {str(t)[:32]!r}")
+
+
+def _check_private_dir(d: Path) -> None:
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode):
+        raise InputError(f"socket directory {d} is not a directory (or is a symlink); remove it")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise InputError(f"socket directory {d} must be owned by uid {os.geteuid()} and not writable "
+                         f"by group/others (it is uid {st.st_uid}, mode {st.st_mode & 0o7777:o}); fix or remove it")
+
+
+def default_socket_dir(pid: int, proc: Path = Path("/proc")) -> Path:
+    """Where the target can reach us: /run/stacklens/agents, or inside the target's root if it
+    lives in another mount namespace (container, chroot)."""
+    try:
+        same = os.stat(proc / str(pid) / "root").st_ino == os.stat("/").st_ino and \
+            os.stat(proc / str(pid) / "root").st_dev == os.stat("/").st_dev
+    except FileNotFoundError:
+        raise NoSuchProcess(f"no process with PID {pid}") from None
+    if same:
+        return Path("/run/stacklens/agents")
+    return proc / str(pid) / "root" / "tmp" / ".stacklens-agents"
+
+
+def target_view(path: Path | str, pid: int) -> str:
+    """The path as the target sees it (strip /proc/PID/root)."""
+    s = str(path)
+    prefix = f"/proc/{pid}/root"
+    if s.startswith(prefix + "/"):
+        return s[len(prefix):]
+    return s
+
+
+class AgentServer:
+    def __init__(self, pid: int, socket_dir: Path | str | None = None, *, config: dict | None = None,
+                 max_records: int = 1_000_000) -> None:
+        if type(pid) is not int or pid <= 0:
+            raise InputError(f"bad PID {pid!r}")
+        self.pid = pid
+        self.config = dict(config or {})
+        self.dir = Path(socket_dir) if socket_dir is not None else default_socket_dir(pid)
+        self._mkdirs(self.dir)
+        try:
+            tstat = os.stat(f"/proc/{pid}")
+        except FileNotFoundError:
+            raise NoSuchProcess(f"no process with PID {pid}: check the PID") from None
+        self._lock_fd = os.open(self.dir / f"agent-{pid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise AlreadyAttached(f"another stacklens session already serves PID {pid}; "
+                                  f"detach it first (`stacklens detach {pid}`)") from None
+        self.token = secrets.token_hex(16)
+        self.path = str(self.dir / f"agent-{pid}.sock")
+        self.target_path = target_view(self.path, pid)
+        self.agent_dir = self.dir / f"agent-{pid}-code"
+        self.target_agent_dir = target_view(self.agent_dir, pid)
+        self._install_agent(tstat.st_gid)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old = os.umask(0o177)
+        try:
+            self._listener.bind(self.path)
+        finally:
+            os.umask(old)
+        if tstat.st_uid != 0:
+            os.chown(self.path, 0 if os.geteuid() == 0 else -1, tstat.st_gid)
+            os.chmod(self.path, 0o660)
+        self._listener.listen(4)
+        self._listener.settimeout(0.1)
+        self._records: collections.deque = collections.deque()
+        self._max_records = max_records
+        self._stats = collections.Counter()
+        self._conn: socket.socket | None = None
+        self._hello: AgentHello | None = None
+        self._hello_event = threading.Event()
+        self._gone_event = threading.Event()
+        self._closing = threading.Event()
+        self._send_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._serve, name=f"stacklens-agent-server-{pid}", daemon=True)
+        self._thread.start()
+        with _REGISTRY_LOCK:
+            _REGISTRY[self.path] = self
+
+    # -- setup ---------------------------------------------------------------------------
+    @staticmethod
+    def _mkdirs(d: Path) -> None:
+        try:
+            os.makedirs(d, mode=0o711, exist_ok=True)
+        except FileExistsError:
+            pass
+        _check_private_dir(d)
+        os.chmod(d, 0o711)
+
+    def _install_agent(self, gid: int) -> None:
+        """Copy the agent sources to a read-only (for the target) directory it can read."""
+        d = self.agent_dir
+        if os.path.lexists(d):
+            shutil.rmtree(d) if os.path.isdir(d) and not os.path.islink(d) else os.unlink(d)
+        os.mkdir(d, 0o755)
+        for src in sorted(AGENT_SRC.glob("*.py")):
+            dst = d / src.name
+            shutil.copyfile(src, dst)
+            os.chmod(dst, 0o644)
+        os.chmod(d, 0o755)
+
+    # -- reader thread -------------------------------------------------------------------
+    def _serve(self) -> None:
+        while not self._closing.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except (socket.timeout, BlockingIOError):
+                continue
+            except OSError:
+                if self._closing.is_set():
+                    return
+                time.sleep(0.05)
+                continue
+            if not self._admit(conn):
+                continue
+            self._read_agent(conn)
+
+    def _admit(self, conn: socket.socket) -> bool:
+        try:
+            cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            peer_pid, _uid, _gid = struct.unpack("3i", cred)
+        except OSError:
+            peer_pid = -1
+        if peer_pid != self.pid:
+            self._stats["rejected_peer"] += 1
+            conn.close()
+            return False
+        return True
+
+    def _read_agent(self, conn: socket.socket) -> None:
+        conn.settimeout(0.2)
+        buf = bytearray()
+        hello = False
+        self._conn = conn
+        try:
+            while not self._closing.is_set():
+                try:
+                    data = conn.recv(1 << 16)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    break
+                if not data:
+                    break
+                buf += data
+                while len(buf) >= 4:
+                    n = int.from_bytes(buf[:4], "big")
+                    if n > wire.MAX_FRAME:
+                        self._stats["rejected_oversize"] += 1
+                        return              # cannot resynchronise: drop the connection
+                    if len(buf) < 4 + n:
+                        break
+                    raw = bytes(buf[4:4 + n])
+                    del buf[:4 + n]
+                    self._stats["frames"] += 1
+                    try:
+                        msg = json.loads(raw)
+                    except (ValueError, RecursionError):
+                        self._stats["rejected_json"] += 1
+                        continue
+                    if not hello:
+                        if not self._accept_hello(msg):
+                            return
+                        hello = True
+                        continue
+                    if type(msg) is dict and msg.get("t") == "bye":
+                        self._stats["bye"] += 1
+                    try:
+                        recs = parse_message(msg)
+                    except (ProtocolError, TypeError, IndexError, KeyError, RecursionError):
+                        self._stats["rejected_message"] += 1
+                        continue
+                    self._push(recs)
+                if len(buf) > wire.MAX_FRAME + 4:
+                    self._stats["rejected_oversize"] += 1
+                    return
+        finally:
+            self._conn = None
+            try:
+                conn.close()
+            except OSError:
+                pass
+            if hello:
+                self._gone_event.set()
+
+    def _accept_hello(self, msg) -> bool:
+        try:
+            if type(msg) is not dict or msg.get("t") != "hello" or msg.get("v") != wire.VERSION:
+                raise ProtocolError("first message is not a hello")
+            if msg.get("token") != self.token:
+                raise ProtocolError("bad token")
+            py = _row(msg.get("python"), 3)
+            hello = AgentHello(_int(msg.get("pid"), 1, 1 << 31), _int(msg.get("tid"), 0, 1 << 31),
+                               (_int(py[0], 0, 99), _int(py[1], 0, 99), _int(py[2], 0, 99)),
+                               _str(msg.get("executable", ""), 4096))
+        except (ProtocolError, TypeError):
+            self._stats["rejected_hello"] += 1
+            return False
+        self._hello = hello
+        self._gone_event.clear()
+        self._push([hello])
+        self._send({"t": "config", **self.config})
+        self._hello_event.set()
+        return True
+
+    def _push(self, recs: list) -> None:
+        for r in recs:
+            if len(self._records) >= self._max_records:
+                self._stats["dropped_records"] += 1
+                continue
+            self._records.append(r)
+            self._stats["records"] += 1
+
+    def _send(self, msg: dict) -> bool:
+        conn = self._conn
+        if conn is None:
+            return False
+        try:
+            with self._send_lock:
+                conn.sendall(wire.encode(msg))
+            return True
+        except OSError:
+            return False
+
+    # -- API -----------------------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and self._hello_event.is_set() and not self._gone_event.is_set()
+
+    @property
+    def hello(self) -> AgentHello | None:
+        return self._hello
+
+    def wait_hello(self, timeout_s: float) -> bool:
+        return self._hello_event.wait(timeout_s)
+
+    def reset_hello(self) -> None:
+        self._hello_event.clear()
+
+    def poll(self) -> list:
+        out = []
+        q = self._records
+        while q:
+            out.append(q.popleft())
+        return out
+
+    def stop_agent(self, timeout_s: float = 3.0) -> bool:
+        """Ask the agent to detach; True once it has closed its end."""
+        if not self._hello_event.is_set():
+            return True
+        self._send({"t": "stop"})
+        ok = self._gone_event.wait(timeout_s)
+        self._hello_event.clear()
+        return ok
+
+    def stats(self) -> dict:
+        return dict(self._stats)
+
+    def close(self) -> None:
+        if self._closing.is_set():
+            return
+        try:
+            self.stop_agent()
+        finally:
+            self._closing.set()
+            try:
+                self._listener.close()
+            except OSError:
+                pass
+            self._thread.join(2.0)
+            with _REGISTRY_LOCK:
+                _REGISTRY.pop(self.path, None)
+            for p in (self.path,):
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
+            shutil.rmtree(self.agent_dir, ignore_errors=True)
+            try:
+                os.unlink(self.dir / f"agent-{self.pid}.lock")
+            except OSError:
+                pass
+            os.close(self._lock_fd)
+
+    def __enter__(self) -> "AgentServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def server_for(path: str) -> AgentServer | None:
+    with _REGISTRY_LOCK:
+        return _REGISTRY.get(str(path))
+
+
+__all__ = ["AgentServer", "parse_message", "ProtocolError", "default_socket_dir", "server_for"]
