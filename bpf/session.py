@@ -330,7 +330,8 @@ class ProbeSession:
                 continue
             (kind, si, pid, tid, t, dur, oh, _od, sid, _py, ret, outv, caller) = head(data, off)
             if sid < 0:
-                stack = ()
+                # -1: not requested; other negatives: bpf_get_stackid failed (marked, not hidden)
+                stack = () if sid == -1 else (TRUNCATED,)
             else:
                 stack = stack_cache.get((sid, caller))
                 if stack is None:
@@ -429,6 +430,11 @@ class ProbeSession:
             path = self._op_cache.get(k.value) or self._op_path(k.value)
             out[path] = out.get(path, 0) + v.value
         return out
+
+    @property
+    def libraries(self) -> tuple[LibraryAttach, ...]:
+        """Every library file found so far (attach and rescans), with its probe count."""
+        return tuple(self._libraries)
 
     def kernel_names(self) -> dict[int, str]:
         return dict(self._names)

@@ -117,7 +117,7 @@ struct sl_event {
     u64 duration_ns;   /* return probes: time inside the call; 0 otherwise */
     u64 op_hash;       /* hash of the thread's live operator path; 0 = none */
     u32 op_depth;      /* number of live operators (path in the op_paths map) */
-    s32 stack_id;      /* native user stack in `stacks`; <0 = none / error */
+    s32 stack_id;      /* native user stack in `stacks`; -1 = not captured, < -1 = -errno */
     u64 py_stack_id;   /* Python stack (pystack.h); 0 = not captured */
     u64 ret;           /* return value (return probes) */
     u64 out;           /* value behind the out-pointer argument (return probes) */
