@@ -27,6 +27,7 @@ from .snapshot import Snapshot
 
 JSON_FORMAT = "stacklens.profile"
 JSON_VERSION = 1
+_HINT = "pass a profile written by stacklens (JSON, .json or .json.gz)"
 
 
 def unit_of(metric: str) -> str:
@@ -267,7 +268,7 @@ def from_json(obj: Any) -> Snapshot:
     """Read the JSON form; raises InputError saying what is wrong with anything else."""
 
     def bad(what: str) -> InputError:
-        return InputError(f"not a valid stacklens profile: {what}")
+        return InputError(f"not a valid stacklens profile: {what}; {_HINT}")
 
     if not isinstance(obj, dict) or obj.get("format") != JSON_FORMAT:
         raise bad(f"expected a JSON object with \"format\": \"{JSON_FORMAT}\"")
@@ -367,33 +368,32 @@ def load(path: str | os.PathLike[str]) -> Snapshot:
 
     Raises InputError with the reason for a missing, unreadable, empty, truncated or corrupt file.
     """
-    hint = "pass a profile written by stacklens (JSON, .json or .json.gz)"
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
-        raise InputError(f"{path}: no such file; {hint}") from None
+        raise InputError(f"{path}: no such file; {_HINT}") from None
     except OSError as e:
-        raise InputError(f"{path}: cannot read it ({e.strerror or e}); {hint}") from None
+        raise InputError(f"{path}: cannot read it ({e.strerror or e}); {_HINT}") from None
     if not data:
-        raise InputError(f"{path}: the file is empty; {hint}")
+        raise InputError(f"{path}: the file is empty; {_HINT}")
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-            raise InputError(f"{path}: truncated or corrupt gzip data ({e}); {hint}") from None
+            raise InputError(f"{path}: truncated or corrupt gzip data ({e}); {_HINT}") from None
     try:
         text = data.decode()
     except UnicodeDecodeError:
         raise InputError(
             f"{path}: binary data, not a stacklens JSON profile (pprof files can be written but "
-            f"not read back); {hint}"
+            f"not read back); {_HINT}"
         ) from None
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(
             f"{path}: not valid JSON, the file may be truncated ({e.msg} at line {e.lineno} "
-            f"column {e.colno}); {hint}"
+            f"column {e.colno}); {_HINT}"
         ) from None
     try:
         return from_json(obj)

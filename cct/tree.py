@@ -21,8 +21,8 @@ once per 10% of the cap worth of new contexts, not on every new one.
   receives the sum of every value in the subtree, so every metric's total is conserved and the
   folded values stay attributed to the deepest context that survives. Per-parent `[other]` keeps
   "somewhere under train_step" instead of losing all context into one global bucket.
-- A fold that would only rename a lone cold leaf to `[other]` saves nothing and is deferred:
-  it happens when its parent gets an `[other]` anyway, or at the end if still over target.
+- Folding goes strictly coldest first. The first fold under a parent creates its `[other]`, so
+  it saves a node only if the subtree had two or more; the loop goes on until enough are saved.
 - `folded_nodes` counts every node removed by folding over the tree's life.
 - Long-lived hot contexts win against newcomers, whose weight starts at zero; windowed views
   (window.py) build on per-second trees, so a new phase of a job shows up there.
@@ -260,7 +260,6 @@ class CCT:
             key=lambda n: (weight[n], -n),
         )
         gone = bytearray(n_nodes)
-        deferred: dict[int, list[int]] = {}
         live = n_nodes
 
         def fold(node: int) -> int:
@@ -289,31 +288,13 @@ class CCT:
                 stack.extend(children[n])
             del self._child[(parent, node_frame[node])]
             self._folded += removed
-            saved = removed - created
-            if created:
-                # Lone cold leaves deferred under this parent are colder than `node`, and
-                # folding them is now worth one node each.
-                for leaf in deferred.pop(parent, ()):
-                    if not gone[leaf]:
-                        saved += fold(leaf)
-            return saved
+            return removed - created
 
         for node in order:
             if live <= target:
                 break
-            if gone[node]:
-                continue
-            parent = parents[node]
-            if not children[node] and (parent, other_fid) not in self._child:
-                deferred.setdefault(parent, []).append(node)
-                continue
-            live -= fold(node)
-        if live > target:
-            for node in sorted((n for group in deferred.values() for n in group), key=lambda n: (weight[n], -n)):
-                if live <= target:
-                    break
-                if not gone[node]:
-                    live -= fold(node)
+            if not gone[node]:
+                live -= fold(node)
         self._compact(gone)
 
     def _compact(self, gone: bytearray) -> None:

@@ -72,7 +72,7 @@ class WindowedCCT:
         if t < self._open_end:
             return
         idx = max(math.floor(t / self.bucket_s), self._open_idx + 1)
-        if self._open.node_count > 1:
+        if not _empty(self._open):
             self._cumulative._absorb_tree(self._open)
             self._closed.append((self._open_idx, self._open))
             self._open = CCT(self.metrics, self.max_nodes)
@@ -92,7 +92,7 @@ class WindowedCCT:
         """Cumulative view (`window_s=None`) or the last `window_s` seconds, to a bucket."""
         self._advance(self._clock() if now is None else now)
         if window_s is None:
-            if self._open.node_count == 1:
+            if _empty(self._open):
                 return self._cumulative.snapshot(meta, unavailable)
             view = self._cumulative.copy()
             view._absorb_tree(self._open)
@@ -107,6 +107,10 @@ class WindowedCCT:
                 view._absorb_tree(bucket)
         view._absorb_tree(self._open)
         return view.snapshot(meta, unavailable)
+
+
+def _empty(tree: CCT) -> bool:
+    return tree.node_count == 1 and not any(col[0] for col in tree._cols)
 
 
 def merge(a: Snapshot, b: Snapshot) -> Snapshot:

@@ -1,0 +1,35 @@
+"""The pure core (cct, analyzer) imports no BPF, UI, RPC, metrics-server or ctypes code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).parents[2]
+FORBIDDEN = ("bcc", "textual", "grpc", "prometheus_client", "ctypes")
+
+
+def test_core_imports_stay_pure() -> None:
+    code = (
+        "import sys, stacklens.cct, stacklens.cct.export, stacklens.analyzer\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r})\n"
+        "print(','.join(bad))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "", f"the pure core pulled in: {result.stdout.strip()}"
+
+
+def test_import_linter_contracts() -> None:
+    lint = Path(sys.executable).with_name("lint-imports")
+    if not lint.exists():
+        pytest.skip("import-linter is not installed (pip install -e '.[test]')")
+    result = subprocess.run([str(lint)], cwd=REPO, capture_output=True, text=True)
+    output = result.stdout + result.stderr
+    assert "include_external_packages" not in output, (
+        "pyproject.toml [tool.importlinter] needs `include_external_packages = true`: the "
+        "contracts forbid external modules (bcc, grpc, ...), which import-linter only tracks then"
+    )
+    assert result.returncode == 0, output
