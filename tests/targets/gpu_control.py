@@ -1,0 +1,127 @@
+"""Drive a long-lived GPU target (tests/targets/gpu_workloads.py, gpu_ground_truth.py) over stdin/stdout.
+
+The target prints `ready {json}`, then answers each command line with one JSON line. Anything
+else it prints on stdout (library chatter) is kept in `noise`, never parsed. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+TARGETS = Path(__file__).resolve().parent
+
+
+class TargetError(RuntimeError):
+    pass
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (VmRSS), 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class Target:
+    def __init__(self, script: str, args: list[str], *, env: dict[str, str] | None = None,
+                 stderr_path: str | os.PathLike[str] | None = None, ready_timeout: float = 600.0,
+                 python: str | None = None) -> None:
+        path = script if os.path.isabs(script) else str(TARGETS / script)
+        full_env = dict(os.environ)
+        full_env.update({"PYTHONUNBUFFERED": "1", "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+                         "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+                         "TRANSFORMERS_OFFLINE": "1"})
+        if env:
+            full_env.update(env)
+        self._err = open(stderr_path, "ab") if stderr_path else subprocess.DEVNULL
+        self.argv = [python or sys.executable, path, *args]
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._err, env=full_env, text=True, bufsize=1)
+        self.pid = self.proc.pid
+        self.noise: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.info: dict = {}
+        line = self._next_line(ready_timeout, want=lambda s: s.startswith("ready"))
+        rest = line[len("ready"):].strip()
+        if rest:
+            try:
+                self.info = json.loads(rest)
+            except ValueError:
+                self.info = {"ready": rest}
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def _next_line(self, timeout: float, want) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TargetError(f"target {self.pid} gave no answer within {timeout:.0f}s")
+            try:
+                line = self._lines.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            if line is None:
+                rc = self.proc.wait(timeout=5)
+                raise TargetError(f"target {self.pid} exited (rc={rc}); noise tail: {self.noise[-5:]}")
+            if want(line):
+                return line
+            if len(self.noise) < 2000:
+                self.noise.append(line[:500])
+
+    def cmd(self, line: str, timeout: float = 600.0) -> dict:
+        """Send one command, return its JSON answer; raise TargetError on error/timeout/exit."""
+        if self.proc.poll() is not None:
+            raise TargetError(f"target {self.pid} already exited (rc={self.proc.returncode})")
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        ans = self._next_line(timeout, want=lambda s: s.startswith("{"))
+        obj = json.loads(ans)
+        if obj.get("error"):
+            raise TargetError(f"target error on {line!r}: {obj['error']}")
+        return obj
+
+    def rss(self) -> int:
+        return rss_bytes(self.pid)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self, timeout: float = 30.0) -> int | None:
+        try:
+            if self.proc.poll() is None and self.proc.stdin:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.stdin.close()
+            self.proc.wait(timeout=timeout)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        if self._err is not subprocess.DEVNULL:
+            self._err.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> "Target":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
