@@ -15,8 +15,11 @@ struct pt_event {
     struct sl_pystack st;
 };
 
-BPF_RINGBUF_OUTPUT(pt_events, 256);
-BPF_PERCPU_ARRAY(pt_counts, u64, 4);   /* 0 hits, 1 drops, 2 frames, 3 errors */
+#ifndef PT_RING_PAGES
+#define PT_RING_PAGES 256
+#endif
+BPF_RINGBUF_OUTPUT(pt_events, PT_RING_PAGES);
+BPF_PERCPU_ARRAY(pt_counts, u64, 5);   /* 0 hits, 1 drops, 2 frames, 3 errors, 4 ns in pt_fill */
 BPF_PERCPU_ARRAY(pt_scratch, struct sl_pystack, 1);
 #ifdef PT_THREAD_MAP
 BPF_HASH(sl_py_threads, u32, u64, 4096);
@@ -55,7 +58,10 @@ int pt_probe(struct pt_regs *ctx)
     struct sl_pystack *s = pt_scratch.lookup(&zero);
     if (!s)
         return 0;
-    if (pt_fill(ctx, s) < 0)
+    u64 t0 = bpf_ktime_get_ns();
+    int rc = pt_fill(ctx, s);
+    pt_add(4, bpf_ktime_get_ns() - t0);
+    if (rc < 0)
         pt_add(3, 1);
     pt_add(2, s->depth);
 #else
