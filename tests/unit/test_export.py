@@ -183,3 +183,13 @@ def test_from_json_rejects(mutate, message) -> None:
     mutate(obj)
     with pytest.raises(InputError, match=message):
         from_json(obj)
+
+
+def test_documented_example_loads() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "profile-format.md").read_text()
+    example = doc.split("```json\n", 1)[1].split("```", 1)[0]
+    snap = from_json(json.loads(example))
+    node = snap.find(["py:/srv/train.py:step:40", "op:aten::addmm", "kernel:ampere_sgemm_128x64_tn"])
+    assert node is not None and snap.exclusive(node, "gpu_time_ns") == 120_000
+    assert snap.total("api_cpu_ns") == 9000 and snap.unavailable == {"copy_bytes"}
+    assert to_json(snap) == json.loads(example)

@@ -1,0 +1,107 @@
+"""The bootstrap and the agent, run inside this test process against a real AgentServer
+(SO_PEERCRED pid = ours): connect, sample, detach, leave nothing behind."""
+
+import os
+import socket
+import sys
+import threading
+import time
+
+from stacklens.inject import AgentHello, AgentServer, PySample
+from stacklens.inject.agent import Agent, Channel
+from stacklens.inject.bootstrap import THREAD_NAME, bootstrap_body, pending_call_text
+
+
+def _agent_threads():
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+
+
+def _wait(cond, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_pending_call_text_is_one_statement_binding_nothing():
+    text = pending_call_text("/run/x.sock", "/run/agent", "tok").decode()
+    ns = {}
+    code = compile(text, "<string>", "exec")
+    assert code.co_names == ("exec",)       # the outer statement only calls exec
+    assert text.count("\n") == 1 and "\0" not in text
+    assert ns == {}
+
+
+def test_bootstrap_round_trip_and_clean_detach(tmp_path):
+    srv = AgentServer(os.getpid(), tmp_path / "agents", config={"sample_hz": 200, "gpu": False})
+    try:
+        fds_before = len(os.listdir("/proc/self/fd"))
+        exec(bootstrap_body(srv.target_path, srv.target_agent_dir, srv.token), {})
+        assert srv.wait_hello(5)
+        assert _wait(lambda: any(isinstance(r, PySample) for r in srv._records), 5)
+        recs = srv.poll()
+        assert isinstance(recs[0], AgentHello) and recs[0].pid == os.getpid()
+        agent_tid = recs[0].tid
+        assert not any(isinstance(r, PySample) and r.tid == agent_tid for r in recs)  # skips itself
+        assert "_stacklens_agent" in sys.modules
+        # a second bootstrap while one runs does nothing
+        exec(bootstrap_body(srv.target_path, srv.target_agent_dir, srv.token), {})
+        assert len(_agent_threads()) == 1
+        assert srv.stop_agent(5)
+        assert _wait(lambda: not _agent_threads(), 5)
+        assert not [m for m in sys.modules if m.startswith("_stacklens_agent")]
+        assert _wait(lambda: len(os.listdir("/proc/self/fd")) == fds_before, 5)
+    finally:
+        srv.close()
+
+
+def test_bootstrap_without_server_exits_silently(tmp_path, capfd):
+    exec(bootstrap_body(str(tmp_path / "nobody.sock"), str(tmp_path), "tok"), {})
+    assert _wait(lambda: not _agent_threads(), 5)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+def test_channel_back_pressure_drops_and_never_blocks():
+    a, b = socket.socketpair()
+    try:
+        ch = Channel(a, max_outbox=1 << 16)
+        t0 = time.monotonic()
+        for i in range(2000):
+            ch.send({"t": "note", "level": "info", "msg": "x" * 200, "t_ns": i})
+            ch.pump(0)
+        assert time.monotonic() - t0 < 2.0
+        assert ch.dropped_msgs > 0 and len(ch.out) <= 1 << 16
+    finally:
+        a.close()
+        b.close()
+
+
+def test_gpu_queue_is_bounded():
+    a, b = socket.socketpair()
+    try:
+        ag = Agent(a, "tok", config={"max_gpu_queue": 1000})
+        for i in range(5000):
+            ag.gpu_sink("kernel", [i])
+        assert len(ag.gpu_queue) == 1000 and ag.gpu_dropped == 4000
+    finally:
+        a.close()
+        b.close()
+
+
+def test_server_rejects_other_peers(tmp_path):
+    srv = AgentServer(os.getppid() if os.getppid() > 1 else 1, tmp_path / "agents")
+    try:
+        c = socket.socket(socket.AF_UNIX)
+        c.connect(srv.path)
+        c.settimeout(2)
+        assert c.recv(10) == b""          # closed on us: our pid is not the target's
+        c.close()
+        assert _wait(lambda: srv.stats().get("rejected_peer") == 1, 2)
+        mode = os.stat(srv.path).st_mode & 0o777
+        assert mode in (0o600, 0o660)
+        assert os.stat(srv.dir).st_mode & 0o022 == 0
+    finally:
+        srv.close()

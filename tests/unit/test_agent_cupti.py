@@ -1,0 +1,194 @@
+"""The CUPTI collector against a fake of cupti-python's surface (activity API only)."""
+
+import enum
+import types
+
+import pytest
+
+from stacklens.inject.agent import gpu as gpu_mod
+from stacklens.inject.agent.cupti import CuptiCollector
+
+
+class ActivityKind(enum.IntEnum):
+    KERNEL = 3
+    MEMCPY = 1
+    MEMSET = 2
+    DRIVER = 4
+    RUNTIME = 5
+    CONCURRENT_KERNEL = 10
+    SYNCHRONIZATION = 38
+    OVERHEAD = 12
+
+
+class CallbackDomain(enum.IntEnum):
+    DRIVER_API = 1
+    RUNTIME_API = 2
+
+
+class ActivityMemcpyKind(enum.IntEnum):
+    UNKNOWN = 0
+    HTOD = 1
+    DTOH = 2
+
+
+class ActivitySynchronizationType(enum.IntEnum):
+    EVENT_SYNCHRONIZE = 1
+    STREAM_WAIT_EVENT = 2
+    STREAM_SYNCHRONIZE = 3
+    CONTEXT_SYNCHRONIZE = 4
+
+
+class FakeCupti:
+    ActivityKind = ActivityKind
+    CallbackDomain = CallbackDomain
+    ActivityMemcpyKind = ActivityMemcpyKind
+    ActivitySynchronizationType = ActivitySynchronizationType
+
+    def __init__(self, clock_offset=1_000_000):
+        self.enabled = set()
+        self.callbacks = None
+        self.pending = []
+        self.flushes = []
+        self.clock_offset = clock_offset
+        self.now = 5_000_000_000
+
+    def get_timestamp(self):
+        import time
+        return time.monotonic_ns() - self.clock_offset
+
+    def activity_register_callbacks(self, req, done):
+        self.callbacks = (req, done)
+
+    def activity_enable(self, kind):
+        self.enabled.add(kind)
+
+    def activity_disable(self, kind):
+        self.enabled.discard(kind)
+
+    def activity_flush_all(self, flag):
+        self.flushes.append(flag)
+        size, _ = self.callbacks[0]()
+        assert size > 0
+        if self.pending:
+            recs, self.pending = self.pending, []
+            self.callbacks[1](recs)
+
+    def get_callback_name(self, domain, cbid):
+        return {(CallbackDomain.RUNTIME_API, 211): "cudaLaunchKernel_v7000"}.get((domain, cbid), f"fn{cbid}")
+
+    def subscribe(self, *a):
+        raise AssertionError("the collector must never subscribe")
+
+    def finalize(self):
+        raise AssertionError("the collector must never finalize CUPTI")
+
+
+def rec(kind, **kw):
+    return types.SimpleNamespace(kind=kind, **kw)
+
+
+def fake_gpu(profiler=None):
+    g = types.SimpleNamespace(**{k: getattr(gpu_mod, k) for k in ("ClockCalibration",)})
+    g.state = {"profiler": profiler}
+    g.user_profiler_active = lambda: g.state["profiler"]
+    g.mapped_libraries = lambda: {"/opt/nvidia/cu13/lib/libcupti.so.13"}
+    return g
+
+
+def make(profiler=None):
+    lib, notes, rows = FakeCupti(), [], []
+    c = CuptiCollector(lambda lvl, msg: notes.append((lvl, msg)), lib=lib, gpu=fake_gpu(profiler),
+                       thread_ids={77: 4242})
+    return c, lib, notes, rows
+
+
+def test_activity_only_all_kinds_and_clock_conversion():
+    c, lib, notes, rows = make()
+    assert c.start(lambda k, r: rows.append((k, r)))
+    K = ActivityKind
+    assert lib.enabled == {K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER, K.SYNCHRONIZATION}
+    off = c.clock.offset_ns
+    assert abs(off - lib.clock_offset) < 1_000_000   # calibrated within 1 ms of the truth
+    lib.pending = [
+        rec(K.CONCURRENT_KERNEL, name="gemm", start=100, end=400, device_id=0, stream_id=7,
+            correlation_id=11, grid_x=1, grid_y=2, grid_z=3, block_x=4, block_y=5, block_z=6, graph_id=0),
+        rec(K.CONCURRENT_KERNEL, name="running", start=100, end=0, device_id=0, stream_id=7,
+            correlation_id=12, grid_x=1, grid_y=1, grid_z=1, block_x=1, block_y=1, block_z=1, graph_id=0),
+        rec(K.RUNTIME, cbid=211, thread_id=77, start=50, end=90, correlation_id=11),
+        rec(K.MEMCPY, copy_kind=1, bytes=4096, start=10, end=20, device_id=0, stream_id=7, correlation_id=13),
+        rec(K.MEMSET, bytes=64, start=30, end=31, device_id=0, stream_id=7, correlation_id=14),
+        rec(K.SYNCHRONIZATION, type=3, start=500, end=900, stream_id=7, correlation_id=15),
+        rec(K.OVERHEAD),
+    ]
+    c.poll()
+    assert lib.flushes == [0]                       # never a forced flush
+    kinds = [k for k, _ in rows]
+    assert kinds == ["kernel", "api", "memcpy", "memcpy", "sync"]
+    k = rows[0][1]
+    assert k[0] == "gemm" and k[1] == 100 + off and k[2] == 400 + off and k[6:12] == [1, 2, 3, 4, 5, 6]
+    assert rows[1][1][:3] == ["runtime", "cudaLaunchKernel_v7000", 4242]
+    assert rows[2][1][0] == "HtoD" and rows[3][1][0] == "memset" and rows[4][1][0] == "stream"
+    assert c.stats()["unknown"] == 2
+    c.stop()
+    assert lib.enabled == set() and lib.flushes[-1] == 0
+
+
+def test_rows_pass_the_daemon_validation():
+    from stacklens.inject.server import parse_message
+    c, lib, notes, rows = make()
+    c.start(lambda k, r: rows.append((k, r)))
+    K = ActivityKind
+    lib.pending = [rec(K.CONCURRENT_KERNEL, name="k", start=1, end=2, device_id=0, stream_id=7,
+                       correlation_id=1, grid_x=1, grid_y=1, grid_z=1, block_x=1, block_y=1, block_z=1,
+                       graph_id=3),
+                   rec(K.DRIVER, cbid=5, thread_id=1, start=1, end=2, correlation_id=2)]
+    c.poll()
+    for kind, row in rows:
+        assert parse_message({"t": kind, "r": [row]})
+
+
+def test_yields_to_a_user_profiler_and_resumes():
+    c, lib, notes, rows = make(profiler="torch.profiler")
+    assert c.start(lambda k, r: rows.append((k, r)))
+    assert lib.enabled == set() and c.yielded_to == "torch.profiler"
+    assert any("yields" in m and "torch.profiler" in m for _, m in notes)
+    c._gpu.state["profiler"] = None
+    c.poll()
+    assert lib.enabled and c.active
+    c._gpu.state["profiler"] = "Nsight Systems"
+    c.poll()
+    assert lib.enabled == set() and not c.active
+    assert c.stats()["yields"] == 2
+
+
+def test_select_collector_by_mapped_library():
+    loaded = []
+
+    def load(name):
+        loaded.append(name)
+        return types.SimpleNamespace(CuptiCollector=lambda note: "cupti", RocmCollector=lambda note: "rocm")
+
+    assert gpu_mod.select_collector(load, print, {"/x/libcudart.so.13"}) == "cupti"
+    assert gpu_mod.select_collector(load, print, {"/opt/rocm/lib/libamdhip64.so.6"}) == "rocm"
+    assert gpu_mod.select_collector(load, print, {"/usr/lib/libc.so.6"}) is None
+
+
+def test_missing_cupti_python_is_a_note_not_an_error(monkeypatch):
+    import stacklens.inject.agent.cupti as cm
+
+    def boom():
+        raise ImportError("no cupti")
+
+    monkeypatch.setattr(cm, "_import_cupti", boom)
+    notes = []
+    c = CuptiCollector(lambda lvl, m: notes.append(m), gpu=fake_gpu())
+    assert c.start(lambda k, r: None) is False
+    assert "cupti-python is not installed" in notes[0]
+
+
+@pytest.mark.parametrize("skew", [0, 123_456_789])
+def test_clock_calibration(skew):
+    import time
+    cal = gpu_mod.ClockCalibration(lambda: time.monotonic_ns() + skew)
+    assert abs(cal.offset_ns + skew) < 1_000_000
+    assert cal.to_mono(time.monotonic_ns() + skew) == pytest.approx(time.monotonic_ns(), abs=2_000_000)

@@ -1,0 +1,49 @@
+"""Strict parsing of what an agent sends (everything from the target is hostile)."""
+
+import pytest
+
+from stacklens.inject.records import ApiRecord, KernelRecord, MemcpyRecord, Note, PySample, SyncRecord
+from stacklens.inject.server import ProtocolError, parse_message
+
+
+def test_samples_share_stacks():
+    recs = parse_message({"t": "samples", "stacks": [[["a.py", "main", 1], ["a.py", "f", 7]]],
+                          "s": [[10, 100, 0, 0], [11, 101, 0, 1]]})
+    assert recs == [PySample(10, 100, (("a.py", "main", 1), ("a.py", "f", 7)), False),
+                    PySample(11, 101, (("a.py", "main", 1), ("a.py", "f", 7)), True)]
+
+
+def test_gpu_rows():
+    assert parse_message({"t": "kernel", "r": [["k", 1, 5, 0, 7, 3, 1, 2, 3, 4, 5, 6, 0]]}) == [
+        KernelRecord("k", 1, 5, 0, 7, 3, (1, 2, 3), (4, 5, 6), 0)]
+    assert parse_message({"t": "api", "r": [["runtime", "cudaLaunchKernel", 5, 1, 2, 3, 211]]}) == [
+        ApiRecord("runtime", "cudaLaunchKernel", 5, 1, 2, 3, 211)]
+    assert parse_message({"t": "memcpy", "r": [["HtoD", 4096, 1, 2, 0, 7, 9]]}) == [
+        MemcpyRecord("HtoD", 4096, 1, 2, 0, 7, 9)]
+    assert parse_message({"t": "sync", "r": [["stream", 1, 9, 7, 4]]}) == [SyncRecord("stream", 1, 9, 7, 4)]
+    assert parse_message({"t": "note", "level": "info", "msg": "hi", "t_ns": 5}) == [Note("info", "hi", 5)]
+
+
+@pytest.mark.parametrize("msg", [
+    None, [], "x", {"t": "exec", "code": "1"}, {"t": "samples"},
+    {"t": "samples", "stacks": [[["f", "g", -1]]], "s": [[1, 2, 0, 0]]},
+    {"t": "samples", "stacks": [], "s": [[1, 2, 0, 0]]},
+    {"t": "samples", "stacks": [[["f", "g", 1]]], "s": [[1, 2, 0, 2]]},
+    {"t": "samples", "stacks": [[["f", "g", True]]], "s": [[1, 2, 0, 0]]},
+    {"t": "samples", "stacks": [[["f" * 10000, "g", 1]]], "s": []},
+    {"t": "samples", "stacks": [[["f", "g", 1]] * 300], "s": []},
+    {"t": "kernel", "r": [["k", 10, 5, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0]]},
+    {"t": "kernel", "r": [["k", 1.5, 5, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0]]},
+    {"t": "kernel", "r": [["k", 1, 5, 0, 0, 0, 1, 1, 1, 1, 1, 1]]},
+    {"t": "api", "r": [["evil", "x", 1, 1, 2, 3, 4]]},
+    {"t": "memcpy", "r": [["HtoD", 2 ** 70, 1, 2, 0, 0, 0]]},
+    {"t": "memcpy", "r": [["sideways", 1, 1, 2, 0, 0, 0]]},
+    {"t": "sync", "r": [["stream", 1, 2, 0]]},
+    {"t": "note", "level": "critical", "msg": "x"},
+    {"t": "stats", "samples": 1, "sample_hz": float("nan"), "sample_cost_us": 1},
+    {"t": "stats", "samples": -1, "sample_hz": 1, "sample_cost_us": 1},
+    {"t": "kernel", "r": [["k", 1, 2, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0]] * 20001},
+])
+def test_rejects(msg):
+    with pytest.raises((ProtocolError, TypeError, ValueError)):
+        parse_message(msg)

@@ -1,0 +1,489 @@
+"""Pilot tests: drive every view of `stacklens top` with keys against fake sources."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import pytest
+from textual.widgets import DataTable, OptionList, Static, TabbedContent
+
+from stacklens.cct.frames import Frame
+from stacklens.tui.app import ProcessListScreen, ProfileScreen, StacklensApp
+from stacklens.tui.source import FileSource, LocalSource
+from stacklens.tui.testing import FakeProcesses, FakeSource, sample_snapshot
+from stacklens.tui.widgets import CCTView, IcicleView
+
+try:
+    from stacklens.cct import CCT, METRICS
+except ImportError:  # pragma: no cover
+    from stacklens.cct.tree import CCT, METRICS
+
+
+def pilot_test(fn):
+    """Run an async pilot test without pytest-asyncio (not in the test dependencies)."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        asyncio.run(fn(*args, **kwargs))
+
+    return run
+
+
+async def settle(app, pilot) -> None:
+    """Let the fetch workers finish and their messages land."""
+    for _ in range(3):
+        await pilot.pause()
+        await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def tree_text(app) -> str:
+    return "\n".join(app.screen.query_one(CCTView).visible_lines())
+
+
+def status(app) -> str:
+    return str(app.screen.query_one("#status", Static).render())
+
+
+def banner(app) -> str:
+    b = app.screen.query_one("#banner", Static)
+    return str(b.render()) if b.display else ""
+
+
+def make_app(**kw) -> StacklensApp:
+    src = kw.pop("source", None) or FakeSource(sample_snapshot())
+    return StacklensApp(source=src, **kw)
+
+
+@pilot_test
+async def test_tree_shows_hot_path_with_inclusive_and_exclusive_columns():
+    app = make_app()
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(app, pilot)
+        text = tree_text(app)
+        lines = text.splitlines()
+        # the hot path is expanded on the first snapshot; the single-child chain is one row
+        assert "train_step  train.py:42" in lines[0] and "▼" in lines[0]
+        assert "forward  model.py:88 › op aten::linear › op aten::addmm" in lines[1]
+        assert "6.4ms" in lines[1] and "87.7%" in lines[1]
+        assert "7.3ms" in lines[0] and "0ns" in lines[0]  # inclusive 7.3 ms, exclusive 0
+        assert "metric gpu time" in status(app)
+        assert "drops 3" in status(app)
+        assert "cumulative" in status(app)
+
+
+@pilot_test
+async def test_expand_collapse_and_move_with_keys():
+    app = make_app()
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(app, pilot)
+        view = app.screen.query_one(CCTView)
+        assert len(view.rows) == 3
+        await pilot.press("enter")  # collapse the root chain
+        assert len(view.rows) == 1 and "▶" in tree_text(app)
+        await pilot.press("right")  # expand again
+        assert len(view.rows) == 3
+        await pilot.press("down")
+        assert view.current.frames[0].name == "forward"
+        await pilot.press("left")  # a leaf: left goes to the parent row
+        assert view.cursor == 0
+        await pilot.press("c")  # chains off: one row per frame
+        assert "forward" not in tree_text(app).splitlines()[0]
+        assert any(r.frames == (Frame.python("/srv/job/train.py", "main", 101),) for r in view.rows)
+
+
+@pilot_test
+async def test_sort_and_metric_switch():
+    app = make_app()
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("m")  # gpu_time_ns -> kernel_count
+        assert "metric kernel count" in status(app)
+        lines = tree_text(app).splitlines()
+        assert "aten::relu" in lines[1]  # 96 kernels beat the GEMM's 48
+        await pilot.press("M")
+        await pilot.press("s")  # sort by exclusive, then by name
+        assert "by exclusive" in str(app.screen.query_one("#tree-header", Static).render())
+        await pilot.press("s")
+        lines = tree_text(app).splitlines()
+        assert "model.py:88" in lines[1] and "model.py:90" in lines[2]
+        # cpu samples: the loader and the .item() path now show up
+        for _ in range(5):
+            await pilot.press("m")
+        assert "metric cpu samples" in status(app)
+        assert "__next__" in tree_text(app)
+
+
+@pilot_test
+async def test_unavailable_metric_says_unavailable_not_zero():
+    app = make_app(source=FakeSource(sample_snapshot(gpu=False)))
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        assert "unavailable: gpu time, kernel count" in status(app)
+        assert "metric cpu samples" in status(app)  # the default skips unmeasured metrics
+        screen = app.screen
+        screen.metric = "gpu_time_ns"
+        screen.refresh_views()
+        await pilot.pause()
+        msg = str(screen.query_one("#tree-empty", Static).render())
+        assert "gpu time: unavailable" in msg and "--agent" in msg
+        assert screen.query_one(CCTView).rows == []
+
+
+@pilot_test
+async def test_window_switch_and_diff_ask_the_source():
+    src = FakeSource(sample_snapshot())
+    app = make_app(source=src)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("w")
+        await settle(app, pilot)
+        assert src.calls[-1] == (10.0, False)
+        assert "last 10 s" in status(app)
+        await pilot.press("w")
+        await settle(app, pilot)
+        assert src.calls[-1] == (60.0, False)
+        await pilot.press("d")
+        await settle(app, pilot)
+        assert src.calls[-1] == (60.0, True)
+        assert "diff last 60 s vs the 60 s before" in status(app)
+        assert "+7.3ms" in tree_text(app)  # diffs are signed
+        await pilot.press("w")  # back to cumulative: no diff
+        await settle(app, pilot)
+        assert src.calls[-1] == (None, False)
+
+
+@pilot_test
+async def test_pause_stops_fetching():
+    src = FakeSource(sample_snapshot())
+    app = StacklensApp(source=src, interval_s=0.05)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("p")
+        assert "PAUSED" in status(app)
+        await settle(app, pilot)
+        n = len(src.calls)
+        await pilot.pause(0.3)
+        await settle(app, pilot)
+        assert len(src.calls) == n
+        await pilot.press("p")
+        await pilot.pause(0.3)
+        await settle(app, pilot)
+        assert len(src.calls) > n
+
+
+@pilot_test
+async def test_numbers_update_with_new_snapshots():
+    snaps = [sample_snapshot(1), sample_snapshot(2)]
+    src = FakeSource(lambda w, d: snaps[0])
+    app = make_app(source=src)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        assert "7.3ms" in tree_text(app).splitlines()[0]
+        await pilot.press("down")
+        snaps[0] = snaps[1]
+        await pilot.press("r")
+        await settle(app, pilot)
+        assert "14.6ms" in tree_text(app).splitlines()[0]
+        assert app.screen.query_one(CCTView).cursor == 1  # the cursor stays on its row
+
+
+@pilot_test
+async def test_search_expands_and_selects_matches():
+    app = make_app()
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("m", "m", "m", "m", "m")  # cpu samples: every path counts
+        await pilot.press("home", "enter")  # collapse everything
+        assert len(app.screen.query_one(CCTView).rows) == 1
+        await pilot.press("slash")
+        await pilot.press(*"read")
+        await pilot.press("enter")
+        view = app.screen.query_one(CCTView)
+        assert view.current is not None and view.current.frames[-1].name == "read"
+        assert "match 1/1 for 'read'" in status(app)
+        await pilot.press("slash", *"kernel", "enter")  # two kernels: n cycles
+        first = view.current.frames[-1].name
+        await pilot.press("n")
+        assert view.current.frames[-1].name != first
+        await pilot.press("slash", *"nothing-like-this", "enter")
+        assert "no frame matches" in status(app)
+
+
+@pilot_test
+async def test_flame_view_zoom():
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("f")
+        assert app.screen.query_one(TabbedContent).active == "flame"
+        icicle = app.screen.query_one(IcicleView)
+        lines = icicle.visible_lines()
+        assert lines[0].strip() == "[root]"
+        assert "forward" in lines[4]
+        await pilot.press("down", "down", "down", "down")
+        assert "py:/srv/job/model.py:forward:88" in str(app.screen.query_one("#flame-detail", Static).render())
+        await pilot.press("enter")  # zoom in on forward
+        assert icicle.visible_lines()[0].strip().startswith("forward")
+        await pilot.press("backspace")
+        assert icicle.visible_lines()[0].strip() == "train_step  train.py:42"
+
+
+@pilot_test
+async def test_hotspots_table_and_jump_to_tree():
+    app = make_app()
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("h")
+        table = app.screen.query_one("#hot-table", DataTable)
+        assert table.row_count == 2  # two kernels carry GPU time
+        first = [str(c) for c in table.get_row_at(0)]
+        assert first[0] == "6.4ms" and "sm90_xmma_gemm" in first[-2] and "forward" in first[-1] and "aten::addmm" in first[-1]
+        assert [str(c.label) for c in table.ordered_columns][:3] == ["gpu time", "cpu samples", "sync wait"]
+        await pilot.press("down", "enter")
+        assert app.screen.query_one(TabbedContent).active == "tree"
+        assert app.screen.query_one(CCTView).current.frames[-1].name == "vectorized_elementwise_kernel"
+
+
+@pilot_test
+async def test_advice_panel_lists_findings_and_jumps():
+    app = make_app()
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("a")
+        await settle(app, pilot)
+        ol = app.screen.query_one("#advice-list", OptionList)
+        assert ol.option_count == 2
+        first = str(ol.get_option_at_index(0).prompt)
+        assert "[high] sync-stall" in first and "fix: keep the loss on the GPU" in first
+        assert "estimated saving: 31%" in first
+        await pilot.press("enter")  # go to the .item() path: it has no GPU time
+        assert app.screen.query_one(TabbedContent).active == "tree"
+        assert "has no gpu time; press m" in status(app)
+
+
+@pilot_test
+async def test_advice_message_when_source_has_none():
+    app = make_app(source=FakeSource(sample_snapshot(), advice="advice needs stacklens.analyzer, which this installation lacks"))
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("a")
+        await settle(app, pilot)
+        ol = app.screen.query_one("#advice-list", OptionList)
+        assert "needs stacklens.analyzer" in str(ol.get_option_at_index(0).prompt)
+
+
+@pilot_test
+async def test_source_view_shows_lines_around_the_python_frame(tmp_path):
+    src_file = tmp_path / "train.py"
+    src_file.write_text("\n".join(f"line_{i} = {i}" for i in range(1, 61)) + "\n")
+    t = CCT(METRICS, max_nodes=None)
+    t.add_many((Frame.python(str(src_file), "train_step", 30), Frame.op("aten::mm"), Frame.kernel("gemm")), {"gpu_time_ns": 1000})
+    app = make_app(source=FakeSource(t.snapshot()))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("o")
+        await pilot.pause()
+        text = str(app.screen.query_one("#source-view", Static).render())
+        rendered = app.screen.query_one("#source-view", Static)
+        assert app.screen.query_one(TabbedContent).active == "source"
+        # the Group renders to lines that include the hot line and its neighbours
+        lines = [seg.text for strip in rendered.render_lines(rendered.region.reset_offset) for seg in strip]
+        joined = "".join(lines)
+        assert "line_30 = 30" in joined and "line_20 = 20" in joined and "train_step" in joined
+        assert text  # rendered something
+
+
+@pilot_test
+async def test_source_view_unreadable_file_is_a_message():
+    app = make_app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("o")
+        await pilot.pause()
+        assert "source not readable" in str(app.screen.query_one("#source-view", Static).render())
+
+
+@pilot_test
+async def test_empty_tree_is_a_message():
+    empty = CCT(METRICS, max_nodes=None).snapshot()
+    app = make_app(source=FakeSource(empty))
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        msg = str(app.screen.query_one("#tree-empty", Static).render())
+        assert "the profile is empty yet" in msg
+        for key in ("f", "h", "a", "o", "t", "m", "s", "w", "d", "slash", "x", "enter", "n"):
+            await pilot.press(key)
+        await settle(app, pilot)
+        assert app.is_running
+
+
+@pilot_test
+async def test_daemon_going_away_keeps_last_profile_and_says_so():
+    src = FakeSource(sample_snapshot())
+    app = make_app(source=src)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        src.error = "lost the daemon: stacklensd is not reachable at /tmp/s.sock"
+        await pilot.press("r")
+        await settle(app, pilot)
+        assert "lost the daemon" in banner(app)
+        assert "7.3ms" in tree_text(app)  # still showing the last profile
+        src.error = ""
+        await pilot.press("r")
+        await settle(app, pilot)
+        assert banner(app) == ""
+
+
+@pilot_test
+async def test_source_raising_is_a_message_not_a_traceback():
+    class Broken(FakeSource):
+        def fetch(self, window_s, diff=False):
+            raise RuntimeError("boom")
+
+    app = make_app(source=Broken(None))
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        assert "fetch failed: RuntimeError: boom" in banner(app)
+        assert app.is_running
+
+
+@pilot_test
+async def test_target_exit_stops_polling_and_says_so():
+    class Session:
+        pid = 999
+        state = "attached"
+
+        def snapshot(self, window_s=None):
+            return sample_snapshot()
+
+        def stats(self):
+            return {"bpf_drops": 2}
+
+    sess = Session()
+    app = StacklensApp(source=LocalSource(sess, name="demo"), interval_s=0.05)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        assert "drops 2" in status(app)
+        sess.state = "exited"
+        await pilot.pause(0.2)
+        await settle(app, pilot)
+        assert "process 999 exited; showing its last profile" in banner(app)
+        assert app.screen._timer is None
+        assert "7.3ms" in tree_text(app)
+
+
+@pilot_test
+async def test_local_source_diff_and_windows():
+    calls = []
+
+    class Session:
+        pid = 1
+        state = "attached"
+
+        def snapshot(self, window_s=None):
+            calls.append(window_s)
+            return sample_snapshot(2 if window_s == 20.0 else 1)
+
+        def stats(self):
+            return {}
+
+    f = LocalSource(Session()).fetch(10.0, diff=True)
+    assert calls == [10.0, 20.0]
+    # last 10 s (x1) minus the 10 s before (x2 - x1 = x1): zero everywhere
+    assert f.snapshot.total("gpu_time_ns") == 0 and f.error == ""
+
+
+@pilot_test
+async def test_file_source_has_no_windows(tmp_path):
+    app = StacklensApp(source=FileSource(sample_snapshot(), "run.json.gz"))
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        assert "run.json.gz" in status(app) and "file" in status(app)
+        await pilot.press("w")
+        assert "a saved profile has no windows" in status(app)
+        assert app.screen._timer is None
+
+
+@pilot_test
+async def test_process_list_attach_detach_and_open():
+    procs = FakeProcesses()
+    app = StacklensApp(processes=procs)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        assert isinstance(app.screen, ProcessListScreen)
+        table = app.screen.query_one("#procs", DataTable)
+        assert table.row_count == 2
+        row0 = [str(c) for c in table.get_row_at(0)]
+        assert row0[:3] == ["4242", "python", "attached"] and row0[4] == "unavailable"
+        await pilot.press("down", "a")
+        await settle(app, pilot)
+        assert procs.attached == [5151]
+        assert "attached to 5151" in banner(app)
+        assert [str(c) for c in table.get_row_at(1)][2] == "attached"
+        await pilot.press("x")
+        await settle(app, pilot)
+        assert procs.detached == [5151]
+        assert [str(c) for c in table.get_row_at(1)][2] == "detached"
+        await pilot.press("up", "enter")
+        await settle(app, pilot)
+        assert isinstance(app.screen, ProfileScreen) and app.screen.pid == 4242
+        assert "train_step" in tree_text(app)
+        await pilot.press("x")  # detach from the profile screen
+        await settle(app, pilot)
+        assert procs.detached == [5151, 4242]
+        await pilot.press("escape")
+        assert isinstance(app.screen, ProcessListScreen)
+
+
+@pilot_test
+async def test_process_list_daemon_down_is_a_message():
+    procs = FakeProcesses()
+    procs.down = True
+    app = StacklensApp(processes=procs)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        assert "lost the daemon" in banner(app) and "stacklensd" in banner(app)
+        await pilot.press("a")
+        await settle(app, pilot)
+        assert app.is_running
+        procs.down = False
+        await pilot.press("r")
+        await settle(app, pilot)
+        assert banner(app) == ""
+
+
+@pilot_test
+async def test_open_with_pid_goes_straight_to_the_profile():
+    app = StacklensApp(processes=FakeProcesses(), pid=4242)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        assert isinstance(app.screen, ProfileScreen)
+        await pilot.press("escape")
+        assert isinstance(app.screen, ProcessListScreen)
+
+
+@pilot_test
+async def test_mouse_click_selects_and_toggles():
+    app = make_app()
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(app, pilot)
+        view = app.screen.query_one(CCTView)
+        await pilot.click(CCTView, offset=(60, 1))
+        assert view.cursor == 1
+        await pilot.click(CCTView, offset=(60, 0))
+        await pilot.click(CCTView, offset=(60, 0))  # second click on the cursor row toggles
+        assert len(view.rows) == 1
+        await pilot.click("Tab#--content-tab-hotspots")
+        await pilot.pause()
+        assert app.screen.query_one(TabbedContent).active == "hotspots"
+
+
+@pytest.mark.parametrize("duration", [0.3])
+@pilot_test
+async def test_duration_exits(duration):
+    app = make_app(duration_s=duration)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(duration + 0.3)
+        assert not app.is_running
