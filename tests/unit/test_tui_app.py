@@ -8,16 +8,13 @@ import functools
 import pytest
 from textual.widgets import DataTable, OptionList, Static, TabbedContent
 
-from stacklens.cct.frames import Frame
+from stacklens.cct import Frame
 from stacklens.tui.app import ProcessListScreen, ProfileScreen, StacklensApp
 from stacklens.tui.source import FileSource, LocalSource
 from stacklens.tui.testing import FakeProcesses, FakeSource, sample_snapshot
 from stacklens.tui.widgets import CCTView, IcicleView
 
-try:
-    from stacklens.cct import CCT, METRICS
-except ImportError:  # pragma: no cover
-    from stacklens.cct.tree import CCT, METRICS
+from stacklens.cct import CCT, METRICS
 
 
 def pilot_test(fn):

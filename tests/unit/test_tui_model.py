@@ -1,0 +1,272 @@
+"""Unit tests of the TUI's pure view-model functions (no Textual app)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stacklens.cct import Frame
+from stacklens.tui import model
+from stacklens.tui.source import FileSource, advice_from_finding, analyze_locally, load_profile
+from stacklens.tui.testing import PY_MODEL, PY_TRAIN, sample_snapshot, synthetic_snapshot
+
+from stacklens.cct import CCT, METRICS
+
+
+@pytest.fixture(scope="module")
+def snap():
+    return sample_snapshot()
+
+
+def labels(rows):
+    return [[f.name for f in r.frames] for r in rows]
+
+
+def test_fmt_value_units():
+    assert model.fmt_value("gpu_time_ns", 6_400_000) == "6.4ms"
+    assert model.fmt_value("gpu_time_ns", 2_500_000_000) == "2.50s"
+    assert model.fmt_value("sync_wait_ns", 900) == "900ns"
+    assert model.fmt_value("copy_bytes", 3 << 20) == "3.0MiB"
+    assert model.fmt_value("cpu_samples", 25) == "25"
+    assert model.fmt_value("launch_count", 123_456) == "123.5k"
+    assert model.fmt_value("gpu_time_ns", 1500, signed=True) == "+1.5us"
+    assert model.fmt_value("gpu_time_ns", -1500) == "-1.5us"
+
+
+def test_bar_fills_in_eighths():
+    assert model.bar(1.0, 4) == "████"
+    assert model.bar(0.0, 4) == "    "
+    assert model.bar(0.5, 4) == "██  "
+    assert model.bar(1 / 16, 4) == "▎   "
+    assert model.bar(2.0, 3) == "███"
+    assert model.bar(math.nan, 3) == "   "
+
+
+def test_default_metric_skips_unavailable_and_empty():
+    assert model.default_metric(sample_snapshot()) == "gpu_time_ns"
+    assert model.default_metric(sample_snapshot(gpu=False)) == "cpu_samples"
+
+
+def test_next_metric_cycles(snap):
+    assert model.next_metric(snap, "gpu_time_ns") == "kernel_count"
+    assert model.next_metric(snap, "gpu_time_ns", -1) == "copy_bytes"
+    assert model.next_metric(snap, "nope") == snap.metrics[0]
+
+
+def test_tree_rows_collapsed_top_level(snap):
+    rows = model.tree_rows(snap, "gpu_time_ns", set())
+    assert len(rows) == 1
+    r = rows[0]
+    assert [f.name for f in r.frames] == ["<module>", "main", "train_step"]  # one chain, one row
+    assert r.incl == 7_300_000 and r.excl == 0 and r.has_children and not r.expanded
+
+
+def test_tree_rows_expanded_sorted_and_zero_hidden(snap):
+    rows = model.tree_rows(snap, "gpu_time_ns", model.hot_path_keys(snap, "gpu_time_ns"))
+    assert labels(rows)[1][:3] == ["forward", "aten::linear", "aten::addmm"]
+    assert rows[1].incl == 6_400_000 and rows[2].incl == 900_000
+    assert rows[1].depth == 1 and not rows[1].has_children
+    # train_step:47 (.item()) and the data loader have no GPU time: hidden
+    assert not any("__next__" in n for r in rows for n in [f.name for f in r.frames])
+
+
+def test_tree_rows_sorts(snap):
+    keys = model.hot_path_keys(snap, "kernel_count")
+    by_incl = model.tree_rows(snap, "kernel_count", keys)
+    assert by_incl[1].frames[-1].name == "vectorized_elementwise_kernel"
+    by_name = model.tree_rows(snap, "kernel_count", keys, sort="name")
+    assert by_name[1].frames[0] == Frame.python(PY_MODEL, "forward", 88)
+
+
+def test_tree_rows_without_chains(snap):
+    keys = model.hot_path_keys(snap, "gpu_time_ns")
+    rows = model.tree_rows(snap, "gpu_time_ns", keys, collapse_chains=False)
+    assert [len(r.frames) for r in rows[:4]] == [1, 1, 1, 1]
+    assert [r.depth for r in rows[:4]] == [0, 1, 2, 3]
+
+
+def test_tree_rows_caps_children_with_a_more_row():
+    t = CCT(METRICS, max_nodes=None)
+    for i in range(10):
+        t.add((Frame.op(f"aten::op{i}"),), "cpu_samples", 10 - i)
+    s = t.snapshot()
+    rows = model.tree_rows(s, "cpu_samples", set(), max_children=4)
+    assert len(rows) == 5
+    assert rows[-1].more == 6 and rows[-1].incl == sum(range(1, 7)) and rows[-1].label == "… 6 more"
+
+
+def test_row_index_of_key_falls_back_to_covering_or_ancestor_row(snap):
+    rows = model.tree_rows(snap, "gpu_time_ns", model.hot_path_keys(snap, "gpu_time_ns"))
+    assert model.row_index_of_key(rows, rows[1].key) == 1
+    assert model.row_index_of_key(rows, rows[1].key[:5]) == 1  # inside the chain
+    assert model.row_index_of_key(rows, rows[1].key + (Frame.op("gone"),)) == 1
+    assert model.row_index_of_key(rows, (Frame.op("elsewhere"),)) is None
+
+
+def test_search_nodes_heaviest_first(snap):
+    hits = model.search_nodes(snap, "KERNEL:", "gpu_time_ns")
+    names = [snap.frame_of(n).name for n in hits]
+    assert names == ["sm90_xmma_gemm_f32f32_tn", "vectorized_elementwise_kernel"]
+    assert model.search_nodes(snap, "   ", "gpu_time_ns") == []
+    assert [snap.frame_of(n).name for n in model.search_nodes(snap, "model.py:90", "gpu_time_ns")] == ["forward"]
+
+
+def test_ancestor_keys_reveal_a_node(snap):
+    node = model.search_nodes(snap, "cuStreamSynchronize", "sync_wait_ns")[0]
+    rows = model.tree_rows(snap, "sync_wait_ns", model.ancestor_keys(snap, node), collapse_chains=False)
+    assert model.row_index_of(rows, node) is not None
+
+
+def test_icicle_levels_are_proportional(snap):
+    levels = model.icicle(snap, "gpu_time_ns", snap.root, 100, 20)
+    assert levels[0][0].width == 100
+    fwd = levels[4]
+    assert [b.frame.line for b in fwd] == [88, 90]
+    assert fwd[0].width == round(100 * 6.4 / 7.3) and fwd[0].start == 0
+    assert fwd[1].start == fwd[0].width
+    assert model.icicle(snap, "gpu_time_ns", snap.root, 0, 5) == []
+    assert len(model.icicle(snap, "gpu_time_ns", snap.root, 100, 3)) == 3
+
+
+def test_hotspots_by_exclusive_with_context(snap):
+    spots = model.hotspots(snap, "gpu_time_ns")
+    assert [h.frame.name for h in spots] == ["sm90_xmma_gemm_f32f32_tn", "vectorized_elementwise_kernel"]
+    assert spots[0].context == "forward  model.py:88 › aten::addmm"
+    assert spots[0].values == {"gpu_time_ns": 6_400_000, "cpu_samples": 3, "sync_wait_ns": 0}
+    sync = model.hotspots(snap, "sync_wait_ns")
+    assert sync[0].frame.name == "cuStreamSynchronize" and "train_step  train.py:47" in sync[0].context
+
+
+def test_hotspots_signed_uses_absolute_values():
+    t = CCT(METRICS, max_nodes=None)
+    t.add((Frame.op("a"),), "cpu_samples", -50)
+    t.add((Frame.op("b"),), "cpu_samples", 10)
+    spots = model.hotspots(t.snapshot(), "cpu_samples", signed=True)
+    assert [h.frame.name for h in spots] == ["a", "b"]
+
+
+def test_fit_chain_keeps_python_and_ops():
+    frames = (
+        Frame.python(PY_MODEL, "forward", 88),
+        Frame.op("aten::linear"),
+        Frame.native("libtorch_cuda.so", "at::native::addmm_out_cuda"),
+        Frame.native("libtorch_cuda.so", "at::cuda::blas::gemm"),
+        Frame.api("cuLaunchKernel"),
+        Frame.kernel("gemm"),
+    )
+    assert model.fit_chain(frames, 500) == list(frames)
+    fitted = model.fit_chain(frames, 60)
+    assert fitted[0] == frames[0] and fitted[1] == frames[1] and fitted[-1] == frames[-1]
+    assert None in fitted and frames[2] not in fitted
+
+
+def test_source_excerpt(tmp_path):
+    f = tmp_path / "t.py"
+    f.write_text("".join(f"x{i}\n" for i in range(1, 101)))
+    ex = model.source_excerpt(Frame.python(str(f), "g", 50), context=3)
+    assert ex.first_line == 47 and ex.lines == ("x47", "x48", "x49", "x50", "x51", "x52", "x53")
+    ex = model.source_excerpt(Frame.python(str(f), "g", 1), context=2)
+    assert ex.first_line == 1 and ex.lines == ("x1", "x2", "x3")
+    # the target's root is tried first
+    ex = model.source_excerpt(Frame.python("/t.py", "g", 2), context=0, roots=(str(tmp_path), ""))
+    assert ex.lines == ("x2",)
+    assert "not readable" in model.source_excerpt(Frame.python("/nope/x.py", "g", 1)).message
+    assert "no Python frame" in model.source_excerpt(Frame.op("aten::mm")).message
+    assert "no source file" in model.source_excerpt(Frame.python("<string>", "g", 1)).message
+
+
+def test_nearest_python_and_context(snap):
+    node = model.search_nodes(snap, "sm90", "gpu_time_ns")[0]
+    assert model.nearest_python(snap, node) == Frame.python(PY_MODEL, "forward", 88)
+    assert model.nearest_python(snap, snap.root) is None
+
+
+def test_status_text():
+    s = model.Status(
+        source="pid 4242",
+        state="attached",
+        window_s=10.0,
+        metric="gpu_time_ns",
+        diff=True,
+        paused=True,
+        nodes=12345,
+        folded=10,
+        stats={"bpf_drops": 3, "bpf_lost_samples": 2, "events": 99},
+        unavailable=("gpu_time_ns",),
+    )
+    text = model.status_text(s)
+    assert text == (
+        "pid 4242 · attached · diff last 10 s vs the 10 s before · metric gpu time · 12,345 nodes (10 folded)"
+        " · drops 5 · unavailable: gpu time · PAUSED"
+    )
+
+
+def test_process_cells_show_unavailable_never_zero():
+    row = model.ProcessRow(1, "python", True, False, "attached", "3.12", float("nan"), 12.34, 0.5)
+    assert model.process_cells(row) == ("1", "python", "attached", "no", "unavailable", "12.3", "50.0%", "3.12")
+
+
+def test_advice_lines_and_order():
+    a = model.Advice("r1", "warning", "t1", "do x", (f"py:{PY_TRAIN}:step:3", "op:aten::mm"), (model.Evidence("sync_wait_ns", 5.0, "ns"),), 0.2)
+    b = model.Advice("r2", "high", "t2", "do y")
+    assert model.sort_advice([a, b]) == [b, a]
+    assert model.advice_lines(a) == [
+        "[warning] r1: t1",
+        "    at step  train.py:3 › aten::mm",
+        "    sync_wait_ns = 5 ns",
+        "    fix: do x",
+        "    estimated saving: 20%",
+    ]
+
+
+def test_advice_from_protobuf_finding():
+    from stacklens.daemon import stacklens_pb2 as pb
+
+    f = pb.Finding(rule="sync", severity="high", path=["op:aten::item"], title="t", fix="f", estimated_saving_share=0.3)
+    f.evidence.add(metric="sync_wait_ns", value=3.0, unit="ns")
+    a = advice_from_finding(f)
+    assert a.path == ("op:aten::item",) and a.evidence[0].value == 3.0 and a.saving_share == 0.3
+
+
+def test_analyze_locally_is_a_value_not_an_exception(snap):
+    out = analyze_locally(snap)
+    assert isinstance(out, (list, str))
+    assert analyze_locally(None) == "no profile yet"
+
+
+def test_load_profile_missing_file_is_input_error(tmp_path):
+    from stacklens.errors import InputError
+
+    with pytest.raises(InputError):
+        load_profile(str(tmp_path / "missing.json"))
+
+
+def test_file_source_roundtrip(tmp_path):
+    export = pytest.importorskip("stacklens.cct.export")
+    path = tmp_path / "run.json"
+    export.save(sample_snapshot(), str(path))
+    src = FileSource.open(str(path))
+    assert src.name == "run.json" and not src.live
+    f = src.fetch(None)
+    assert f.snapshot.total("gpu_time_ns") == 7_300_000 and f.final
+
+
+def test_tree_rows_cost_is_bounded_by_expansion():
+    big = synthetic_snapshot(20_000)
+    rows = model.tree_rows(big, "gpu_time_ns", set())
+    assert len(rows) <= model.MAX_CHILDREN + 1
+
+
+def test_tui_imports_no_probes_or_injector():
+    """The TUI talks to the daemon over gRPC only (the import-linter contract, checked at runtime)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, stacklens.tui.app, stacklens.tui.source, stacklens.daemon.client\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[:2] in (['stacklens','bpf'], ['stacklens','inject']) or m == 'bcc')\n"
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -1,0 +1,772 @@
+"""`stacklens top`: the live terminal UI (Textual), the memray way.
+
+No privilege of its own: it reads snapshots from the daemon over gRPC (`DaemonProcesses`), from an
+in-process session (`stacklens demo`) or from a saved file. A worker thread fetches; the result is
+posted as `SnapshotFetched` and lands in the reactive `ProfileScreen.fetched`, whose watcher
+recomputes the view models (`tui.model`) for what is on screen. Overhead: one snapshot fetch per
+second (pausable); rendering cost is bounded by the visible rows, not the tree size.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from functools import partial
+from typing import Any
+
+from rich.syntax import Syntax
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Input, OptionList, Static, TabbedContent, TabPane
+from textual.widgets.option_list import Option
+
+from stacklens import errors
+from stacklens.tui import model
+from stacklens.tui.model import Advice, Row, Status
+from stacklens.tui.source import (
+    DaemonProcesses,
+    Fetched,
+    FileSource,
+    LocalSource,
+    ProcessSource,
+    SnapshotSource,
+)
+from stacklens.tui.widgets import CCTView, IcicleView, header_text
+
+VIEWS = ("tree", "flame", "hotspots", "advice", "source")
+
+
+class SnapshotFetched(Message):
+    def __init__(self, fetched: Fetched, generation: int) -> None:
+        super().__init__()
+        self.fetched = fetched
+        self.generation = generation
+
+
+class AdviceFetched(Message):
+    def __init__(self, advice: list[Advice] | str) -> None:
+        super().__init__()
+        self.advice = advice
+
+
+class ProfileScreen(Screen):
+    """One process (or file): tree, flame, hotspots, advice and source views of its CCT."""
+
+    BINDINGS = [
+        Binding("t,1", "view('tree')", "tree"),
+        Binding("f,2", "view('flame')", "flame"),
+        Binding("h,3", "view('hotspots')", "hotspots"),
+        Binding("a,4", "view('advice')", "advice"),
+        Binding("o,5", "view('source')", "source"),
+        Binding("m", "metric(1)", "metric"),
+        Binding("M", "metric(-1)", "metric back", show=False),
+        Binding("s", "sort", "sort"),
+        Binding("w", "window", "window"),
+        Binding("d", "diff", "diff"),
+        Binding("slash", "search", "search"),
+        Binding("n", "next_match(1)", "next", show=False),
+        Binding("N", "next_match(-1)", "previous", show=False),
+        Binding("c", "chains", "chains", show=False),
+        Binding("p", "pause", "pause"),
+        Binding("r", "refresh", "refresh", show=False),
+        Binding("x", "detach", "detach", show=False),
+        Binding("escape", "back", "back", show=False),
+        Binding("q", "app.quit", "quit"),
+    ]
+
+    fetched: reactive[Fetched | None] = reactive(None, always_update=True, init=False)
+
+    def __init__(
+        self,
+        source: SnapshotSource,
+        *,
+        interval_s: float = 1.0,
+        processes: ProcessSource | None = None,
+        pid: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.interval_s = interval_s
+        self.processes = processes
+        self.pid = pid
+        self.snap: Any = None
+        self.metric = ""
+        self.sort = "inclusive"
+        self.window_index = 0
+        self.diff = False
+        self.paused = False
+        self.collapse_chains = True
+        self.expanded: set = set()
+        self._auto_expand = True
+        self.error = ""
+        self.note = ""
+        self.state = ""
+        self.stats: dict[str, int] = {}
+        self.matches: list[int] = []
+        self.match_index = 0
+        self.search_query = ""
+        self._generation = 0
+        self._inflight = False
+        self._again = False
+        self._timer = None
+        self._advice: list[Advice] | str = "press a to load advice"
+        self._advice_paths: list[tuple[str, ...]] = []
+        self._hotspot_nodes: list[int] = []
+        self._last_advice_snap: Any = None
+
+    # ---- layout ------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False, icon="≡")
+        with TabbedContent(initial="tree", id="views"):
+            with TabPane("Tree", id="tree"):
+                yield Static(id="tree-header")
+                yield Static(id="tree-empty", classes="empty")
+                yield CCTView(id="cct")
+            with TabPane("Flame", id="flame"):
+                yield IcicleView(id="icicle")
+                yield Static(id="flame-detail", classes="detail")
+            with TabPane("Hotspots", id="hotspots"):
+                yield DataTable(id="hot-table", cursor_type="row", zebra_stripes=True)
+            with TabPane("Advice", id="advice"):
+                yield OptionList(id="advice-list")
+            with TabPane("Source", id="source"):
+                with VerticalScroll(id="source-scroll"):
+                    yield Static(id="source-view")
+        yield Static(id="banner")
+        yield Input(placeholder="search frames (enter: go, esc: cancel)", id="search")
+        yield Static(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = "stacklens"
+        self.sub_title = self.source.name
+        self.query_one("#search", Input).display = False
+        self.query_one("#banner", Static).display = False
+        self._show_message("waiting for the first profile …")
+        self.query_one(CCTView).focus()
+        self.fetch_now()
+        if self.source.live:
+            self._timer = self.set_interval(self.interval_s, self._tick)
+        self._update_status()
+
+    # ---- fetching ----------------------------------------------------------------------------
+    @property
+    def window_s(self) -> float | None:
+        return model.WINDOWS[self.window_index]
+
+    def _tick(self) -> None:
+        if not self.paused:
+            self.fetch_now()
+
+    def fetch_now(self) -> None:
+        if self._inflight:
+            self._again = True
+            return
+        self._inflight = True
+        self._again = False
+        self.run_worker(
+            partial(self._fetch, self._generation, self.window_s, self.diff),
+            thread=True,
+            group="fetch",
+            exit_on_error=False,
+        )
+
+    def _fetch(self, generation: int, window_s: float | None, diff: bool) -> None:
+        try:
+            fetched = self.source.fetch(window_s, diff)
+        except Exception as e:  # noqa: BLE001 - sources return errors as values; this is the backstop
+            fetched = Fetched(None, error=f"fetch failed: {type(e).__name__}: {e}")
+        self.post_message(SnapshotFetched(fetched, generation))
+
+    def on_snapshot_fetched(self, message: SnapshotFetched) -> None:
+        self._inflight = False
+        if message.generation == self._generation:
+            self.fetched = message.fetched
+        if self._again or message.generation != self._generation:
+            self.fetch_now()
+
+    def watch_fetched(self, fetched: Fetched | None) -> None:
+        if fetched is None:
+            return
+        self.error = fetched.error
+        if fetched.state:
+            self.state = fetched.state
+        self.stats = dict(fetched.stats)
+        if fetched.final and self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        if fetched.snapshot is not None:
+            self.snap = fetched.snapshot
+            if not self.metric or self.metric not in self.snap.metrics:
+                self.metric = model.default_metric(self.snap)
+            if self._auto_expand:
+                self.expanded |= model.hot_path_keys(self.snap, self.metric)
+                self._auto_expand = not self.expanded
+        self.refresh_views()
+
+    # ---- redrawing ---------------------------------------------------------------------------
+    def refresh_views(self, *, keep: model.Key | None = None) -> None:
+        self._refresh_tree(keep=keep)
+        active = self.query_one(TabbedContent).active
+        if active == "flame":
+            self._refresh_flame()
+        elif active == "hotspots":
+            self._refresh_hotspots()
+        elif active == "source":
+            self._refresh_source()
+        elif active == "advice" and self.snap is not self._last_advice_snap and self.source.live is False:
+            self.load_advice()
+        self._update_status()
+
+    def _show_message(self, text: str) -> None:
+        empty = self.query_one("#tree-empty", Static)
+        empty.update(text)
+        empty.display = bool(text)
+
+    def _empty_message(self) -> str:
+        if self.snap is None:
+            return self.error or "waiting for the first profile …"
+        if self.metric in self.snap.unavailable:
+            why = "no agent in the process: attach with --agent" if self.metric == "gpu_time_ns" else "not measured"
+            return f"{model.metric_label(self.metric)}: unavailable ({why}). Press m for another metric."
+        if self.snap.node_count <= 1 or not self.snap.total(self.metric):
+            what = "the profile is empty" if self.snap.node_count <= 1 else f"no {model.metric_label(self.metric)} recorded"
+            more = " yet: is the process busy?" if self.source.live else "."
+            return f"{what}{more} Press m to switch metric, w for another window."
+        return ""
+
+    def _refresh_tree(self, *, keep: model.Key | None = None) -> None:
+        view = self.query_one(CCTView)
+        width = max(view.size.width, 40)
+        self.query_one("#tree-header", Static).update(header_text(self.metric, self.sort, width))
+        message = self._empty_message()
+        self._show_message(message)
+        if message or self.snap is None:
+            view.set_rows([], self.metric, 0)
+            return
+        if keep is None and view.current is not None:
+            keep = view.current.key
+        rows = model.tree_rows(self.snap, self.metric, self.expanded, sort=self.sort, collapse_chains=self.collapse_chains)
+        cursor = None
+        if keep is not None:
+            cursor = model.row_index_of_key(rows, keep)
+        view.set_rows(rows, self.metric, self.snap.total(self.metric), signed=self.diff, cursor=cursor)
+
+    def _refresh_flame(self) -> None:
+        icicle = self.query_one(IcicleView)
+        icicle.set_data(self.snap, self.metric)
+        self._flame_detail(icicle.selected)
+
+    def _flame_detail(self, block: Any) -> None:
+        detail = self.query_one("#flame-detail", Static)
+        if block is None or self.snap is None:
+            detail.update(self._empty_message() or "")
+            return
+        total = self.snap.total(self.metric)
+        detail.update(
+            f"{block.frame.label()}  {model.fmt_value(self.metric, block.value, signed=self.diff)}"
+            f"  {model.fmt_share(abs(block.value), abs(total)).strip()}  (enter: zoom, backspace: out)"
+        )
+
+    def _refresh_hotspots(self) -> None:
+        table = self.query_one("#hot-table", DataTable)
+        if self.snap is None:
+            return
+        spots = model.hotspots(self.snap, self.metric, k=100, signed=self.diff)
+        cols = [c for c in dict.fromkeys((self.metric, *model.HOTSPOT_METRICS)) if c in self.snap.metrics]
+        keep = table.cursor_row
+        table.clear(columns=True)
+        for c in cols:
+            table.add_column(model.metric_label(c), key=c)
+        table.add_column("frame", key="frame")
+        table.add_column("context", key="context")
+        self._hotspot_nodes = []
+        for h in spots:
+            cells: list[Any] = []
+            for c in cols:
+                cells.append(
+                    Text("unavailable", style="dim")
+                    if c in self.snap.unavailable
+                    else Text(model.fmt_value(c, h.values.get(c, 0), signed=self.diff), justify="right")
+                )
+            cells.append(Text(model.frame_text(h.frame), style=model.KIND_STYLE.get(h.frame.kind, "")))
+            cells.append(h.context)
+            table.add_row(*cells)
+            self._hotspot_nodes.append(h.node)
+        if spots:
+            table.move_cursor(row=min(keep, len(spots) - 1))
+
+    def _selected_node(self) -> int | None:
+        row = self.query_one(CCTView).current
+        if row is None or row.more:
+            return None
+        return row.node
+
+    def _refresh_source(self) -> None:
+        view = self.query_one("#source-view", Static)
+        node = self._selected_node()
+        if self.snap is None or node is None:
+            view.update("select a row in the tree (t) first")
+            return
+        frame = model.nearest_python(self.snap, node)
+        roots = [f"/proc/{self.pid}/root", ""] if self.pid else [""]
+        ex = model.source_excerpt(frame, roots=roots)
+        if ex.message:
+            view.update(Text(ex.message, style="dim"))
+            return
+        syntax = Syntax(
+            "\n".join(ex.lines),
+            "python",
+            line_numbers=True,
+            start_line=ex.first_line,
+            highlight_lines={frame.line},
+            theme="ansi_dark",
+            word_wrap=False,
+        )
+        head = Text(f"{frame.name}  {ex.path}:{frame.line}", style="bold green")
+        from rich.console import Group
+
+        view.update(Group(head, syntax))
+
+    def _update_status(self) -> None:
+        unavailable = tuple(sorted(self.snap.unavailable)) if self.snap is not None else ()
+        status = Status(
+            source=self.source.name,
+            state=self.state,
+            window_s=self.window_s,
+            metric=self.metric,
+            diff=self.diff,
+            paused=self.paused,
+            nodes=self.snap.node_count if self.snap is not None else 0,
+            folded=getattr(self.snap, "folded_nodes", 0) if self.snap is not None else 0,
+            stats=self.stats,
+            unavailable=unavailable,
+            message=self.note,
+        )
+        self.query_one("#status", Static).update(model.status_text(status))
+        banner = self.query_one("#banner", Static)
+        banner.update(self.error)
+        banner.display = bool(self.error)
+
+    # ---- actions -----------------------------------------------------------------------------
+    def action_view(self, view: str) -> None:
+        tabs = self.query_one(TabbedContent)
+        tabs.active = view
+        self._on_view(view)
+
+    @on(TabbedContent.TabActivated)
+    def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self._on_view(event.pane.id or "tree")
+
+    def _on_view(self, view: str) -> None:
+        focus = {"tree": CCTView, "flame": IcicleView, "hotspots": DataTable, "advice": OptionList}.get(view)
+        if focus is not None:
+            self.query_one(focus).focus()
+        if view == "flame":
+            self._refresh_flame()
+        elif view == "hotspots":
+            self._refresh_hotspots()
+        elif view == "source":
+            self._refresh_source()
+            self.query_one("#source-scroll").focus()
+        elif view == "advice":
+            self.load_advice()
+
+    def action_metric(self, step: int) -> None:
+        self.metric = model.next_metric(self.snap, self.metric, step)
+        if self.snap is not None and not (self.expanded & model.hot_path_keys(self.snap, self.metric, max_depth=1)):
+            self.expanded |= model.hot_path_keys(self.snap, self.metric)
+        self.refresh_views()
+
+    def action_sort(self) -> None:
+        self.sort = model.SORTS[(model.SORTS.index(self.sort) + 1) % len(model.SORTS)]
+        self.refresh_views()
+
+    def action_chains(self) -> None:
+        self.collapse_chains = not self.collapse_chains
+        self.refresh_views()
+
+    def _refetch_view(self) -> None:
+        self._generation += 1
+        self.fetch_now()
+        self._update_status()
+
+    def action_window(self) -> None:
+        if not self.source.windows:
+            self.note = "a saved profile has no windows"
+            self._update_status()
+            return
+        self.window_index = (self.window_index + 1) % len(model.WINDOWS)
+        if self.window_s is None:
+            self.diff = False
+        self._refetch_view()
+
+    def action_diff(self) -> None:
+        if not self.source.windows:
+            self.note = "a saved profile has no windows to compare"
+            self._update_status()
+            return
+        self.diff = not self.diff
+        if self.diff and self.window_s is None:
+            self.window_index = 1
+        self._refetch_view()
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self._update_status()
+
+    def action_refresh(self) -> None:
+        self.fetch_now()
+
+    def action_search(self) -> None:
+        box = self.query_one("#search", Input)
+        box.display = True
+        box.value = self.search_query
+        box.focus()
+
+    @on(Input.Submitted, "#search")
+    def _search_submitted(self, event: Input.Submitted) -> None:
+        self.search_query = event.value
+        event.input.display = False
+        self.action_view("tree")
+        if self.snap is None:
+            return
+        self.matches = model.search_nodes(self.snap, self.search_query, self.metric)
+        self.match_index = 0
+        if not self.matches:
+            self.note = f"no frame matches {self.search_query!r}" if self.search_query else ""
+            self._update_status()
+            return
+        self._go_to_match()
+
+    def _go_to_match(self) -> None:
+        node = self.matches[self.match_index]
+        self.note = f"match {self.match_index + 1}/{len(self.matches)} for {self.search_query!r}"
+        self.reveal(node)
+
+    def reveal(self, node: int) -> None:
+        """Expand the tree down to `node` and put the cursor on its row."""
+        if self.snap is None:
+            return
+        if not self.snap.inclusive(node, self.metric):
+            self.note = f"{self.snap.frame_of(node).label()} has no {model.metric_label(self.metric)}; press m"
+        self.expanded |= model.ancestor_keys(self.snap, node)
+        self._refresh_tree()
+        view = self.query_one(CCTView)
+        idx = model.row_index_of(view.rows, node)
+        if idx is not None:
+            view.move_to(idx)
+        self._update_status()
+
+    def action_next_match(self, step: int) -> None:
+        if not self.matches:
+            return
+        self.match_index = (self.match_index + step) % len(self.matches)
+        self._go_to_match()
+
+    def action_back(self) -> None:
+        box = self.query_one("#search", Input)
+        if box.display:
+            box.display = False
+            self.query_one(CCTView).focus()
+            return
+        if self.query_one(TabbedContent).active != "tree":
+            self.action_view("tree")
+            return
+        if len(self.app.screen_stack) > 2:
+            self.app.pop_screen()
+
+    def action_detach(self) -> None:
+        if self.processes is None or self.pid is None:
+            self.note = "nothing to detach: not connected to the daemon"
+            self._update_status()
+            return
+        self.app.detach(self.pid)
+
+    # ---- tree and view events ----------------------------------------------------------------
+    @on(CCTView.Toggle)
+    def _toggle(self, event: CCTView.Toggle) -> None:
+        row: Row = event.row
+        if row.more or not row.has_children:
+            return
+        expand = (not row.expanded) if event.expand is None else event.expand
+        if expand:
+            self.expanded.add(row.key)
+        else:
+            self.expanded = {k for k in self.expanded if k[: len(row.key)] != row.key}
+        self._auto_expand = False
+        self._refresh_tree(keep=row.key)
+
+    @on(CCTView.ExpandHot)
+    def _expand_hot(self, event: CCTView.ExpandHot) -> None:
+        if self.snap is not None:
+            self.expanded.add(event.row.key)
+            self.expanded |= {event.row.key + k[len(event.row.key) :] for k in model.hot_path_keys(self.snap, self.metric, event.row.node)}
+            self._refresh_tree(keep=event.row.key)
+
+    @on(IcicleView.Selected)
+    def _flame_selected(self, event: IcicleView.Selected) -> None:
+        self._flame_detail(event.block)
+
+    @on(DataTable.RowSelected, "#hot-table")
+    def _hotspot_selected(self, event: DataTable.RowSelected) -> None:
+        if 0 <= event.cursor_row < len(self._hotspot_nodes):
+            self.action_view("tree")
+            self.reveal(self._hotspot_nodes[event.cursor_row])
+
+    @on(OptionList.OptionSelected, "#advice-list")
+    def _advice_selected(self, event: OptionList.OptionSelected) -> None:
+        if self.snap is None or not 0 <= event.option_index < len(self._advice_paths):
+            return
+        node = self.snap.find(list(self._advice_paths[event.option_index]))
+        if node is None:
+            self.note = "that path is not in the current profile"
+            self._update_status()
+            return
+        self.action_view("tree")
+        self.reveal(node)
+
+    # ---- advice ------------------------------------------------------------------------------
+    def load_advice(self) -> None:
+        self._last_advice_snap = self.snap
+        self._show_advice("loading advice …")
+        self.run_worker(partial(self._advice_worker, self.window_s, self.snap), thread=True, group="advice", exclusive=True, exit_on_error=False)
+
+    def _advice_worker(self, window_s: float | None, snap: Any) -> None:
+        try:
+            advice = self.source.advice(window_s, snap)
+        except Exception as e:  # noqa: BLE001
+            advice = f"advice failed: {type(e).__name__}: {e}"
+        self.post_message(AdviceFetched(advice))
+
+    def on_advice_fetched(self, message: AdviceFetched) -> None:
+        self._show_advice(message.advice)
+
+    def _show_advice(self, advice: list[Advice] | str) -> None:
+        self._advice = advice
+        ol = self.query_one("#advice-list", OptionList)
+        ol.clear_options()
+        self._advice_paths = []
+        if isinstance(advice, str):
+            ol.add_option(Option(Text(advice, style="dim"), disabled=True))
+            return
+        if not advice:
+            ol.add_option(Option(Text("no findings: the rules flag nothing in this profile", style="dim"), disabled=True))
+            return
+        colours = {"critical": "bold red", "high": "red", "warning": "yellow", "medium": "yellow"}
+        for a in model.sort_advice(advice):
+            lines = model.advice_lines(a)
+            t = Text()
+            t.append(lines[0], style=colours.get(a.severity.lower(), "bold"))
+            for ln in lines[1:]:
+                t.append("\n" + ln, style="green" if ln.lstrip().startswith("fix:") else "")
+            ol.add_option(Option(t))
+            self._advice_paths.append(a.path)
+        ol.highlighted = 0
+
+
+class ProcessListScreen(Screen):
+    """GPU processes on this node (attached or not); attach, detach, open."""
+
+    BINDINGS = [
+        Binding("enter", "open", "open", show=False),
+        Binding("a", "attach", "attach"),
+        Binding("x", "detach", "detach"),
+        Binding("r", "refresh", "refresh"),
+        Binding("q", "app.quit", "quit"),
+    ]
+
+    def __init__(self, processes: ProcessSource, *, interval_s: float = 2.0) -> None:
+        super().__init__()
+        self.processes = processes
+        self.interval_s = interval_s
+        self.rows: list[model.ProcessRow] = []
+        self.message = ""
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False, icon="≡")
+        with Vertical():
+            yield DataTable(id="procs", cursor_type="row", zebra_stripes=True)
+            yield Static(id="procs-empty", classes="empty")
+        yield Static(id="banner")
+        yield Static(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = "stacklens"
+        self.sub_title = "processes"
+        table = self.query_one("#procs", DataTable)
+        for col in ("PID", "COMM", "STATE", "AGENT", "GPU", "LAUNCH/s", "SYNC", "PYTHON"):
+            table.add_column(col, key=col)
+        self.query_one("#banner", Static).display = False
+        self.query_one("#procs-empty", Static).update("asking the daemon for processes …")
+        self.refresh_list()
+        self.set_interval(self.interval_s, self.refresh_list)
+        table.focus()
+
+    @work(thread=True, exclusive=True, group="procs", exit_on_error=False)
+    def refresh_list(self) -> None:
+        try:
+            rows: list[model.ProcessRow] | str = self.processes.processes()
+        except errors.StacklensError as e:
+            rows = f"lost the daemon: {e}" if isinstance(e, errors.DaemonUnavailable) else str(e)
+        except Exception as e:  # noqa: BLE001
+            rows = f"listing processes failed: {type(e).__name__}: {e}"
+        self.app.call_from_thread(self._show, rows)
+
+    def _show(self, rows: list[model.ProcessRow] | str) -> None:
+        table = self.query_one("#procs", DataTable)
+        empty = self.query_one("#procs-empty", Static)
+        if isinstance(rows, str):
+            self.set_message(rows)
+            return
+        if self.message.startswith(("lost the daemon", "listing")):
+            self.set_message("")
+        self.rows = rows
+        keep = table.cursor_row
+        table.clear()
+        for p in rows:
+            table.add_row(*model.process_cells(p), key=str(p.pid))
+        if rows:
+            table.move_cursor(row=min(keep, len(rows) - 1))
+        empty.update("" if rows else "no GPU processes found and nothing attached; start a job or pass a PID")
+        empty.display = not rows
+        self.query_one("#status", Static).update(
+            f"{len(rows)} processes · {sum(p.attached for p in rows)} attached · enter: open · a: attach · x: detach"
+        )
+
+    def set_message(self, text: str) -> None:
+        self.message = text
+        banner = self.query_one("#banner", Static)
+        banner.update(text)
+        banner.display = bool(text)
+
+    def selected(self) -> model.ProcessRow | None:
+        table = self.query_one("#procs", DataTable)
+        if not self.rows or not 0 <= table.cursor_row < len(self.rows):
+            return None
+        return self.rows[table.cursor_row]
+
+    def action_open(self) -> None:
+        p = self.selected()
+        if p is not None:
+            self.app.open_process(p.pid)
+
+    @on(DataTable.RowSelected, "#procs")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_open()
+
+    def action_attach(self) -> None:
+        p = self.selected()
+        if p is not None:
+            self.app.attach(p.pid)
+
+    def action_detach(self) -> None:
+        p = self.selected()
+        if p is not None:
+            self.app.detach(p.pid)
+
+    def action_refresh(self) -> None:
+        self.refresh_list()
+
+
+class StacklensApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "stacklens"
+
+    def __init__(
+        self,
+        *,
+        source: SnapshotSource | None = None,
+        processes: ProcessSource | None = None,
+        pid: int | None = None,
+        duration_s: float | None = None,
+        interval_s: float = 1.0,
+    ) -> None:
+        super().__init__()
+        if source is None and processes is None:
+            raise ValueError("StacklensApp needs a snapshot source or a process source")
+        self.source = source
+        self.processes = processes
+        self.pid = pid
+        self.duration_s = duration_s
+        self.interval_s = interval_s
+
+    def on_mount(self) -> None:
+        if self.processes is not None:
+            self.push_screen(ProcessListScreen(self.processes, interval_s=max(2.0, self.interval_s)))
+            if self.pid is not None:
+                self.open_process(self.pid)
+        elif self.source is not None:
+            self.push_screen(ProfileScreen(self.source, interval_s=self.interval_s, pid=self.pid))
+        if self.duration_s:
+            self.set_timer(self.duration_s, self.exit)
+
+    def open_process(self, pid: int) -> None:
+        assert self.processes is not None
+        self.push_screen(ProfileScreen(self.processes.open(pid), interval_s=self.interval_s, processes=self.processes, pid=pid))
+
+    def _say(self, text: str) -> None:
+        screen = self.screen
+        if isinstance(screen, ProcessListScreen):
+            screen.set_message(text)
+        elif isinstance(screen, ProfileScreen):
+            screen.note = text
+            screen._update_status()
+
+    def attach(self, pid: int) -> None:
+        self._say(f"attaching to {pid} …")
+        self._lifecycle(pid, True)
+
+    def detach(self, pid: int) -> None:
+        self._say(f"detaching from {pid} …")
+        self._lifecycle(pid, False)
+
+    @work(thread=True, group="lifecycle", exit_on_error=False)
+    def _lifecycle(self, pid: int, attach: bool) -> None:
+        assert self.processes is not None
+        try:
+            if attach:
+                notes = self.processes.attach(pid)
+                text = f"attached to {pid}" + (f" ({'; '.join(notes)})" if notes else "")
+            else:
+                self.processes.detach(pid)
+                text = f"detached from {pid}"
+        except errors.StacklensError as e:
+            text = f"{'attach to' if attach else 'detach from'} {pid} failed: {e}"
+        except Exception as e:  # noqa: BLE001
+            text = f"{'attach to' if attach else 'detach from'} {pid} failed: {type(e).__name__}: {e}"
+        self.call_from_thread(self._after_lifecycle, text)
+
+    def _after_lifecycle(self, text: str) -> None:
+        self._say(text)
+        for screen in self.screen_stack:
+            if isinstance(screen, ProcessListScreen):
+                screen.refresh_list()
+
+
+def run_top(pid: int | None, input_path: str | None, socket_path: str) -> int:
+    """`stacklens top [PID] [--input FILE]`. Errors before the UI starts raise `StacklensError`."""
+    if input_path:
+        app = StacklensApp(source=FileSource.open(input_path))
+    else:
+        app = StacklensApp(processes=DaemonProcesses.connect(socket_path), pid=pid)
+    app.run()
+    return 0 if app.return_code is None else app.return_code
+
+
+def run_local(session: Any, title: str, duration_s: float | None) -> int:
+    """`stacklens demo`: the same UI over an in-process session object (`.snapshot(window_s)`)."""
+    app = StacklensApp(source=LocalSource(session, name=title), pid=getattr(session, "pid", None), duration_s=duration_s)
+    app.run()
+    return 0 if app.return_code is None else app.return_code
+
+
+if __name__ == "__main__":  # pragma: no cover - handy: python -m stacklens.tui.app FILE
+    sys.exit(run_top(None, sys.argv[1] if len(sys.argv) > 1 else None, os.environ.get("STACKLENS_SOCKET", "")))

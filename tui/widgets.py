@@ -1,0 +1,379 @@
+"""Textual widgets of the TUI: the CCT tree (Line API, renders only visible rows) and the icicle.
+
+No privilege. The widgets hold rows computed by `tui.model`; expansion state lives in the
+screen, which the widgets tell through messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.style import Style
+from rich.text import Text
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widget import Widget
+
+from stacklens.tui.model import (
+    KIND_STYLE,
+    SEP,
+    Block,
+    Row,
+    bar,
+    fit_chain,
+    fmt_share,
+    fmt_value,
+    frame_text,
+    icicle,
+    kind_tag,
+    metric_label,
+)
+
+BAR_WIDTH = 10
+VALUE_WIDTH = 8
+
+
+def row_text(row: Row, metric: str, total: int, width: int, *, signed: bool = False) -> Text:
+    """One tree line: bar, inclusive, exclusive, share, indented label (kind-coloured)."""
+    share_base = abs(total) or 1
+    t = Text(no_wrap=True, overflow="ellipsis")
+    colour = "red" if signed and row.incl > 0 else ("green" if signed and row.incl < 0 else "bright_blue")
+    t.append(bar(abs(row.incl) / share_base, BAR_WIDTH), style=colour)
+    t.append(" ")
+    t.append(fmt_value(metric, row.incl, signed=signed).rjust(VALUE_WIDTH))
+    t.append(" ")
+    t.append(("" if row.more else fmt_value(metric, row.excl, signed=signed)).rjust(VALUE_WIDTH), style="dim")
+    t.append(" ")
+    t.append(fmt_share(abs(row.incl), share_base))
+    t.append(" " + "  " * row.depth)
+    if row.more:
+        t.append(row.label, style="dim italic")
+    else:
+        t.append("▼ " if row.expanded else ("▶ " if row.has_children else "  "), style="bold")
+        for i, f in enumerate(fit_chain(row.frames, width - t.cell_len)):
+            if i:
+                t.append(SEP, style="dim")
+            if f is None:
+                t.append("…", style="dim")
+                continue
+            tag = kind_tag(f)
+            if tag:
+                t.append(tag + " ", style=f"dim {KIND_STYLE.get(f.kind, '')}")
+            t.append(frame_text(f), style=KIND_STYLE.get(f.kind, ""))
+    t.truncate(width, overflow="ellipsis")
+    return t
+
+
+def header_text(metric: str, sort: str, width: int) -> Text:
+    t = Text(no_wrap=True, style="bold")
+    t.append(" " * BAR_WIDTH + " ")
+    t.append("incl".rjust(VALUE_WIDTH) + " ")
+    t.append("excl".rjust(VALUE_WIDTH) + " ")
+    t.append(" share ")
+    t.append(f"context  ({metric_label(metric)}, by {sort})", style="bold")
+    return t
+
+
+class CCTView(ScrollView, can_focus=True):
+    """The calling context tree as lines; only the lines in view are rendered."""
+
+    BINDINGS = [
+        Binding("up,k", "cursor(-1)", "up", show=False),
+        Binding("down,j", "cursor(1)", "down", show=False),
+        Binding("pageup", "page(-1)", show=False),
+        Binding("pagedown", "page(1)", show=False),
+        Binding("home", "home", show=False),
+        Binding("end", "end", show=False),
+        Binding("enter", "toggle", "expand", show=False),
+        Binding("right,l", "expand", show=False),
+        Binding("left", "collapse", show=False),
+        Binding("e", "expand_hot", "hot path", show=False),
+    ]
+
+    DEFAULT_CSS = """
+    CCTView { background: $surface; }
+    CCTView > .cctview--cursor { background: $accent 40%; }
+    """
+    COMPONENT_CLASSES = {"cctview--cursor"}
+
+    class Toggle(Message):
+        """Expand (True), collapse (False) or flip (None) a row."""
+
+        def __init__(self, row: Row, expand: bool | None) -> None:
+            super().__init__()
+            self.row = row
+            self.expand = expand
+
+    class ExpandHot(Message):
+        def __init__(self, row: Row) -> None:
+            super().__init__()
+            self.row = row
+
+    class Moved(Message):
+        def __init__(self, row: Row | None) -> None:
+            super().__init__()
+            self.row = row
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.rows: list[Row] = []
+        self.cursor = 0
+        self.metric = ""
+        self.total = 0
+        self.signed = False
+
+    # ---- data ------------------------------------------------------------------------------
+    def set_rows(self, rows: list[Row], metric: str, total: int, *, signed: bool = False, cursor: int | None = None) -> None:
+        self.rows = rows
+        self.metric = metric
+        self.total = total
+        self.signed = signed
+        if cursor is not None:
+            self.cursor = cursor
+        self.cursor = max(0, min(self.cursor, len(rows) - 1))
+        self.virtual_size = Size(self.size.width, len(rows))
+        self._scroll_cursor_visible()
+        self.refresh()
+
+    @property
+    def current(self) -> Row | None:
+        return self.rows[self.cursor] if 0 <= self.cursor < len(self.rows) else None
+
+    def visible_lines(self) -> list[str]:
+        """The plain text of the rows now on screen (for tests and the tmux check)."""
+        top = int(self.scroll_offset.y)
+        width = max(self.size.width, 40)
+        return [row_text(r, self.metric, self.total, width, signed=self.signed).plain for r in self.rows[top : top + max(self.size.height, 1)]]
+
+    # ---- rendering -------------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        idx = int(self.scroll_offset.y) + y
+        base = self.rich_style
+        if idx >= len(self.rows):
+            return Strip.blank(width, base)
+        text = row_text(self.rows[idx], self.metric, self.total, width, signed=self.signed)
+        if idx == self.cursor:
+            text.stylize(self.get_component_rich_style("cctview--cursor"))
+        segments = list(text.render(self.app.console))
+        strip = Strip(segments).adjust_cell_length(width, base)
+        return strip.apply_style(base) if base else strip
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.virtual_size = Size(event.size.width, len(self.rows))
+        self._scroll_cursor_visible()
+
+    # ---- moving ----------------------------------------------------------------------------
+    def _scroll_cursor_visible(self) -> None:
+        height = max(1, self.size.height)
+        top = int(self.scroll_offset.y)
+        if self.cursor < top:
+            self.scroll_to(y=self.cursor, animate=False, immediate=True)
+        elif self.cursor >= top + height:
+            self.scroll_to(y=self.cursor - height + 1, animate=False, immediate=True)
+
+    def move_to(self, index: int) -> None:
+        if not self.rows:
+            return
+        self.cursor = max(0, min(index, len(self.rows) - 1))
+        self._scroll_cursor_visible()
+        self.refresh()
+        self.post_message(self.Moved(self.current))
+
+    def action_cursor(self, step: int) -> None:
+        self.move_to(self.cursor + step)
+
+    def action_page(self, step: int) -> None:
+        self.move_to(self.cursor + step * max(1, self.size.height - 1))
+
+    def action_home(self) -> None:
+        self.move_to(0)
+
+    def action_end(self) -> None:
+        self.move_to(len(self.rows) - 1)
+
+    def action_toggle(self) -> None:
+        if self.current is not None:
+            self.post_message(self.Toggle(self.current, None))
+
+    def action_expand(self) -> None:
+        row = self.current
+        if row is not None and row.has_children and not row.expanded:
+            self.post_message(self.Toggle(row, True))
+
+    def action_collapse(self) -> None:
+        row = self.current
+        if row is None:
+            return
+        if row.expanded:
+            self.post_message(self.Toggle(row, False))
+            return
+        for i in range(self.cursor - 1, -1, -1):  # go to the parent row
+            if self.rows[i].depth < row.depth:
+                self.move_to(i)
+                return
+
+    def action_expand_hot(self) -> None:
+        if self.current is not None:
+            self.post_message(self.ExpandHot(self.current))
+
+    def on_click(self, event: events.Click) -> None:
+        idx = int(self.scroll_offset.y) + event.y
+        if not 0 <= idx < len(self.rows):
+            return
+        if idx == self.cursor or event.chain > 1:
+            self.move_to(idx)
+            self.action_toggle()
+        else:
+            self.move_to(idx)
+
+
+class IcicleView(Widget, can_focus=True):
+    """Top-down flame graph of the subtree at `root`; enter zooms in, backspace zooms out."""
+
+    BINDINGS = [
+        Binding("up,k", "level(-1)", show=False),
+        Binding("down,j", "level(1)", show=False),
+        Binding("left", "sibling(-1)", show=False),
+        Binding("right,l", "sibling(1)", show=False),
+        Binding("enter", "zoom", "zoom", show=False),
+        Binding("backspace,u", "unzoom", "zoom out", show=False),
+    ]
+    DEFAULT_CSS = """
+    IcicleView { background: $surface; }
+    """
+
+    _BG = {
+        "python": "#2e6b34",
+        "op": "#1f5f7a",
+        "native": "#555555",
+        "gpu_api": "#7a6a1f",
+        "kernel": "#6b2e6b",
+        "instruction": "#2e3f6b",
+        "other": "#3a3a3a",
+    }
+
+    class Selected(Message):
+        def __init__(self, block: Block | None) -> None:
+            super().__init__()
+            self.block = block
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.snap: Any = None
+        self.metric = ""
+        self.zoom: tuple = ()  # path of the zoomed node: survives snapshot updates
+        self.level = 0
+        self.index = 0
+        self._levels: list[list[Block]] = []
+        self._cache_key: tuple = ()
+
+    def set_data(self, snap: Any, metric: str) -> None:
+        self.snap = snap
+        self.metric = metric
+        self.refresh()
+
+    def _root(self) -> int:
+        if self.snap is None or not self.zoom:
+            return 0
+        node = self.snap.find([f.label() for f in self.zoom])
+        return 0 if node is None else node
+
+    def levels(self) -> list[list[Block]]:
+        key = (id(self.snap), self.metric, self.zoom, self.size.width, self.size.height)
+        if key != self._cache_key:
+            self._cache_key = key
+            if self.snap is None:
+                self._levels = []
+            else:
+                self._levels = icicle(self.snap, self.metric, self._root(), self.size.width, max(1, self.size.height - 1))
+        return self._levels
+
+    @property
+    def selected(self) -> Block | None:
+        levels = self.levels()
+        if not levels:
+            return None
+        self.level = max(0, min(self.level, len(levels) - 1))
+        row = levels[self.level]
+        self.index = max(0, min(self.index, len(row) - 1))
+        return row[self.index]
+
+    def render(self) -> Text:
+        levels = self.levels()
+        width = self.size.width
+        if not levels:
+            return Text("nothing to draw for this metric", style="dim")
+        sel = self.selected
+        out = Text(no_wrap=True)
+        for li, level in enumerate(levels):
+            x = 0
+            for b in level:
+                if b.start > x:
+                    out.append(" " * (b.start - x))
+                label = (" " + frame_text(b.frame)).ljust(b.width)[: b.width]
+                style = Style(bgcolor=self._BG.get(b.frame.kind, "#3a3a3a"), color="white")
+                if b is sel:
+                    style = Style(bgcolor="white", color="black", bold=True)
+                out.append(label, style=style)
+                x = b.start + b.width
+            if x < width:
+                out.append(" " * (width - x))
+            if li < len(levels) - 1:
+                out.append("\n")
+        return out
+
+    def visible_lines(self) -> list[str]:
+        return self.render().plain.split("\n")
+
+    def action_level(self, step: int) -> None:
+        sel = self.selected
+        levels = self.levels()
+        if sel is None:
+            return
+        new = max(0, min(self.level + step, len(levels) - 1))
+        if new != self.level:
+            # keep the block under (or nearest to) the middle of the current one
+            mid = sel.start + sel.width // 2
+            row = levels[new]
+            self.index = min(range(len(row)), key=lambda i: 0 if row[i].start <= mid < row[i].start + row[i].width else 1 + min(abs(row[i].start - mid), abs(row[i].start + row[i].width - mid)))
+            self.level = new
+        self._changed()
+
+    def action_sibling(self, step: int) -> None:
+        self.index += step
+        self._changed()
+
+    def action_zoom(self) -> None:
+        sel = self.selected
+        if sel is not None and self.snap is not None and sel.node != 0:
+            self.zoom = self.snap.path(sel.node)
+            self.level = self.index = 0
+            self._changed()
+
+    def action_unzoom(self) -> None:
+        if self.zoom:
+            self.zoom = self.zoom[:-1]
+            self.level = self.index = 0
+            self._changed()
+
+    def _changed(self) -> None:
+        self.refresh()
+        self.post_message(self.Selected(self.selected))
+
+    def on_click(self, event: events.Click) -> None:
+        levels = self.levels()
+        if not 0 <= event.y < len(levels):
+            return
+        for i, b in enumerate(levels[event.y]):
+            if b.start <= event.x < b.start + b.width:
+                self.level, self.index = event.y, i
+                if event.chain > 1:
+                    self.action_zoom()
+                else:
+                    self._changed()
+                return
