@@ -125,3 +125,28 @@ class Target:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def stdin_lines(poll_s: float = 0.05):
+    """Command lines from fd 0 without ever blocking in C for long.
+
+    A target waiting in a plain `sys.stdin.readline()` sits in read(2) and never reaches the
+    interpreter's eval breaker, so an agent injected with Py_AddPendingCall (3.10-3.13) or PEP 768
+    (3.14) would wait forever. Polling keeps the main thread running bytecode while idle.
+    """
+    import select
+
+    buf = b""
+    while True:
+        r, _, _ = select.select([0], [], [], poll_s)
+        if not r:
+            continue
+        chunk = os.read(0, 65536)
+        if not chunk:
+            if buf.strip():
+                yield buf.decode(errors="replace")
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            yield line.decode(errors="replace")

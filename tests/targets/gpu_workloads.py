@@ -342,7 +342,9 @@ def main() -> int:
                 "median_s": statistics.median(times) if times else None,
                 "rss_bytes": rss_bytes(), **extra}
 
-    for line in sys.stdin:
+    from gpu_control import stdin_lines
+
+    for line in stdin_lines():
         parts = line.split()
         if not parts:
             continue

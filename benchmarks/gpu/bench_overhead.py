@@ -1,0 +1,478 @@
+"""Overhead of stacklens vs torch.profiler on recognisable GPU workloads, attach-by-PID, one run.
+
+    python benchmarks/gpu/bench_overhead.py --out DIR [--workloads resnet50,gpt2,vit,launch,jax]
+        [--steps N] [--memory-s 120] [--memory-workload resnet50] [--deadline-s 420] [--cpu-smoke]
+
+Per workload, ONE target process (tests/targets/gpu_workloads.py), phases in this order:
+  unprofiled N steps → attach stacklens probes only (ProcessSession(agent=False)), N steps, detach
+  → N steps (after-detach speed) → attach probes + agent, N steps, detach → N steps
+  → [memory phase: attach probes + agent, run for --memory-s, sample target RSS and profile size]
+  → torch.profiler (CPU+CUDA) N steps → torch.profiler(with_stack=True) N steps.
+JAX: unprofiled, probes, after-detach only (torch.profiler does not apply; the agent with --jax-agent).
+Median step time per phase and ratio vs unprofiled; target RSS; stacklens snapshot size (gzip of
+the JSON export) vs torch.profiler's exported chrome trace size. A phase that fails is recorded
+with its error and the run goes on. Writes DIR/results.json and DIR/overhead.md after every
+workload (so a run cut short still leaves what it measured).
+Needs root (BPF) and `stacklens` importable. Never imports the gRPC service or generated protobuf code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "targets"))
+
+from gpu_control import Target, TargetError, rss_bytes  # noqa: E402
+
+ALL = ("resnet50", "gpt2", "vit", "launch", "jax")
+STEPS = {"resnet50": 40, "gpt2": 30, "vit": 40, "launch": 50, "jax": 50}
+T0 = time.monotonic()
+
+
+def log(msg: str) -> None:
+    ts = datetime.datetime.now().strftime("%H:%M:%S")
+    print(f"[{ts} +{time.monotonic() - T0:6.1f}s] {msg}", flush=True)
+
+
+def err_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:1500]
+
+
+# ---- stacklens side -----------------------------------------------------------------------
+
+
+def profile_size(snap) -> dict:
+    from stacklens.cct.export import to_json
+
+    raw = json.dumps(to_json(snap), separators=(",", ":")).encode()
+    return {"json_gz_bytes": len(gzip.compress(raw)), "json_bytes": len(raw), "nodes": snap.node_count}
+
+
+def totals(snap) -> dict:
+    return {m: snap.total(m) for m in snap.metrics if m not in snap.unavailable}
+
+
+class Attached:
+    """ProcessSession attach/detach with timings; start() runs under a watchdog."""
+
+    def __init__(self, pid: int, agent: bool, timeout_s: float = 180.0) -> None:
+        from stacklens.daemon.session import ProcessSession
+
+        self.session = ProcessSession(pid, agent=agent)
+        box: dict = {}
+
+        def go():
+            try:
+                box["notes"] = self.session.start()
+            except BaseException as e:  # noqa: BLE001
+                box["error"] = e
+
+        t = time.monotonic()
+        th = threading.Thread(target=go, daemon=True)
+        th.start()
+        th.join(timeout_s)
+        self.attach_s = time.monotonic() - t
+        if th.is_alive():
+            raise TimeoutError(f"ProcessSession.start() did not return within {timeout_s:.0f}s")
+        if "error" in box:
+            raise box["error"]
+        self.notes = [str(n)[:300] for n in box.get("notes", [])]
+
+    def measure(self) -> dict:
+        snap = self.session.snapshot()
+        out = {"profile": profile_size(snap), "totals": totals(snap),
+               "unavailable": sorted(snap.unavailable)}
+        try:
+            out["stats"] = self.session.stats()
+        except Exception as e:  # noqa: BLE001
+            out["stats_error"] = err_text(e)
+        return out
+
+    def detach(self) -> float:
+        t = time.monotonic()
+        self.session.stop()
+        return time.monotonic() - t
+
+
+# ---- phases -------------------------------------------------------------------------------
+
+
+class Runner:
+    def __init__(self, args, out: Path, results: dict) -> None:
+        self.a = args
+        self.out = out
+        self.results = results
+        self.deadline = T0 + args.deadline_s
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def step_timeout(self, n: int, per_step: float | None) -> float:
+        return max(120.0, 30.0 * n * (per_step or 0.1))
+
+    def run_steps(self, t: Target, n: int, per_step: float | None, cmd: str = "run") -> dict:
+        rss0 = t.rss()
+        ans = t.cmd(f"{cmd} {n}", timeout=self.step_timeout(n, per_step))
+        ans["rss_before"] = rss0
+        ans["rss_after"] = t.rss()
+        return ans
+
+    def workload(self, name: str) -> dict:
+        a = self.a
+        n = a.steps or (5 if a.cpu_smoke else STEPS[name])
+        res: dict = {"workload": name, "steps": n, "phases": {}, "status": "ok"}
+        ph = res["phases"]
+        args = [name] + (["--cpu-smoke"] if a.cpu_smoke else [])
+        log(f"{name}: starting target ({' '.join(args)})")
+        try:
+            t = Target("gpu_workloads.py", args, stderr_path=self.out / f"{name}.stderr.log",
+                       ready_timeout=max(60.0, min(600.0, self.left())))
+        except Exception as e:  # noqa: BLE001
+            res["status"] = f"failed: target did not start: {err_text(e)}"
+            log(f"{name}: {res['status']}")
+            return res
+        res["target"] = t.info
+        res["pid"] = t.pid
+        log(f"{name}: ready pid {t.pid}: {t.info.get('impl')}")
+        per_step: float | None = None
+        dead = False
+
+        def phase(key: str, fn, min_left: float = 20.0) -> None:
+            nonlocal per_step, dead
+            if dead:
+                ph[key] = {"status": "skipped: target unresponsive or exited"}
+                return
+            if self.left() < min_left:
+                ph[key] = {"status": f"skipped: deadline ({self.left():.0f}s left)"}
+                log(f"{name}/{key}: {ph[key]['status']}")
+                return
+            t0 = time.monotonic()
+            try:
+                r = fn()
+                r.setdefault("status", "ok")
+            except Exception as e:  # noqa: BLE001
+                r = {"status": f"failed: {err_text(e)}", "trace": traceback.format_exc()[-3000:]}
+            r["phase_wall_s"] = round(time.monotonic() - t0, 3)
+            ph[key] = r
+            med = r.get("median_s")
+            if key == "unprofiled" and med:
+                per_step = med
+            msg = f"median {med * 1e3:.3f} ms" if med else r["status"][:300]
+            log(f"{name}/{key}: {msg} ({r['phase_wall_s']:.1f}s)")
+            if not t.alive():
+                dead = True
+            elif r["status"] != "ok":
+                try:
+                    t.cmd("rss", timeout=60)
+                except Exception:  # noqa: BLE001
+                    dead = True
+
+        def plain():
+            return self.run_steps(t, n, per_step)
+
+        def attached(agent: bool):
+            def fn():
+                att = Attached(t.pid, agent=agent)
+                r: dict = {"attach_s": round(att.attach_s, 3), "notes": att.notes}
+                try:
+                    r.update(self.run_steps(t, n, per_step))
+                    time.sleep(1.0 if agent else 0.3)  # let the last records arrive
+                    try:
+                        r.update(att.measure())
+                    except Exception as e:  # noqa: BLE001
+                        r["measure_error"] = err_text(e)
+                finally:
+                    r["detach_s"] = round(att.detach(), 3)
+                    r["rss_after_detach"] = t.rss()
+                return r
+            return fn
+
+        def torchprof(stack: bool):
+            return lambda: self._torchprof(t, n, per_step, stack)
+
+        is_jax = name == "jax"
+        phase("unprofiled", plain)
+        phase("probes", attached(False))
+        phase("after_detach", plain)
+        if not is_jax or a.jax_agent:
+            phase("agent", attached(True))
+            phase("after_detach_agent", plain)
+        else:
+            ph["agent"] = {"status": "n/a: JAX is measured with probes only"}
+        if name == a.memory_workload and a.memory_s > 0:
+            phase("memory", lambda: self.memory(t, per_step), min_left=40.0)
+        if not is_jax:
+            phase("torchprof", torchprof(False))
+            phase("torchprof_stack", torchprof(True))
+        else:
+            ph["torchprof"] = ph["torchprof_stack"] = {"status": "n/a: torch.profiler does not profile JAX"}
+        rc = t.close()
+        res["target_rc"] = rc
+        res["noise_tail"] = t.noise[-20:]
+        base = ph.get("unprofiled", {}).get("median_s")
+        for key, r in ph.items():
+            if base and r.get("median_s"):
+                r["ratio"] = r["median_s"] / base
+        mem = ph.get("memory", {})
+        tp = ph.get("torchprof", {})
+        if mem.get("steps") and tp.get("trace_bytes") and tp.get("n"):
+            mem["torchprof_trace_bytes_same_steps_est"] = int(tp["trace_bytes"] / tp["n"] * mem["steps"])
+        return res
+
+    def _torchprof(self, t: Target, n: int, per_step: float | None, stack: bool) -> dict:
+        rss0 = t.rss()
+        cmd = f"torchprof {n}" + (" stack" if stack else "")
+        ans = t.cmd(cmd, timeout=self.step_timeout(n, per_step) + 300)  # + the trace export
+        ans["rss_before"] = rss0
+        ans["rss_after"] = t.rss()
+        return ans
+
+    def memory(self, t: Target, per_step: float | None) -> dict:
+        """Target RSS and profile size over time with stacklens (probes + agent) attached."""
+        a = self.a
+        duration = min(a.memory_s, max(10.0, self.left() - 60.0))
+        chunk = max(1, int(a.memory_interval_s / (per_step or 0.05)))
+        rss_pre = t.rss()
+        agent_error = None
+        if a.memory_probes_only:
+            att = Attached(t.pid, agent=False)
+        else:
+            try:
+                att = Attached(t.pid, agent=True)
+            except Exception as e:  # noqa: BLE001 — still measure memory with the probes alone
+                agent_error = err_text(e)
+                log(f"memory: agent attach failed ({agent_error[:200]}); probes only")
+                att = Attached(t.pid, agent=False)
+        r: dict = {"duration_s_requested": a.memory_s, "duration_s": round(duration, 1),
+                   "agent": att.session.want_agent, "attach_s": round(att.attach_s, 3),
+                   "notes": att.notes, "rss_before_attach": rss_pre, "samples": [], "steps": 0}
+        if agent_error:
+            r["agent_error"] = agent_error
+        try:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < duration:
+                ans = t.cmd(f"run {chunk}", timeout=self.step_timeout(chunk, per_step))
+                r["steps"] += chunk
+                s = {"t_s": round(time.monotonic() - t0, 2), "steps": r["steps"], "rss": t.rss(),
+                     "median_s": ans.get("median_s")}
+                try:
+                    s.update(profile_size(att.session.snapshot()))
+                except Exception as e:  # noqa: BLE001
+                    s["snapshot_error"] = err_text(e)
+                r["samples"].append(s)
+                log(f"memory: t={s['t_s']}s steps={s['steps']} rss={s['rss'] / 2**20:.1f} MiB "
+                    f"profile={s.get('json_gz_bytes', 0) / 1024:.1f} KiB gz, {s.get('nodes')} nodes")
+            try:
+                r.update(att.measure())
+            except Exception as e:  # noqa: BLE001
+                r["measure_error"] = err_text(e)
+        finally:
+            r["detach_s"] = round(att.detach(), 3)
+            r["rss_after_detach"] = t.rss()
+        smp = r["samples"]
+        if smp:
+            first = smp[0]["rss"]
+            r["rss_growth_frac"] = (smp[-1]["rss"] - first) / first if first else None
+            r["rss_growth_vs_pre_attach_frac"] = (smp[-1]["rss"] - rss_pre) / rss_pre if rss_pre else None
+            sizes = [x.get("json_gz_bytes") for x in smp if x.get("json_gz_bytes")]
+            if sizes:
+                r["profile_gz_first"], r["profile_gz_last"], r["profile_gz_max"] = sizes[0], sizes[-1], max(sizes)
+        return r
+
+
+# ---- report -------------------------------------------------------------------------------
+
+
+def environment(args) -> dict:
+    env = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "host": platform.node(), "kernel": platform.release(), "python": sys.version.split()[0],
+           "argv": sys.argv, "cpu_smoke": args.cpu_smoke, "cpus": os.cpu_count()}
+    if shutil.which("nvidia-smi"):
+        try:
+            env["nvidia_smi"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                 "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+        except Exception as e:  # noqa: BLE001
+            env["nvidia_smi"] = err_text(e)
+    try:
+        env["stacklens_commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                                                 capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        env["stacklens_commit"] = None
+    try:
+        import stacklens
+
+        env["stacklens"] = getattr(stacklens, "__version__", "?")
+        env["stacklens_path"] = os.path.dirname(stacklens.__file__)
+    except Exception as e:  # noqa: BLE001
+        env["stacklens"] = f"not importable: {err_text(e)}"
+    return env
+
+
+def fmt_ms(r: dict) -> str:
+    return f"{r['median_s'] * 1e3:.2f}" if r.get("median_s") else "—"
+
+
+def fmt_ratio(r: dict | None) -> str:
+    if not r:
+        return "—"
+    if r.get("ratio"):
+        return f"{r['ratio']:.3f}×"
+    st = r.get("status", "")
+    if st.startswith("n/a"):
+        return "n/a"
+    if st.startswith("skipped"):
+        return "skipped"
+    return "FAILED" if st.startswith("failed") else "—"
+
+
+def mib(b) -> str:
+    return f"{b / 2**20:.1f}" if b else "—"
+
+
+def kib(b) -> str:
+    return f"{b / 1024:.1f}" if b else "—"
+
+
+def markdown(results: dict) -> str:
+    env = results["environment"]
+    lines = ["# stacklens GPU overhead — raw results", "",
+             f"- started: {env.get('started')}, host {env.get('host')}, kernel {env.get('kernel')}, "
+             f"Python {env.get('python')}, {env.get('cpus')} CPUs",
+             f"- GPU: {env.get('nvidia_smi', 'none')}",
+             f"- stacklens commit: {env.get('stacklens_commit')}; cpu_smoke: {env.get('cpu_smoke')}",
+             f"- command: `{' '.join(env.get('argv', []))}`", ""]
+    lines += ["| workload | steps | unprofiled ms/step | probes only | after detach | probes + agent | "
+              "after detach (agent) | torch.profiler | torch.profiler + stack |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for w in results["workloads"]:
+        ph = w.get("phases", {})
+        lines.append(f"| {w['workload']} | {w.get('steps')} | {fmt_ms(ph.get('unprofiled', {}))} | "
+                     f"{fmt_ratio(ph.get('probes'))} | {fmt_ratio(ph.get('after_detach'))} | "
+                     f"{fmt_ratio(ph.get('agent'))} | {fmt_ratio(ph.get('after_detach_agent'))} | "
+                     f"{fmt_ratio(ph.get('torchprof'))} | {fmt_ratio(ph.get('torchprof_stack'))} |")
+    lines += ["", "Ratios are median step time over the unprofiled median, same process, same run.", "",
+              "| workload | RSS start MiB | RSS end MiB | stacklens profile probes (gz KiB) | "
+              "stacklens profile agent (gz KiB) | torch.profiler trace MiB | trace + stack MiB | "
+              "attach s (probes/agent) | detach s (probes/agent) |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for w in results["workloads"]:
+        ph = w.get("phases", {})
+        first = ph.get("unprofiled", {}).get("rss_before") or (w.get("target") or {}).get("rss_bytes")
+        last = None
+        for r in ph.values():
+            last = r.get("rss_after_detach") or r.get("rss_after") or last
+        pr, ag = ph.get("probes", {}), ph.get("agent", {})
+        lines.append(
+            f"| {w['workload']} | {mib(first)} | {mib(last)} | "
+            f"{kib(pr.get('profile', {}).get('json_gz_bytes'))} | {kib(ag.get('profile', {}).get('json_gz_bytes'))} | "
+            f"{mib(ph.get('torchprof', {}).get('trace_bytes'))} | {mib(ph.get('torchprof_stack', {}).get('trace_bytes'))} | "
+            f"{pr.get('attach_s', '—')} / {ag.get('attach_s', '—')} | {pr.get('detach_s', '—')} / {ag.get('detach_s', '—')} |")
+    for w in results["workloads"]:
+        mem = w.get("phases", {}).get("memory")
+        if not mem:
+            continue
+        lines += ["", f"## Memory phase: {w['workload']} ({mem.get('status')})", ""]
+        if mem.get("samples"):
+            g = mem.get("rss_growth_frac")
+            g2 = mem.get("rss_growth_vs_pre_attach_frac")
+            lines += [f"- duration {mem.get('duration_s')} s (requested {mem.get('duration_s_requested')} s), "
+                      f"{mem.get('steps')} steps, agent: {mem.get('agent')}"
+                      + (f" (agent attach failed: {mem['agent_error'][:200]})" if mem.get("agent_error") else ""),
+                      f"- target RSS: {mib(mem.get('rss_before_attach'))} MiB before attach, "
+                      f"{mib(mem['samples'][0]['rss'])} → {mib(mem['samples'][-1]['rss'])} MiB while attached "
+                      f"(growth {g * 100:.2f}% from the first sample"
+                      + (f", {g2 * 100:.2f}% from before attach" if g2 is not None else "") + "), "
+                      f"{mib(mem.get('rss_after_detach'))} MiB after detach",
+                      f"- stacklens profile (gzip JSON): {kib(mem.get('profile_gz_first'))} → "
+                      f"{kib(mem.get('profile_gz_last'))} KiB (max {kib(mem.get('profile_gz_max'))})",
+                      f"- torch.profiler trace for the same number of steps (estimated from its per-step size): "
+                      f"{mib(mem.get('torchprof_trace_bytes_same_steps_est'))} MiB", "",
+                      "| t s | steps | RSS MiB | profile gz KiB | nodes |", "|---|---|---|---|---|"]
+            for s in mem["samples"]:
+                lines.append(f"| {s['t_s']} | {s['steps']} | {mib(s['rss'])} | {kib(s.get('json_gz_bytes'))} | "
+                             f"{s.get('nodes', '—')} |")
+    fails = [(w["workload"], k, r["status"]) for w in results["workloads"]
+             for k, r in w.get("phases", {}).items() if str(r.get("status", "ok")) != "ok"]
+    fails += [(w["workload"], "target", w["status"]) for w in results["workloads"] if w.get("status") != "ok"]
+    if fails:
+        lines += ["", "## Phases not measured", ""]
+        lines += [f"- {w} / {k}: {s[:400]}" for w, k, s in fails]
+    notes = [(w["workload"], k, n) for w in results["workloads"] for k, r in w.get("phases", {}).items()
+             for n in r.get("notes", [])[:6]]
+    if notes:
+        lines += ["", "## Attach notes", ""]
+        seen = set()
+        for w, k, n in notes:
+            if (k, n) not in seen:
+                seen.add((k, n))
+                lines.append(f"- {w} / {k}: {n}")
+    lines += ["", "## Workloads", ""]
+    lines += [f"- {w['workload']}: {(w.get('target') or {}).get('impl', w.get('status'))}" for w in results["workloads"]]
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, results: dict) -> None:
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    (out / "overhead.md").write_text(markdown(results))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--workloads", default=",".join(ALL))
+    ap.add_argument("--steps", type=int, default=0, help="steps per phase (default: per workload)")
+    ap.add_argument("--memory-s", type=float, default=120.0, help="memory phase length (the issue asks 600)")
+    ap.add_argument("--memory-interval-s", type=float, default=10.0)
+    ap.add_argument("--memory-workload", default="resnet50")
+    ap.add_argument("--memory-probes-only", action="store_true", help="memory phase without the agent")
+    ap.add_argument("--jax-agent", action="store_true", help="also run the agent phase on JAX")
+    ap.add_argument("--deadline-s", type=float, default=3600.0, help="skip phases that would start after this")
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU sizes (harness test without a GPU)")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        log("warning: not root: the stacklens phases will fail (BPF needs root)")
+    results = {"environment": environment(a), "workloads": [], "bench_rss_bytes": None}
+    write(out, results)
+    runner = Runner(a, out, results)
+    for name in [w.strip() for w in a.workloads.split(",") if w.strip()]:
+        if name not in ALL:
+            results["workloads"].append({"workload": name, "status": "failed: unknown workload", "phases": {}})
+            continue
+        if runner.left() < 45:
+            results["workloads"].append({"workload": name, "phases": {},
+                                         "status": f"skipped: deadline ({runner.left():.0f}s left)"})
+            log(f"{name}: skipped (deadline)")
+            continue
+        try:
+            results["workloads"].append(runner.workload(name))
+        except Exception as e:  # noqa: BLE001
+            results["workloads"].append({"workload": name, "phases": {}, "status": f"failed: {err_text(e)}",
+                                         "trace": traceback.format_exc()[-3000:]})
+        results["bench_rss_bytes"] = rss_bytes(os.getpid())
+        write(out, results)
+    results["finished_after_s"] = round(time.monotonic() - T0, 1)
+    write(out, results)
+    log(f"wrote {out / 'overhead.md'} and {out / 'results.json'}")
+    sys.stdout.write(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Ground-truth target for tests/gpu/test_attribution.py: two functions, disjoint kernel sets.
+
+    python gpu_ground_truth.py [--warmup N] [--cpu-smoke]
+
+`gt_matmul_f` launches only GEMMs (torch.mm → aten::mm → cuBLAS); `gt_conv_g` launches only
+convolutions (F.conv2d → aten::convolution → cuDNN). One step = f() then g(), device synchronized.
+Prints `ready {json}` after warm-up, then idles (polling stdin, launching nothing) between commands:
+  go K            exactly K steps, then idle again        → {"cmd":"go","steps":K,...}
+  prof K f|g      K calls of that function alone under torch.profiler (CPU+CUDA); the exported
+                  chrome trace's kernel events summed per kernel name
+                  → {"cmd":"prof","fn":"f","kernels":{name:{"count":c,"dur_ns":d}},"total_ns":…}
+  quit
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+from gpu_control import stdin_lines
+
+p = argparse.ArgumentParser()
+p.add_argument("--warmup", type=int, default=20)
+p.add_argument("--cpu-smoke", action="store_true")
+args = p.parse_args()
+
+CUDA = torch.cuda.is_available() and not args.cpu_smoke
+DEV = torch.device("cuda" if CUDA else "cpu")
+torch.backends.cudnn.benchmark = False  # the same conv algorithm every call
+torch.backends.cudnn.deterministic = True
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+torch.manual_seed(0)
+
+N = 64 if args.cpu_smoke else 2048
+A = torch.randn(N, N, device=DEV)
+B = torch.randn(N, N, device=DEV)
+C = torch.empty(0, device=DEV)
+X = torch.randn(2 if args.cpu_smoke else 32, 64, 28 if args.cpu_smoke else 56,
+                28 if args.cpu_smoke else 56, device=DEV)
+W = torch.randn(64, 64, 3, 3, device=DEV)
+Y = torch.empty(0, device=DEV)
+MM_PER_F = 4
+CONV_PER_G = 2
+
+
+def sync() -> None:
+    if CUDA:
+        torch.cuda.synchronize()
+
+
+def gt_matmul_f() -> None:
+    global C
+    for _ in range(MM_PER_F):
+        C = torch.mm(A, B)  # @f-launch
+
+
+def gt_conv_g() -> None:
+    global Y
+    for _ in range(CONV_PER_G):
+        Y = F.conv2d(X, W, padding=1)  # @g-launch
+
+
+def step() -> None:
+    gt_matmul_f()
+    gt_conv_g()
+    sync()
+
+
+def kernels_of_trace(path: str) -> dict[str, dict[str, int]]:
+    with open(path) as fh:
+        trace = json.load(fh)
+    out: dict[str, dict[str, int]] = {}
+    for ev in trace.get("traceEvents", []):
+        if ev.get("ph") == "X" and ev.get("cat") == "kernel":
+            k = out.setdefault(ev["name"], {"count": 0, "dur_ns": 0})
+            k["count"] += 1
+            k["dur_ns"] += int(round(float(ev.get("dur", 0)) * 1000))
+    return out
+
+
+def main() -> int:
+    for _ in range(args.warmup):
+        step()
+    sync()
+    print("ready " + json.dumps({"pid": os.getpid(), "device": str(DEV), "torch": torch.__version__,
+                                 "mm_per_f": MM_PER_F, "conv_per_g": CONV_PER_G, "n": N,
+                                 "gpu": torch.cuda.get_device_name(0) if CUDA else None}), flush=True)
+    for line in stdin_lines():
+        parts = line.split()
+        if not parts:
+            continue
+        try:
+            if parts[0] == "quit":
+                break
+            if parts[0] == "go":
+                k = int(parts[1])
+                t = time.perf_counter()
+                for _ in range(k):
+                    step()
+                print(json.dumps({"cmd": "go", "steps": k, "wall_s": time.perf_counter() - t,
+                                  "mm_calls": k * MM_PER_F, "conv_calls": k * CONV_PER_G}), flush=True)
+            elif parts[0] == "prof":
+                from torch.profiler import ProfilerActivity, profile
+
+                k, which = int(parts[1]), parts[2]
+                fn = {"f": gt_matmul_f, "g": gt_conv_g}[which]
+                acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
+                with profile(activities=acts) as prof:
+                    for _ in range(k):
+                        fn()
+                        sync()
+                fd, path = tempfile.mkstemp(prefix="stacklens-gt-", suffix=".json")
+                os.close(fd)
+                try:
+                    prof.export_chrome_trace(path)
+                    ks = kernels_of_trace(path)
+                finally:
+                    os.unlink(path)
+                print(json.dumps({"cmd": "prof", "fn": which, "calls": k, "kernels": ks,
+                                  "total_ns": sum(v["dur_ns"] for v in ks.values()),
+                                  "count": sum(v["count"] for v in ks.values())}), flush=True)
+            else:
+                print(json.dumps({"cmd": parts[0], "error": f"unknown command {parts[0]!r}"}), flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(json.dumps({"cmd": parts[0], "error": f"{type(e).__name__}: {e}"}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
