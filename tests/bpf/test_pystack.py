@@ -284,3 +284,52 @@ def test_ctypes_mirror_matches_c(tmp_path):
     st = sl_pystack_struct(MAX_DEPTH)
     assert [int(x) for x in got] == [ct.sizeof(SlPyFrame), ct.sizeof(st), st.tstate.offset,
                                      st.frames.offset, SlPyFrame.offset.offset]
+
+
+def test_capture_hook_with_maps(bpf_ok):
+    """-DSL_PYSTACK_MAPS: SL_CAPTURE_PYSTACK(ctx, ev) (the stacklens.h hook) stores stacks in
+    `sl_py_stacks` by id. BCC rewrites map calls only in the main text, so the loader inlines
+    pystack.h (here: prepended)."""
+    from bcc import BPF
+
+    from stacklens.bpf.python_process import PythonStackReader
+
+    name = "pyenv-3.11"
+    if _available(name):
+        pytest.skip(_available(name))
+    header = (ROOT / "bpf/programs/pystack.h").read_text()
+    text = ("#include <uapi/linux/ptrace.h>\n#define SL_C_PY_ERR 9\n"
+            "BPF_PERCPU_ARRAY(counters, u64, 16);\n"
+            "static __always_inline void sl_count(u32 i) { u64 *c = counters.lookup(&i); "
+            "if (c) (*c)++; }\n" + header +
+            "\nstruct ev_t { u64 py_stack_id; };\nBPF_HASH(ids, u64, u64, 4096);\n"
+            "int probe(struct pt_regs *ctx) {\n  struct ev_t ev = {};\n"
+            "  SL_CAPTURE_PYSTACK(ctx, &ev);\n  u64 one = 1;\n"
+            "  u64 *c = ids.lookup(&ev.py_stack_id);\n"
+            "  if (c) (*c)++; else ids.update(&ev.py_stack_id, &one);\n  return 0;\n}\n")
+    p, shown = _start(name)
+    try:
+        r = PythonStackReader(p.pid, max_depth=MAX_DEPTH)
+        b = BPF(text=text, cflags=r.cflags() + ["-DSL_PYSTACK_MAPS"])
+        b.attach_uprobe(name=libc_of(p.pid).encode(), sym=b"getpid", fn_name=b"probe",
+                        pid=p.pid)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert _readline(p) == "done"
+        stacks = b[b"sl_py_stacks"]
+        got = Counter()
+        for k, v in b[b"ids"].items():
+            if k.value == 0:
+                got[()] += v.value
+                continue
+            raw = RawPyStack.from_bytes(bytes(stacks[k]), MAX_DEPTH)
+            got[r.symbolize(raw)] += v.value
+        b.cleanup()
+    finally:
+        p.kill()
+        p.wait()
+    mod = Frame.python(shown, "<module>", L["module"])
+    abc = (mod, Frame.python(shown, "main", L["main_a"]), Frame.python(shown, "a", L["a"]),
+           Frame.python(shown, "b", L["b"]), Frame.python(shown, "c", L["c"]))
+    assert got[abc] == COUNTS["abc"]
+    assert got[()] == COUNTS["native"]
