@@ -5,9 +5,9 @@ described in docs/profile-format.md. Metrics listed in `snapshot.unavailable` we
 they are left out of pprof, recorded as such in JSON, and refused by the one-metric exports,
 because showing them as 0 would claim a measurement that never happened.
 
-pprof is written by hand in the protobuf wire format (about 60 lines below) rather than through
-generated code, so there is no generated module to drift from the protobuf runtime; the test
-suite parses the output back with a schema compiled by protoc and with `go tool pprof`.
+pprof is written by hand in the protobuf wire format rather than through generated code, so
+there is no generated module to drift from the protobuf runtime; the tests parse the output back
+with the profile.proto schema compiled by protoc, and with `go tool pprof`.
 """
 
 from __future__ import annotations
@@ -293,8 +293,11 @@ def from_json(obj: Any) -> Snapshot:
     if not _is_int(folded) or not isinstance(meta, dict):
         raise bad("\"folded_nodes\" must be an integer and \"meta\" an object")
 
+    raw_frames = obj.get("frames", [])
+    if not isinstance(raw_frames, list):
+        raise bad("\"frames\" must be a list")
     frames: list[Frame] = []
-    for i, raw in enumerate(obj.get("frames", [])):
+    for i, raw in enumerate(raw_frames):
         if (
             not isinstance(raw, list)
             or len(raw) != 4

@@ -176,6 +176,8 @@ def test_load_errors_say_what_is_wrong(tmp_path: Path) -> None:
         (lambda o: o["nodes"][1][2].update(gpu_time_ns=1.5), "integers"),
         (lambda o: o["nodes"].append(list(o["nodes"][1])), "repeats"),
         (lambda o: o.update(version="1"), "unsupported version"),
+        (lambda o: o.update(frames=3), "\"frames\" must be a list"),
+        (lambda o: o.update(nodes={}), "\"nodes\" must be"),
     ],
 )
 def test_from_json_rejects(mutate, message) -> None:
@@ -193,3 +195,21 @@ def test_documented_example_loads() -> None:
     assert node is not None and snap.exclusive(node, "gpu_time_ns") == 120_000
     assert snap.total("api_cpu_ns") == 9000 and snap.unavailable == {"copy_bytes"}
     assert to_json(snap) == json.loads(example)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.sampled_from(["metrics", "unavailable", "folded_nodes", "meta", "frames", "nodes"]), json_values)
+def test_from_json_fails_only_with_input_error(key, value) -> None:
+    obj = to_json(sample())
+    obj[key] = value
+    try:
+        snap = from_json(obj)
+    except InputError:
+        return
+    assert isinstance(snap, Snapshot)
