@@ -63,6 +63,13 @@ def _blocked_reason(procfs: ProcFS, pid: int) -> str:
     return "its main thread did not reach an eval-breaker check"
 
 
+def _exited(procfs: ProcFS, pid: int) -> bool:
+    try:
+        return procfs.thread_state(pid, pid) in ("Z", "X")
+    except NoSuchProcess:
+        return True
+
+
 def inject_agent(pid: int, socket_path: str | None = None, timeout_s: float = 5.0, *,
                  server: AgentServer | None = None, method: str = "auto",
                  procfs: ProcFS | None = None) -> AttachResult:
@@ -132,7 +139,7 @@ def _inject(pid: int, server: AgentServer, timeout_s: float, method: str, procfs
                 raise Timeout(f"target not executing Python: PID {pid} did not run the bootstrap within "
                               f"{timeout_s:g} s ({_blocked_reason(procfs, pid)}); the request was "
                               "withdrawn and the target is unchanged. Retry when it runs Python code.")
-            if not procfs.exists(pid):
+            if not procfs.exists(pid) or _exited(procfs, pid):
                 raise NoSuchProcess(f"PID {pid} exited during attach")
     except BaseException:
         raise

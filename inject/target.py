@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import NotApplicable, NoSuchProcess
+from ..errors import NoSuchProcess, NotApplicable, PermissionDenied
 from .elf import ElfFile
 from .memory import ProcessMemory, RemoteMemory
 from .procfs import Mapping, ProcFS
@@ -48,6 +48,10 @@ def _candidates(procfs: ProcFS, pid: int, maps: list[Mapping]) -> list[str]:
         exe = os.readlink(procfs.root / str(pid) / "exe")
     except FileNotFoundError:
         raise NoSuchProcess(f"no process with PID {pid}") from None
+    except PermissionError:
+        raise PermissionDenied(
+            f"cannot inspect PID {pid} (/proc/{pid}/exe): run stacklens as root with CAP_SYS_PTRACE "
+            "(the target belongs to another user)") from None
     except OSError:
         exe = ""
     for m in maps:
@@ -60,6 +64,16 @@ def find_python(pid: int, procfs: ProcFS | None = None, mem: ProcessMemory | Non
     procfs = procfs or ProcFS()
     mem = mem or RemoteMemory(pid)
     maps = procfs.maps(pid)
+    if not maps:
+        try:
+            os.readlink(procfs.root / str(pid) / "exe")
+        except PermissionError:
+            raise PermissionDenied(
+                f"cannot read the memory map of PID {pid}: run stacklens as root with CAP_SYS_PTRACE "
+                "(the target belongs to another user)") from None
+        except OSError:
+            raise NotApplicable(f"PID {pid} has no user memory (kernel thread or zombie)") from None
+        raise PermissionDenied(f"the memory map of PID {pid} reads empty: run stacklens with CAP_SYS_PTRACE")
     for path in _candidates(procfs, pid, maps):
         mine = [m for m in maps if m.path == path]
         elf = ElfFile(procfs.open_mapped_file(pid, mine[0]))

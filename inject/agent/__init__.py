@@ -202,9 +202,9 @@ class Agent:
                 for s in sampler.sample():
                     if not batch.add(s):
                         self.samples_dropped += 1
-                next_sample += sampler.interval
+                next_sample += sampler.next_interval()
                 if next_sample < now:          # we fell behind: do not burst to catch up
-                    next_sample = now + sampler.interval
+                    next_sample = now + sampler.next_interval()
                 if sampler.hz != last_hz:
                     self.note("info", f"sampler rate {sampler.hz:.1f} Hz "
                                       f"(sample cost {sampler.cost_ewma * 1e6:.0f} us)")
@@ -307,7 +307,14 @@ class _SampleBatch:
 
 def main(sock, token):
     """Entry point called by the bootstrap on the agent thread. Never raises."""
+    agent = None
     try:
-        Agent(sock, token).run()
-    except BaseException:
-        pass
+        agent = Agent(sock, token)
+        agent.run()
+    except BaseException as e:
+        try:                  # tell the daemon why we stopped, then leave quietly
+            agent.note("error", f"agent stopped: {type(e).__name__}: {e}")
+            agent.ch.send({"t": "bye"})
+            agent.ch.drain(1.0)
+        except BaseException:
+            pass

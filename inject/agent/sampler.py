@@ -21,6 +21,17 @@ class Sampler:
         self.samples = 0
         self.adaptations = 0
         self._natives = {}
+        self._rng = (time.monotonic_ns() ^ (id(self) << 7)) & 0xFFFFFFFF or 1
+
+    def next_interval(self):
+        """The interval, jittered uniformly in [0.5, 1.5)x: a fixed period aliases with periodic
+        workloads (a 10 ms training step sampled every 10 ms always lands in the same place)."""
+        x = self._rng
+        x ^= (x << 13) & 0xFFFFFFFF
+        x ^= x >> 17
+        x ^= (x << 5) & 0xFFFFFFFF
+        self._rng = x
+        return self.interval * (0.5 + x / 4294967296.0)
 
     def _native_id(self, ident):
         nid = self._natives.get(ident)

@@ -217,6 +217,7 @@ def test_sampler_profile_matches_known_split(tmp_path):
     g = sum(any(fr[1] == "g" for fr in s.frames) for s in main)
     assert f + g > 200, (f, g)
     share = f / (f + g)
+    print(f"sampler split: f={f} g={g} share={share:.3f}")
     assert abs(share - 0.70) <= 0.05, f"f share {share:.3f} (f={f}, g={g})"
 
 
