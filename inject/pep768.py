@@ -35,17 +35,34 @@ class DebugOffsetsLayout:
     dbg_script_path_size: int
 
 
-# From Include/internal/pycore_debug_offsets.h of 3.14 (all fields uint64_t): header 3 words,
-# runtime_state 3, interpreter_state 14 (threads_main 5th), thread_state 9, interpreter_frame 7,
-# code_object 10, pyobject 2, type_object 4, tuple 3, list 3, set 4, dict 3, float 2, long 3,
-# bytes 3, unicode 4, gc 2, gen 4, then debugger_support (6 words) at word 83.
-LAYOUTS = {
-    (3, 14): DebugOffsetsLayout(
+def _layout(dbg_word: int) -> DebugOffsetsLayout:
+    return DebugOffsetsLayout(
         runtime_finalizing=32, runtime_interpreters_head=40, interp_threads_main=48 + 4 * 8,
-        dbg_eval_breaker=83 * 8, dbg_remote_debugger_support=84 * 8,
-        dbg_remote_debugging_enabled=85 * 8, dbg_pending_call=86 * 8, dbg_script_path=87 * 8,
-        dbg_script_path_size=88 * 8),
+        dbg_eval_breaker=dbg_word * 8, dbg_remote_debugger_support=(dbg_word + 1) * 8,
+        dbg_remote_debugging_enabled=(dbg_word + 2) * 8, dbg_pending_call=(dbg_word + 3) * 8,
+        dbg_script_path=(dbg_word + 4) * 8, dbg_script_path_size=(dbg_word + 5) * 8)
+
+
+# Include/internal/pycore_debug_offsets.h, all fields uint64_t. The header (3 words) and
+# runtime_state (3) and the first fields of interpreter_state (threads_main is its 5th) are stable;
+# where debugger_support starts moved within 3.14 as sections grew:
+#  - word 89 in 3.14.10 (Debian sid; read from its binary): interpreter_state 16 fields,
+#    interpreter_frame 8, code_object 11, gc 2, gen 4, llist_node 2 before it;
+#  - word 83 in the early 3.14 header (interpreter_state 14, frame 7, code 10, no llist_node).
+# Each candidate is validated against the values in the target (see _plausible) before use.
+LAYOUTS = {
+    (3, 14): (_layout(89), _layout(83)),
 }
+
+
+def _plausible(mem: ProcessMemory, runtime_addr: int, L: DebugOffsetsLayout) -> bool:
+    try:
+        eb, support, enabled, pending_off, path_off, size = struct.unpack(
+            "<6Q", mem.read(runtime_addr + L.dbg_eval_breaker, 48))
+    except OSError:
+        return False
+    return (size == 512 and pending_off < path_off <= 64 and 0 < eb < 4096 and 0 < support < 1 << 16
+            and 0 < enabled < 1 << 20)
 
 
 @dataclass(frozen=True)
@@ -68,16 +85,17 @@ def locate(mem: ProcessMemory, runtime_addr: int, pid: int) -> RemoteExecTarget:
         raise AttachError(f"PID {pid}: no _Py_DebugOffsets cookie at _PyRuntime {runtime_addr:#x}")
     hexv, free_threaded = struct.unpack_from("<QQ", head, 8)
     minor = ((hexv >> 24) & 0xFF, (hexv >> 16) & 0xFF)
-    layout = LAYOUTS.get(minor)
-    if layout is None:
+    candidates = LAYOUTS.get(minor)
+    if candidates is None:
         raise UnsupportedVersion(
             f"PID {pid} runs CPython {minor[0]}.{minor[1]}, whose remote-debugging layout stacklens "
             f"does not know (known: {', '.join('%d.%d' % k for k in LAYOUTS)}); upgrade stacklens")
+    layout = next((L for L in candidates if _plausible(mem, runtime_addr, L)), None)
+    if layout is None:
+        raise UnsupportedVersion(f"PID {pid}: this CPython {minor[0]}.{minor[1]} build's _Py_DebugOffsets "
+                                 "matches no known layout; upgrade stacklens")
     off = lambda field: _u64(mem, runtime_addr + getattr(layout, field))  # noqa: E731
     path_size = off("dbg_script_path_size")
-    if not 64 <= path_size <= 1 << 16:
-        raise UnsupportedVersion(f"PID {pid}: implausible _Py_DebugOffsets (script path size "
-                                 f"{path_size}); this CPython {minor[0]}.{minor[1]} build differs")
     if _u64(mem, runtime_addr + off("runtime_finalizing")) != 0:
         raise AttachError(f"PID {pid} is shutting down (interpreter finalizing)")
     interp = _u64(mem, runtime_addr + off("runtime_interpreters_head"))

@@ -14,11 +14,11 @@ FINALIZING, INTERP_HEAD, THREADS_MAIN = 0x300, 0x310, 0x58
 EVAL_BREAKER, SUPPORT, ENABLED, PENDING, PATH, PATH_SIZE = 0x18, 0x400, 0x900, 0x0, 0x8, 512
 
 
-def fake_314(version=0x030E0AF0, enabled=1, finalizing=0, free_threaded=0):
+def fake_314(version=0x030E0AF0, enabled=1, finalizing=0, free_threaded=0, layout=0):
     rt = bytearray(0x1000)
     rt[0:8] = b"xdebugpy"
     struct.pack_into("<QQ", rt, 8, version, free_threaded)
-    L = pep768.LAYOUTS[(3, 14)]
+    L = pep768.LAYOUTS[(3, 14)][layout]
     struct.pack_into("<Q", rt, L.runtime_finalizing, FINALIZING)
     struct.pack_into("<Q", rt, L.runtime_interpreters_head, INTERP_HEAD)
     struct.pack_into("<Q", rt, L.interp_threads_main, THREADS_MAIN)
@@ -36,13 +36,20 @@ def fake_314(version=0x030E0AF0, enabled=1, finalizing=0, free_threaded=0):
     return FakeMemory({RUNTIME: rt, INTERP: interp, TSTATE: ts})
 
 
-def test_layout_matches_the_314_header_word_count():
-    L = pep768.LAYOUTS[(3, 14)]
-    assert L.dbg_eval_breaker == 83 * 8 and L.dbg_script_path_size == L.dbg_eval_breaker + 5 * 8
+def test_layout_candidates_for_314():
+    words = [L.dbg_eval_breaker // 8 for L in pep768.LAYOUTS[(3, 14)]]
+    assert words == [89, 83]
 
 
-def test_request_writes_path_pending_flag_and_eval_breaker_bit():
-    mem = fake_314()
+def test_layout_is_chosen_by_validating_the_target_values():
+    for layout in (0, 1):
+        tgt = pep768.locate(fake_314(layout=layout), RUNTIME, 42)
+        assert tgt.path_size == 512 and tgt.tstate == TSTATE
+
+
+@pytest.mark.parametrize("layout", [0, 1])
+def test_request_writes_path_pending_flag_and_eval_breaker_bit(layout):
+    mem = fake_314(layout=layout)
     tgt = pep768.request_exec(mem, RUNTIME, 42, "/tmp/boot.py")
     assert mem.read(TSTATE + SUPPORT + PATH, 13) == b"/tmp/boot.py\0"
     assert struct.unpack("<i", mem.read(TSTATE + SUPPORT + PENDING, 4))[0] == 1
