@@ -98,8 +98,10 @@ class CuptiCollector:
                 pass
         self.enabled_kinds = []
         if flush:
+            # Forced once, at the end only, so partly filled buffers come back; records of kernels
+            # still running come back with end=0 and are dropped (counted as "unknown").
             try:
-                lib.activity_flush_all(0)   # not forced: a forced flush returns running kernels (end=0)
+                lib.activity_flush_all(1)
             except Exception:
                 pass
         self.active = False

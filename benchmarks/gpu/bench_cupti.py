@@ -1,0 +1,103 @@
+"""CUPTI collector on a GPU: attach by PID to a running torch job, check the kernels of a known
+sequence against torch.profiler, and time the job before, during and after the attach.
+
+Run as root on the GPU machine (see ../shared/device/README.md; cupti-python on PYTHONPATH):
+    python benchmarks/gpu/bench_cupti.py [--json OUT.json]
+Prints a JSON report; tests/gpu/test_cupti_collector.py asserts on the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from stacklens.inject import AgentServer, KernelRecord, Note, inject_agent
+
+TARGET = Path(__file__).resolve().parents[2] / "tests" / "targets" / "inject_cuda.py"
+
+
+class Job:
+    def __init__(self) -> None:
+        self.p = subprocess.Popen([sys.executable, str(TARGET)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        assert self.p.stdout.readline() == "ready\n", "GPU target did not start"
+
+    def cmd(self, line: str) -> str:
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        return self.p.stdout.readline().strip()
+
+    def bench(self, steps: int = 5000, reps: int = 5) -> float:
+        return min(float(self.cmd(f"bench {steps}").split()[1]) for _ in range(reps))
+
+    def close(self) -> None:
+        try:
+            self.cmd("quit")
+        finally:
+            self.p.wait(30)
+
+
+def run() -> dict:
+    job = Job()
+    report: dict = {}
+    try:
+        report["us_per_step_before"] = job.bench()
+        with AgentServer(job.p.pid, Path(tempfile.mkdtemp()) / "agents") as srv:
+            res = inject_agent(job.p.pid, srv.path, timeout_s=30)
+            report["attach_latency_s"] = res.latency_s
+            deadline = time.monotonic() + 60
+            notes: list[str] = []
+            while time.monotonic() < deadline and not any("CUPTI activity collection on" in n for n in notes):
+                notes += [r.message for r in srv.poll() if isinstance(r, Note)]
+                time.sleep(0.1)
+            report["notes"] = notes
+            srv.poll()
+            report["us_per_step_during"] = job.bench()
+            srv.poll()
+            t0 = time.monotonic_ns()
+            assert job.cmd("seq") == "done"
+            t1 = time.monotonic_ns()
+            time.sleep(1.0)
+            recs = srv.poll()
+            srv.stop_agent(10)
+            recs += srv.poll()
+        # the kernels of the sequence, by time: this also checks the CUPTI -> CLOCK_MONOTONIC calibration
+        kernels = [r for r in recs if isinstance(r, KernelRecord) and t0 <= r.start_ns <= t1]
+        report["kernels_outside_window"] = sum(isinstance(r, KernelRecord) for r in recs) - len(kernels)
+        ours: dict[str, list[int]] = defaultdict(list)
+        for k in kernels:
+            ours[k.name].append(k.duration_ns)
+        prof = json.loads(job.cmd("prof").split(" ", 1)[1])
+        compare = {}
+        for name, (count, mean_ns) in prof.items():
+            mine = ours.get(name, [])
+            compare[name] = {"profiler_count": count, "our_count": len(mine),
+                             "profiler_mean_ns": mean_ns,
+                             "our_mean_ns": (sum(mine) / len(mine)) if mine else None}
+        report["kernels"] = compare
+        time.sleep(1.0)
+        report["us_per_step_after"] = job.bench()
+    finally:
+        job.close()
+    return report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", help="also write the report here")
+    args = ap.parse_args()
+    rep = run()
+    text = json.dumps(rep, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
