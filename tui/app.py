@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from functools import partial
 from typing import Any
 
@@ -40,6 +41,7 @@ from stacklens.tui.source import (
 from stacklens.tui.widgets import CCTView, IcicleView, header_text
 
 VIEWS = ("tree", "flame", "hotspots", "advice", "source")
+ADVICE_EVERY_S = 5.0  # the advice panel re-asks this often while it is open
 
 
 class SnapshotFetched(Message):
@@ -118,7 +120,7 @@ class ProfileScreen(Screen):
         self._advice: list[Advice] | str = "press a to load advice"
         self._advice_paths: list[tuple[str, ...]] = []
         self._hotspot_nodes: list[int] = []
-        self._last_advice_snap: Any = None
+        self._advice_at = -1e9
 
     # ---- layout ------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -220,7 +222,7 @@ class ProfileScreen(Screen):
             self._refresh_hotspots()
         elif active == "source":
             self._refresh_source()
-        elif active == "advice" and self.snap is not self._last_advice_snap and self.source.live is False:
+        elif active == "advice" and time.monotonic() - self._advice_at > ADVICE_EVERY_S:
             self.load_advice()
         self._update_status()
 
@@ -243,8 +245,7 @@ class ProfileScreen(Screen):
 
     def _refresh_tree(self, *, keep: model.Key | None = None) -> None:
         view = self.query_one(CCTView)
-        width = max(view.size.width, 40)
-        self.query_one("#tree-header", Static).update(header_text(self.metric, self.sort, width))
+        self._refresh_header()
         message = self._empty_message()
         self._show_message(message)
         if message or self.snap is None:
@@ -257,6 +258,13 @@ class ProfileScreen(Screen):
         if keep is not None:
             cursor = model.row_index_of_key(rows, keep)
         view.set_rows(rows, self.metric, self.snap.total(self.metric), signed=self.diff, cursor=cursor)
+
+    def _refresh_header(self) -> None:
+        width = self.query_one(CCTView).size.width or self.app.size.width
+        self.query_one("#tree-header", Static).update(header_text(self.metric, self.sort, width))
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._refresh_header)
 
     def _refresh_flame(self) -> None:
         icicle = self.query_one(IcicleView)
@@ -534,8 +542,9 @@ class ProfileScreen(Screen):
 
     # ---- advice ------------------------------------------------------------------------------
     def load_advice(self) -> None:
-        self._last_advice_snap = self.snap
-        self._show_advice("loading advice …")
+        self._advice_at = time.monotonic()
+        if isinstance(self._advice, str):
+            self._show_advice("loading advice …")
         self.run_worker(partial(self._advice_worker, self.window_s, self.snap), thread=True, group="advice", exclusive=True, exit_on_error=False)
 
     def _advice_worker(self, window_s: float | None, snap: Any) -> None:
@@ -551,6 +560,7 @@ class ProfileScreen(Screen):
     def _show_advice(self, advice: list[Advice] | str) -> None:
         self._advice = advice
         ol = self.query_one("#advice-list", OptionList)
+        keep = ol.highlighted or 0
         ol.clear_options()
         self._advice_paths = []
         if isinstance(advice, str):
@@ -568,7 +578,7 @@ class ProfileScreen(Screen):
                 t.append("\n" + ln, style="green" if ln.lstrip().startswith("fix:") else "")
             ol.add_option(Option(t))
             self._advice_paths.append(a.path)
-        ol.highlighted = 0
+        ol.highlighted = min(keep, len(advice) - 1)
 
 
 class ProcessListScreen(Screen):
@@ -625,6 +635,8 @@ class ProcessListScreen(Screen):
         empty = self.query_one("#procs-empty", Static)
         if isinstance(rows, str):
             self.set_message(rows)
+            if not self.rows:
+                empty.update("no process list yet (see the message below); r retries")
             return
         if self.message.startswith(("lost the daemon", "listing")):
             self.set_message("")

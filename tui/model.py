@@ -540,20 +540,19 @@ def sort_advice(items: Iterable[Advice]) -> list[Advice]:
     return sorted(items, key=lambda a: (_SEVERITY_ORDER.get(a.severity.lower(), 9), -a.saving_share, a.rule))
 
 
-def advice_lines(a: Advice, width: int = 200) -> list[str]:
-    """Plain text lines describing one finding (the Advice panel renders them with styles)."""
+def advice_lines(a: Advice) -> list[str]:
+    """Plain text lines describing one finding (the Advice panel styles and wraps them)."""
     head = f"[{a.severity}] {a.rule}: {a.title}"
     lines = [head]
     if a.path:
         tail = [frame_text(_frame_or_other(lbl)) for lbl in a.path[-4:]]
         lines.append("    at " + " › ".join(tail))
-    for ev in a.evidence:
-        unit = f" {ev.unit}" if ev.unit else ""
-        lines.append(f"    {ev.metric} = {ev.value:g}{unit}")
+    if a.evidence:
+        lines.append("    evidence: " + ", ".join(f"{ev.metric}={ev.value:g}{(' ' + ev.unit) if ev.unit else ''}" for ev in a.evidence))
     lines.append(f"    fix: {a.fix}")
     if a.saving_share:
         lines.append(f"    estimated saving: {100 * a.saving_share:.0f}%")
-    return [ln[:width] for ln in lines]
+    return lines
 
 
 def _frame_or_other(label: str) -> Frame:
@@ -581,14 +580,15 @@ class Status:
 
 
 def status_text(s: Status) -> str:
-    parts = [p for p in (s.source, s.state) if p]
+    """Most important first, so a narrow terminal cuts the least useful part (the title bar
+    already names the source)."""
+    parts = [s.state] if s.state else []
     view = window_label(s.window_s)
     if s.diff:
         view = f"diff {view} vs the {s.window_s:g} s before" if s.window_s else "diff"
     parts.append(view)
     if s.metric:
         parts.append(f"metric {metric_label(s.metric)}")
-    parts.append(f"{s.nodes:,} nodes" + (f" ({s.folded:,} folded)" if s.folded else ""))
     drops = sum(v for k, v in s.stats.items() if "drop" in k or "lost" in k)
     parts.append(f"drops {drops:,}")
     if s.unavailable:
@@ -597,47 +597,57 @@ def status_text(s: Status) -> str:
         parts.append("PAUSED")
     if s.message:
         parts.append(s.message)
+    parts.append(f"{s.nodes:,} node{'' if s.nodes == 1 else 's'}" + (f" ({s.folded:,} folded)" if s.folded else ""))
     return " · ".join(parts)
 
 
-_KEEP_PRIORITY = {"python": 0, "op": 1, "kernel": 2, "gpu_api": 3, "instruction": 4, "native": 5, "other": 6}
+# Dropped first when a chain does not fit: plumbing (native, API) before the user's own code.
+_DROP_ORDER = {"native": 0, "other": 1, "instruction": 2, "gpu_api": 3, "kernel": 4, "python": 5, "op": 6}
 SEP = " › "
 
 
-def chain_item_text(frame: Frame) -> str:
-    tag = kind_tag(frame)
+def chain_item_text(frame: Frame, tags: bool = True) -> str:
+    tag = kind_tag(frame) if tags else ""
     return f"{tag} {frame_text(frame)}" if tag else frame_text(frame)
 
 
-def fit_chain(frames: Sequence[Frame], width: int) -> list[Frame | None]:
+def fit_chain(frames: Sequence[Frame], width: int, *, tags: bool = True) -> list[Frame | None]:
     """The frames of a collapsed chain that fit in `width` cells; None marks an elided run.
 
-    The first and last frames always stay, and so do Python frames and operators (the caller
-    truncates what still does not fit); native frames go first, so a long chain reads
-    `forward › aten::linear › aten::addmm › … › gemm_kernel`.
+    Always kept: the first and last frames, the innermost Python frame and the operator it
+    called (the "which line, which op" answer). Dropped first: native and API frames, then
+    kernels, then outer Python frames, then inner operators. What still does not fit is left
+    for the caller to truncate.
     """
-    items: list[Frame | None] = list(frames)
+    frames = list(frames)
 
     def length(seq: list[Frame | None]) -> int:
-        return sum(len(chain_item_text(f)) if f is not None else 1 for f in seq) + len(SEP) * (len(seq) - 1)
+        return sum(len(chain_item_text(f, tags)) if f is not None else 1 for f in seq) + len(SEP) * (len(seq) - 1)
 
-    if length(items) <= width or len(items) <= 2:
-        return items
-    keep = set(range(len(frames)))
-    # Python frames and operators are never dropped: the caller truncates the line instead
+    if length(frames) <= width or len(frames) <= 2:
+        return frames
+    must = {0, len(frames) - 1}
+    py = [i for i, f in enumerate(frames) if f.kind == "python"]
+    if py:
+        must.add(py[-1])
+        op = next((i for i in range(py[-1] + 1, len(frames)) if frames[i].kind == "op"), None)
+        if op is not None:
+            must.add(op)
     order = sorted(
-        (i for i in range(1, len(frames) - 1) if frames[i].kind not in ("python", "op")),
-        key=lambda i: (-_KEEP_PRIORITY.get(frames[i].kind, 9), -i),
+        (i for i in range(len(frames)) if i not in must),
+        # outer Python frames go before inner ones; inner operators before outer ones
+        key=lambda i: (_DROP_ORDER.get(frames[i].kind, 0), i if frames[i].kind == "python" else -i),
     )
-    out = items
+    keep = set(range(len(frames)))
+    out: list[Frame | None] = frames
     for drop in order:
         keep.discard(drop)
-        out: list[Frame | None] = []
+        out = []
         for i, f in enumerate(frames):
             if i in keep:
                 out.append(f)
-            elif out and out[-1] is not None or not out:
+            elif not out or out[-1] is not None:
                 out.append(None)
         if length(out) <= width:
-            return out
+            break
     return out

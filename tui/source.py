@@ -70,9 +70,9 @@ def _evidence(ev: Any) -> tuple[Evidence, ...]:
 
 def advice_from_finding(f: Any) -> Advice:
     """A protobuf `Finding` or an analyzer finding object, duck-typed, as the TUI's `Advice`."""
-    saving = getattr(f, "estimated_saving_share", None)
+    saving = getattr(f, "estimated_saving_share", None)  # protobuf Finding
     if saving is None:
-        saving = getattr(f, "saving_share", 0.0)
+        saving = getattr(f, "estimated_saving", 0.0)  # stacklens.analyzer.Finding
     saving = float(saving or 0.0)
     return Advice(
         rule=str(getattr(f, "rule", "")),

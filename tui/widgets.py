@@ -37,16 +37,24 @@ BAR_WIDTH = 10
 VALUE_WIDTH = 8
 
 
+def layout(width: int) -> tuple[int, int, bool]:
+    """(bar width, value width, kind tags) for a terminal this wide: narrow ones keep the labels."""
+    if width >= 120:
+        return BAR_WIDTH, VALUE_WIDTH, True
+    return 5, VALUE_WIDTH, False
+
+
 def row_text(row: Row, metric: str, total: int, width: int, *, signed: bool = False) -> Text:
     """One tree line: bar, inclusive, exclusive, share, indented label (kind-coloured)."""
+    bar_w, val_w, tags = layout(width)
     share_base = abs(total) or 1
     t = Text(no_wrap=True, overflow="ellipsis")
     colour = "red" if signed and row.incl > 0 else ("green" if signed and row.incl < 0 else "bright_blue")
-    t.append(bar(abs(row.incl) / share_base, BAR_WIDTH), style=colour)
+    t.append(bar(abs(row.incl) / share_base, bar_w), style=colour)
     t.append(" ")
-    t.append(fmt_value(metric, row.incl, signed=signed).rjust(VALUE_WIDTH))
+    t.append(fmt_value(metric, row.incl, signed=signed).rjust(val_w))
     t.append(" ")
-    t.append(("" if row.more else fmt_value(metric, row.excl, signed=signed)).rjust(VALUE_WIDTH), style="dim")
+    t.append(("" if row.more else fmt_value(metric, row.excl, signed=signed)).rjust(val_w), style="dim")
     t.append(" ")
     t.append(fmt_share(abs(row.incl), share_base))
     t.append(" " + "  " * row.depth)
@@ -54,13 +62,13 @@ def row_text(row: Row, metric: str, total: int, width: int, *, signed: bool = Fa
         t.append(row.label, style="dim italic")
     else:
         t.append("▼ " if row.expanded else ("▶ " if row.has_children else "  "), style="bold")
-        for i, f in enumerate(fit_chain(row.frames, width - t.cell_len)):
+        for i, f in enumerate(fit_chain(row.frames, width - t.cell_len, tags=tags)):
             if i:
                 t.append(SEP, style="dim")
             if f is None:
                 t.append("…", style="dim")
                 continue
-            tag = kind_tag(f)
+            tag = kind_tag(f) if tags else ""
             if tag:
                 t.append(tag + " ", style=f"dim {KIND_STYLE.get(f.kind, '')}")
             t.append(frame_text(f), style=KIND_STYLE.get(f.kind, ""))
@@ -69,10 +77,11 @@ def row_text(row: Row, metric: str, total: int, width: int, *, signed: bool = Fa
 
 
 def header_text(metric: str, sort: str, width: int) -> Text:
+    bar_w, val_w, _ = layout(width)
     t = Text(no_wrap=True, style="bold")
-    t.append(" " * BAR_WIDTH + " ")
-    t.append("incl".rjust(VALUE_WIDTH) + " ")
-    t.append("excl".rjust(VALUE_WIDTH) + " ")
+    t.append(" " * bar_w + " ")
+    t.append("incl".rjust(val_w) + " ")
+    t.append("excl".rjust(val_w) + " ")
     t.append(" share ")
     t.append(f"context  ({metric_label(metric)}, by {sort})", style="bold")
     return t

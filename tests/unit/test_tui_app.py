@@ -397,7 +397,7 @@ async def test_file_source_has_no_windows(tmp_path):
     app = StacklensApp(source=FileSource(sample_snapshot(), "run.json.gz"))
     async with app.run_test(size=(120, 30)) as pilot:
         await settle(app, pilot)
-        assert "run.json.gz" in status(app) and "file" in status(app)
+        assert app.screen.sub_title == "run.json.gz" and status(app).startswith("file · cumulative")
         await pilot.press("w")
         assert "a saved profile has no windows" in status(app)
         assert app.screen._timer is None

@@ -197,8 +197,8 @@ def test_status_text():
     )
     text = model.status_text(s)
     assert text == (
-        "pid 4242 · attached · diff last 10 s vs the 10 s before · metric gpu time · 12,345 nodes (10 folded)"
-        " · drops 5 · unavailable: gpu time · PAUSED"
+        "attached · diff last 10 s vs the 10 s before · metric gpu time · drops 5 · unavailable: gpu time"
+        " · PAUSED · 12,345 nodes (10 folded)"
     )
 
 
@@ -214,7 +214,7 @@ def test_advice_lines_and_order():
     assert model.advice_lines(a) == [
         "[warning] r1: t1",
         "    at step  train.py:3 › aten::mm",
-        "    sync_wait_ns = 5 ns",
+        "    evidence: sync_wait_ns=5 ns",
         "    fix: do x",
         "    estimated saving: 20%",
     ]
