@@ -15,7 +15,7 @@ _BODY = '''
 try:
     import sys, threading
     if not any(t.name == {name!r} for t in threading.enumerate()):
-        def run(path={sock!r}, d={agent_dir!r}, token={token!r}):
+        def run(path={sock!r}, d={agent_dir!r}, token={token!r}, name={modname!r}):
             import socket
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -26,11 +26,11 @@ try:
                 return
             try:
                 import types
-                m = types.ModuleType('_stacklens_agent')
+                m = types.ModuleType(name)
                 m.__file__ = d + '/__init__.py'
                 m.__path__ = [d]
-                m.__package__ = '_stacklens_agent'
-                sys.modules['_stacklens_agent'] = m
+                m.__package__ = name
+                sys.modules[name] = m
                 with open(m.__file__, 'rb') as f:
                     exec(compile(f.read(), m.__file__, 'exec'), m.__dict__)
                 m.main(s, token)
@@ -38,7 +38,7 @@ try:
                 pass
             finally:
                 s.close()
-                for n in [n for n in list(sys.modules) if n.split('.')[0] == '_stacklens_agent']:
+                for n in [n for n in list(sys.modules) if n.split('.')[0] == name]:
                     sys.modules.pop(n, None)
         threading.Thread(target=run, name={name!r}, daemon=True).start()
 except BaseException:
@@ -46,18 +46,23 @@ except BaseException:
 '''
 
 
-def bootstrap_body(socket_path: str, agent_dir: str, token: str) -> str:
-    for v in (socket_path, agent_dir, token):
+def bootstrap_body(socket_path: str, agent_dir: str, token: str, nonce: str = "0") -> str:
+    """``nonce`` (per attach) names the agent's modules, so an agent still finishing its detach
+    (its thread already renamed "stacklens-agent-exiting") never removes the next one's modules."""
+    for v in (socket_path, agent_dir, token, nonce):
         if not isinstance(v, str) or "\0" in v:
             raise ValueError("bad bootstrap parameter")
-    return _BODY.format(name=THREAD_NAME, sock=socket_path, agent_dir=agent_dir, token=token)
+    if not nonce.isalnum():
+        raise ValueError("nonce must be alphanumeric")
+    return _BODY.format(name=THREAD_NAME, sock=socket_path, agent_dir=agent_dir, token=token,
+                        modname=f"_stacklens_agent_{nonce}")
 
 
-def pending_call_text(socket_path: str, agent_dir: str, token: str) -> bytes:
+def pending_call_text(socket_path: str, agent_dir: str, token: str, nonce: str = "0") -> bytes:
     """One statement for PyRun_SimpleString: exec the body in a fresh namespace."""
-    return f"exec({bootstrap_body(socket_path, agent_dir, token)!r}, {{}})\n".encode()
+    return f"exec({bootstrap_body(socket_path, agent_dir, token, nonce)!r}, {{}})\n".encode()
 
 
-def script_file_text(socket_path: str, agent_dir: str, token: str) -> bytes:
+def script_file_text(socket_path: str, agent_dir: str, token: str, nonce: str = "0") -> bytes:
     """The PEP 768 script (CPython already runs it in a fresh namespace)."""
-    return bootstrap_body(socket_path, agent_dir, token).encode()
+    return bootstrap_body(socket_path, agent_dir, token, nonce).encode()

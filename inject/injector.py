@@ -12,6 +12,7 @@ target is not executing Python, naming the syscall its main thread is blocked in
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -110,20 +111,21 @@ def _inject(pid: int, server: AgentServer, timeout_s: float, method: str, procfs
     if chosen not in ("pep768", "ptrace"):
         raise InputError(f"unknown injection method {method!r}")
     server.reset_hello()
+    nonce = secrets.token_hex(4)
     if chosen == "pep768":
         if "_PyRuntime" not in tp.symbols:
             raise AttachError(f"{tp.binary} does not export _PyRuntime; cannot use PEP 768")
         script = Path(server.agent_dir) / f"bootstrap-{server.token[:8]}.py"
         fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "wb") as f:
-            f.write(script_file_text(server.target_path, server.target_agent_dir, server.token))
+            f.write(script_file_text(server.target_path, server.target_agent_dir, server.token, nonce))
         req = pep768.request_exec(mem, tp.symbols["_PyRuntime"], pid, target_view(script, pid))
         stop_us = 0
 
         def withdraw() -> None:
             pep768.withdraw(mem, req)
     else:
-        text = pending_call_text(server.target_path, server.target_agent_dir, server.token)
+        text = pending_call_text(server.target_path, server.target_agent_dir, server.token, nonce)
         call = ptrace_inject.queue_pending_call(tp, text, timeout_s=max(0.1, deadline - time.monotonic()),
                                                 procfs=procfs, mem=mem)
         stop_us = call.stop_us

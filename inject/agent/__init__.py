@@ -6,7 +6,7 @@ memory (outbox <= 4 MiB, GPU record queue <= 100k, drops counted) and CPU (sampl
 and detaches completely: collectors stopped, socket closed by the bootstrap, its modules removed
 from ``sys.modules``, its thread gone.
 
-Injected, the package is loaded as ``_stacklens_agent`` from a read-only directory without
+Injected, the package is loaded as ``_stacklens_agent_<nonce>`` from a read-only directory without
 writing bytecode; in tests it is the ordinary ``stacklens.inject.agent``.
 """
 
@@ -27,7 +27,7 @@ def _sub(name):
     mod = sys.modules.get(full)
     if mod is not None:
         return mod
-    if __name__ != "_stacklens_agent":
+    if not __name__.startswith("_stacklens_agent"):
         import importlib
         return importlib.import_module(full)
     import types
@@ -307,6 +307,17 @@ class _SampleBatch:
 
 def main(sock, token):
     """Entry point called by the bootstrap on the agent thread. Never raises."""
+    try:
+        return _main(sock, token)
+    finally:
+        # from here on a new bootstrap may start the next agent while this thread finishes
+        try:
+            threading.current_thread().name = "stacklens-agent-exiting"
+        except BaseException:
+            pass
+
+
+def _main(sock, token):
     agent = None
     try:
         agent = Agent(sock, token)
