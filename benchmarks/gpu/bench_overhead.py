@@ -382,6 +382,13 @@ def markdown(results: dict) -> str:
             f"{kib(pr.get('profile', {}).get('json_gz_bytes'))} | {kib(ag.get('profile', {}).get('json_gz_bytes'))} | "
             f"{mib(ph.get('torchprof', {}).get('trace_bytes'))} | {mib(ph.get('torchprof_stack', {}).get('trace_bytes'))} | "
             f"{pr.get('attach_s', '—')} / {ag.get('attach_s', '—')} | {pr.get('detach_s', '—')} / {ag.get('detach_s', '—')} |")
+    gpu = bool(env.get("nvidia_smi")) and not env.get("cpu_smoke")
+    for w in results["workloads"]:
+        for key in ("torchprof", "torchprof_stack"):
+            r = w.get("phases", {}).get(key, {})
+            if gpu and r.get("status") == "ok" and not r.get("trace_kernel_events"):
+                lines += ["", f"**Warning: {w['workload']} / {key}: torch.profiler recorded no GPU kernel "
+                          "events (CUPTI left unusable after stacklens detached?)**"]
     for w in results["workloads"]:
         mem = w.get("phases", {}).get("memory")
         if not mem:
@@ -451,7 +458,10 @@ def main(argv=None) -> int:
     results = {"environment": environment(a), "workloads": [], "bench_rss_bytes": None}
     write(out, results)
     runner = Runner(a, out, results)
-    for name in [w.strip() for w in a.workloads.split(",") if w.strip()]:
+    names = [w.strip() for w in a.workloads.split(",") if w.strip()]
+    if a.memory_workload in names and a.memory_s > 0:  # last, so its length is what time is left
+        names = [w for w in names if w != a.memory_workload] + [a.memory_workload]
+    for name in names:
         if name not in ALL:
             results["workloads"].append({"workload": name, "status": "failed: unknown workload", "phases": {}})
             continue

@@ -45,6 +45,7 @@ class Target:
                          "TRANSFORMERS_OFFLINE": "1"})
         if env:
             full_env.update(env)
+        self.stderr_path = str(stderr_path) if stderr_path else None
         self._err = open(stderr_path, "ab") if stderr_path else subprocess.DEVNULL
         self.argv = [python or sys.executable, path, *args]
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -81,7 +82,8 @@ class Target:
                 continue
             if line is None:
                 rc = self.proc.wait(timeout=5)
-                raise TargetError(f"target {self.pid} exited (rc={rc}); noise tail: {self.noise[-5:]}")
+                raise TargetError(f"target {self.pid} exited (rc={rc}); stdout tail: {self.noise[-5:]}; "
+                                  f"stderr tail: {self.stderr_tail()}")
             if want(line):
                 return line
             if len(self.noise) < 2000:
@@ -99,6 +101,19 @@ class Target:
         if obj.get("error"):
             raise TargetError(f"target error on {line!r}: {obj['error']}")
         return obj
+
+    def stderr_tail(self, n: int = 600) -> str:
+        if not self.stderr_path:
+            return "(not kept)"
+        try:
+            if self._err is not subprocess.DEVNULL:
+                self._err.flush()
+            with open(self.stderr_path, "rb") as fh:
+                fh.seek(0, 2)
+                fh.seek(max(0, fh.tell() - n))
+                return fh.read().decode(errors="replace")
+        except OSError as e:
+            return f"(unreadable: {e})"
 
     def rss(self) -> int:
         return rss_bytes(self.pid)

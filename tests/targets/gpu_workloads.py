@@ -377,10 +377,14 @@ def main() -> int:
                 try:
                     prof.export_chrome_trace(path)
                     size = os.path.getsize(path)
+                    with open(path, "rb") as fh:  # GPU events present? (a CUPTI conflict shows as 0)
+                        blob = fh.read()
+                    kernels = blob.count(b'"cat": "kernel"') + blob.count(b'"cat":"kernel"')
+                    del blob
                 finally:
                     os.unlink(path)
                 t_exp = time.perf_counter()
-                say(summary("torchprof", n, times, with_stack=stack, trace_bytes=size,
+                say(summary("torchprof", n, times, with_stack=stack, trace_bytes=size, trace_kernel_events=kernels,
                             profile_wall_s=t_stop - t, export_s=t_exp - t_stop))
                 del prof
             else:
