@@ -1,0 +1,111 @@
+"""sync_stalls: `.item()`, `.cpu()`, `.tolist()`, `torch.cuda.synchronize()` in the loop.
+
+Evidence: sync_wait_ns under the line's sync APIs (cuStreamSynchronize, cuCtxSynchronize,
+blocking device-to-host copies…) and the CPU time of the operators that force a sync
+(`aten::item`, `aten::_local_scalar_dense`, `aten::nonzero`, `aten::is_nonzero`…), which is
+what a CPU-only process shows of the same pattern.
+"""
+
+from __future__ import annotations
+
+from stacklens.cct import Snapshot
+
+from ..config import RuleConfig
+from ..finding import Finding, severity_for
+from ..registry import rule
+from ..view import name_matcher, view_of
+from ._common import add_time_base, cost, is_sync_api, line_path, names, op_named
+
+RULE = "sync_stalls"
+
+is_sync_op = op_named("item", "_local_scalar_dense", "is_nonzero", "nonzero", "equal", "masked_select", "unique")
+_is_extract_op = op_named("select", "slice", "unbind", "index", "as_strided", "squeeze", "view")
+_htod = name_matcher(r"htod")
+_blocking_dtoh = name_matcher(r"memcpy.*dtoh(?!.*async)|^cudaMemcpy$|^cuMemcpy$")
+
+
+def _is_sync_frame(f) -> bool:
+    return is_sync_op(f) or (f.kind == "gpu_api" and (is_sync_api(f.name) or _blocking_dtoh(f.name)))
+
+
+@rule(RULE)
+def sync_stalls(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
+    view = view_of(snapshot)
+    min_share = config.param(RULE, "min_share", 0.05)
+    frames, line = view.frames, view.line
+    marks = view.mark(_is_sync_frame)
+    wait = view.col("sync_wait_ns")
+    htod = view.mark(lambda f: f.kind == "gpu_api" and _htod(f.name))
+    nodes = [i for i, m in enumerate(marks) if m]
+    # Sync waits recorded anywhere under a line count, even below an op that is not a sync op
+    # (`.cpu()` is aten::_to_copy → copy_ → cuMemcpyDtoH…); waits of host→device copies are
+    # host_device_copies' business.
+    if wait:
+        nodes.extend(i for i, v in enumerate(wait) if v and not marks[i] and not htod[i])
+    sync_lines = {line[i] for i in nodes}
+    # Around a per-element `.item()` loop the cost is the loop itself: the indexing that picks
+    # each element and the interpreter running the line. Both go away when it is vectorised.
+    extract = view.mark(_is_extract_op)
+    cm = view.cpu_metric
+    col = view.col(cm) if cm else None
+    if col:
+        nodes.extend(
+            i for i in range(1, view.n)
+            if col[i] and not marks[i] and line[i] in sync_lines and (extract[i] or i == line[i])
+        )
+    metrics = ("cpu_samples", "py_samples", "sync_wait_ns", "api_cpu_ns", "copy_bytes")
+    groups = view.sum_by_line(nodes, metrics)
+    by_line: dict[int, list[int]] = {}
+    for i in nodes:
+        if marks[i] or (wait and wait[i]):
+            by_line.setdefault(line[i], []).append(marks[i] or i)
+    out = []
+    for ln, acc in groups.items():
+        if ln not in by_line:
+            continue
+        share, ev = cost(view, acc)
+        if share < min_share:
+            continue
+        frames_here = names(view, set(by_line[ln]))
+        ev.update(view.unavailable_evidence("sync_wait_ns", "gpu_time_ns"))
+        if acc.get("sync_wait_ns") and view.wall_ns:
+            ev["wait_share"] = round(view.ns_share(acc["sync_wait_ns"]), 4)
+        add_time_base(view, ev)
+        out.append(
+            Finding(
+                rule=RULE,
+                severity=severity_for(share, 0.2, 0.05),
+                path=line_path(view, ln, by_line[ln][0]),
+                title=f"synchronization in the loop: {100 * share:.0f}% of the time at a line calling "
+                + ", ".join(frames_here[:4]),
+                evidence=ev,
+                fix=_fix(frames_here),
+                estimated_saving=round(min(0.8 * share, 0.9), 4),
+            )
+        )
+    return out
+
+
+def _fix(frames_here: list[str]) -> str:
+    text = " ".join(frames_here).lower()
+    tips = []
+    if "item" in text or "scalar" in text:
+        tips.append(
+            "`.item()` copies one value to the host and waits for all queued work: keep values on "
+            "the device (accumulate `total += loss.detach()`), read them once every N steps, or "
+            "vectorise a per-element `.item()` loop into one tensor operation"
+        )
+    if "memcpy" in text or "dtoh" in text:
+        tips.append(
+            "`.cpu()`/`.tolist()`/`.numpy()` block until the GPU is done: move the result with "
+            "`.to('cpu', non_blocking=True)` into pinned memory and wait on a CUDA event only where it is used"
+        )
+    if "nonzero" in text or "masked_select" in text or "unique" in text or "is_nonzero" in text:
+        tips.append(
+            "data-dependent shapes (nonzero, boolean masks, `if tensor:`) force a sync: use "
+            "torch.where / masked arithmetic with static shapes"
+        )
+    if "synchroni" in text:
+        tips.append("remove torch.cuda.synchronize() from the loop (time with CUDA events instead)")
+    tips.append("torch.cuda.set_sync_debug_mode('warn') reports each sync with its line")
+    return "; ".join(tips) + "."

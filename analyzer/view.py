@@ -1,0 +1,176 @@
+"""One pass over a snapshot that every rule shares: per-node Python line, measured columns, and
+the process's time base.
+
+Pure, no privilege, no I/O. Building a `View` is O(nodes x metrics); rules then work on plain
+lists. `view_of(snapshot)` keeps the last few views so that `analyze()` builds one per snapshot,
+not one per rule; a cached entry holds its snapshot, so a recycled `id()` can never hit it.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterable
+from itertools import repeat
+
+from stacklens.cct import Frame, Snapshot
+
+CPU_METRICS = ("cpu_samples", "py_samples")
+_WALL_META = (("duration_ns", 1.0), ("wall_ns", 1.0), ("duration_s", 1e9), ("window_s", 1e9))
+_HZ_META = ("cpu_hz", "sample_hz")
+
+
+def op_base(name: str) -> str:
+    """`aten::add_Tensor` -> `add_Tensor`; op names keep their overload suffix (at::_ops naming)."""
+    return name.rpartition("::")[2]
+
+
+class View:
+    """Read-only index over one snapshot.
+
+    line[n]     the nearest Python frame at or above n (0 when none): the line a cost belongs to
+    excl[m]     exclusive values of each *measured* metric (metrics in `unavailable` are absent)
+    cpu_metric  which sample metric stands for CPU time: cpu_samples (BPF), else py_samples
+    wall_ns     the process's time base for ns metrics, and where it came from (`wall_source`)
+    """
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        n = snap.node_count
+        self.n = n
+        self.frames: list[Frame] = [snap.frame_of(i) for i in range(n)]
+        self.parents: list[int] = [snap.parent(i) for i in range(n)]
+        self.unavailable = frozenset(snap.unavailable)
+        self.measured = tuple(m for m in snap.metrics if m not in self.unavailable)
+        self.excl: dict[str, list[int]] = {}
+        for m in self.measured:
+            col = list(map(snap.exclusive, range(n), repeat(m)))
+            if any(col):
+                self.excl[m] = col
+        self.totals = {m: snap.total(m) for m in self.measured}
+
+        line = [0] * n
+        frames, parents = self.frames, self.parents
+        for i in range(1, n):
+            line[i] = i if frames[i].kind == "python" else line[parents[i]]
+        self.line = line
+
+        self.cpu_metric = next((m for m in CPU_METRICS if self.totals.get(m)), None)
+        self.wall_ns, self.wall_source = self._wall()
+        self._labels: dict[int, tuple[str, ...]] = {}
+
+    def _wall(self) -> tuple[float | None, str]:
+        meta = self.snap.meta
+        for key, scale in _WALL_META:
+            value = meta.get(key)
+            if isinstance(value, (int, float)) and value > 0:
+                return float(value) * scale, f"meta.{key}"
+        hz = next((meta[k] for k in _HZ_META if isinstance(meta.get(k), (int, float)) and meta[k] > 0), None)
+        if hz and self.totals.get("cpu_samples"):
+            return self.totals["cpu_samples"] / hz * 1e9, "cpu_samples/hz"
+        busy = max(
+            self.totals.get("gpu_time_ns", 0),
+            self.totals.get("api_cpu_ns", 0) + self.totals.get("sync_wait_ns", 0),
+        )
+        if busy:
+            return float(busy), "max(gpu_time_ns, api_cpu_ns + sync_wait_ns)"
+        return None, "none"
+
+    # -- values --------------------------------------------------------------------------
+
+    def has(self, metric: str) -> bool:
+        return metric in self.measured
+
+    def col(self, metric: str) -> list[int] | None:
+        """Exclusive column of a measured metric with any non-zero value, else None."""
+        return self.excl.get(metric)
+
+    def cpu_share(self, samples: float) -> float:
+        total = self.totals.get(self.cpu_metric, 0) if self.cpu_metric else 0
+        return samples / total if total else 0.0
+
+    def ns_share(self, ns: float) -> float:
+        return min(1.0, ns / self.wall_ns) if self.wall_ns else 0.0
+
+    def gpu_share(self, gpu_ns: float) -> float:
+        """Share of the process's time; of all GPU time when there is no better time base."""
+        if self.wall_ns:
+            return min(1.0, gpu_ns / self.wall_ns)
+        total = self.totals.get("gpu_time_ns", 0)
+        return gpu_ns / total if total else 0.0
+
+    def unavailable_evidence(self, *metrics: str) -> dict[str, float]:
+        return {f"{m}_unavailable": 1.0 for m in metrics if m in self.snap.metrics and m in self.unavailable}
+
+    # -- structure -----------------------------------------------------------------------
+
+    def labels(self, node: int) -> tuple[str, ...]:
+        cached = self._labels.get(node)
+        if cached is None:
+            cached = tuple(f.label() for f in self.snap.path(node))
+            self._labels[node] = cached
+        return cached
+
+    def mark(self, predicate: Callable[[Frame], bool], *, reset_at_python: bool = True) -> list[int]:
+        """For every node, the outermost frame on its path (below its Python line) for which
+        `predicate` holds, or 0. The predicate runs once per distinct frame."""
+        seen: dict[Frame, bool] = {}
+        frames, parents = self.frames, self.parents
+        out = [0] * self.n
+        for i in range(1, self.n):
+            f = frames[i]
+            if reset_at_python and f.kind == "python":
+                continue
+            up = out[parents[i]]
+            if up:
+                out[i] = up
+                continue
+            hit = seen.get(f)
+            if hit is None:
+                hit = seen[f] = bool(predicate(f))
+            if hit:
+                out[i] = i
+        return out
+
+    def sum_by_line(self, nodes: Iterable[int], metrics: Iterable[str]) -> dict[int, dict[str, int]]:
+        """Exclusive values of `nodes`, summed per Python line."""
+        cols = [(m, self.excl[m]) for m in metrics if m in self.excl]
+        line = self.line
+        out: dict[int, dict[str, int]] = {}
+        for i in nodes:
+            acc = out.get(line[i])
+            if acc is None:
+                acc = out[line[i]] = dict.fromkeys((m for m, _ in cols), 0)
+            for m, col in cols:
+                v = col[i]
+                if v:
+                    acc[m] += v
+        return out
+
+    def nodes_with_value(self, metrics: Iterable[str]) -> list[int]:
+        cols = [self.excl[m] for m in metrics if m in self.excl]
+        if not cols:
+            return []
+        return [i for i, vals in enumerate(zip(*cols)) if any(vals)]
+
+
+def name_matcher(*patterns: str) -> Callable[[str], bool]:
+    rx = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
+    return lambda s: rx.search(s) is not None
+
+
+_cache: list[tuple[Snapshot, View]] = []
+_cache_lock = threading.Lock()
+_CACHE_SIZE = 4
+
+
+def view_of(snap: Snapshot) -> View:
+    with _cache_lock:
+        for s, v in _cache:
+            if s is snap:
+                return v
+    v = View(snap)
+    with _cache_lock:
+        _cache.append((snap, v))
+        del _cache[:-_CACHE_SIZE]
+    return v
