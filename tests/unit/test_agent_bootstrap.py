@@ -13,7 +13,7 @@ from stacklens.inject.bootstrap import THREAD_NAME, bootstrap_body, pending_call
 
 
 def _agent_threads():
-    return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME)]
+    return [t for t in threading.enumerate() if t.name in (THREAD_NAME, THREAD_NAME + "-exiting")]
 
 
 def _wait(cond, timeout=5.0):
