@@ -69,7 +69,7 @@ def totals(snap) -> dict:
 class Attached:
     """ProcessSession attach/detach with timings; start() runs under a watchdog."""
 
-    def __init__(self, pid: int, agent: bool, timeout_s: float = 180.0) -> None:
+    def __init__(self, pid: int, agent: bool, timeout_s: float = 120.0) -> None:
         from stacklens.daemon.session import ProcessSession
 
         self.session = ProcessSession(pid, agent=agent)
@@ -122,7 +122,9 @@ class Runner:
         return self.deadline - time.monotonic()
 
     def step_timeout(self, n: int, per_step: float | None) -> float:
-        return max(120.0, 30.0 * n * (per_step or 0.1))
+        """Generous for a healthy target, bounded by what is left of the run (a hung target
+        must not eat the whole budget)."""
+        return min(max(60.0, 20.0 * n * (per_step or 0.1)), max(30.0, self.left() + 30.0))
 
     def run_steps(self, t: Target, n: int, per_step: float | None, cmd: str = "run") -> dict:
         rss0 = t.rss()
@@ -177,9 +179,11 @@ class Runner:
                 dead = True
             elif r["status"] != "ok":
                 try:
-                    t.cmd("rss", timeout=60)
+                    t.cmd("rss", timeout=20)
                 except Exception:  # noqa: BLE001
                     dead = True
+            if dead:
+                log(f"{name}: target unresponsive or exited; skipping its remaining phases")
 
         def plain():
             return self.run_steps(t, n, per_step)
@@ -220,7 +224,7 @@ class Runner:
             phase("torchprof_stack", torchprof(True))
         else:
             ph["torchprof"] = ph["torchprof_stack"] = {"status": "n/a: torch.profiler does not profile JAX"}
-        rc = t.close()
+        rc = t.close(timeout=5.0 if dead else 30.0)
         res["target_rc"] = rc
         res["noise_tail"] = t.noise[-20:]
         base = ph.get("unprofiled", {}).get("median_s")
@@ -236,7 +240,7 @@ class Runner:
     def _torchprof(self, t: Target, n: int, per_step: float | None, stack: bool) -> dict:
         rss0 = t.rss()
         cmd = f"torchprof {n}" + (" stack" if stack else "")
-        ans = t.cmd(cmd, timeout=self.step_timeout(n, per_step) + 300)  # + the trace export
+        ans = t.cmd(cmd, timeout=self.step_timeout(n, per_step) + 120)  # + the trace export
         ans["rss_before"] = rss0
         ans["rss_after"] = t.rss()
         return ans
@@ -300,7 +304,8 @@ class Runner:
 def environment(args) -> dict:
     env = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "host": platform.node(), "kernel": platform.release(), "python": sys.version.split()[0],
-           "argv": sys.argv, "cpu_smoke": args.cpu_smoke, "cpus": os.cpu_count()}
+           "argv": sys.argv, "cpu_smoke": args.cpu_smoke, "cpus": os.cpu_count(),
+           "session": "ProcessSession(pid, agent=False|True) defaults: cpu_hz=99, ops=True"}
     if shutil.which("nvidia-smi"):
         try:
             env["nvidia_smi"] = subprocess.run(
