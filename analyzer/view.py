@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 
 from stacklens.cct import Frame, Snapshot
@@ -38,22 +38,39 @@ class View:
         self.snap = snap
         n = snap.node_count
         self.n = n
-        self.frames: list[Frame] = [snap.frame_of(i) for i in range(n)]
-        self.parents: list[int] = [snap.parent(i) for i in range(n)]
         self.unavailable = frozenset(snap.unavailable)
         self.measured = tuple(m for m in snap.metrics if m not in self.unavailable)
-        self.excl: dict[str, list[int]] = {}
+        self.excl: dict[str, list[int] | tuple[int, ...]] = {}
+        # Snapshot's own tuples when present (as cct.tree.CCT.absorb_snapshot does): a method
+        # call per node and metric would be most of the analysis time on a 100k-node tree.
+        cols = getattr(snap, "_excl", None)
+        frames = getattr(snap, "_frames", None)
+        parents = getattr(snap, "_parents", None)
+        if frames is None or parents is None or cols is None:
+            frames = [snap.frame_of(i) for i in range(n)]
+            parents = [snap.parent(i) for i in range(n)]
+            cols = {m: list(map(snap.exclusive, range(n), repeat(m))) for m in self.measured}
+        self.frames: Sequence[Frame] = frames
+        self.parents: Sequence[int] = parents
         for m in self.measured:
-            col = list(map(snap.exclusive, range(n), repeat(m)))
+            col = cols[m]
             if any(col):
                 self.excl[m] = col
         self.totals = {m: snap.total(m) for m in self.measured}
 
+        # Frames interned to ints: predicates run once per distinct frame, then by list index.
+        ids: dict[Frame, int] = {}
+        self.frame_id = [ids.setdefault(f, len(ids)) for f in self.frames]
+        self.distinct: list[Frame] = list(ids)
+        is_py = [f.kind == "python" for f in self.distinct]
+        self.is_python = [is_py[k] for k in self.frame_id]
+
         line = [0] * n
-        frames, parents = self.frames, self.parents
+        parents, py = self.parents, self.is_python
         for i in range(1, n):
-            line[i] = i if frames[i].kind == "python" else line[parents[i]]
+            line[i] = i if py[i] else line[parents[i]]
         self.line = line
+        self._memo: dict[str, object] = {}
 
         self.cpu_metric = next((m for m in CPU_METRICS if self.totals.get(m)), None)
         self.wall_ns, self.wall_source = self._wall()
@@ -81,7 +98,7 @@ class View:
     def has(self, metric: str) -> bool:
         return metric in self.measured
 
-    def col(self, metric: str) -> list[int] | None:
+    def col(self, metric: str) -> Sequence[int] | None:
         """Exclusive column of a measured metric with any non-zero value, else None."""
         return self.excl.get(metric)
 
@@ -111,26 +128,34 @@ class View:
             self._labels[node] = cached
         return cached
 
-    def mark(self, predicate: Callable[[Frame], bool], *, reset_at_python: bool = True) -> list[int]:
+    def mark(
+        self, predicate: Callable[[Frame], bool], *, kinds: Iterable[str] | None = None, reset_at_python: bool = True
+    ) -> list[int]:
         """For every node, the outermost frame on its path (below its Python line) for which
-        `predicate` holds, or 0. The predicate runs once per distinct frame."""
-        seen: dict[Frame, bool] = {}
-        frames, parents = self.frames, self.parents
+        `predicate` holds, or 0. The predicate runs once per distinct frame, and only on frames
+        of `kinds` when given."""
+        if kinds is None:
+            hits = [bool(predicate(f)) for f in self.distinct]
+        else:
+            ks = frozenset(kinds)
+            hits = [f.kind in ks and bool(predicate(f)) for f in self.distinct]
+        fid, parents, py = self.frame_id, self.parents, self.is_python
         out = [0] * self.n
         for i in range(1, self.n):
-            f = frames[i]
-            if reset_at_python and f.kind == "python":
+            if reset_at_python and py[i]:
                 continue
             up = out[parents[i]]
             if up:
                 out[i] = up
-                continue
-            hit = seen.get(f)
-            if hit is None:
-                hit = seen[f] = bool(predicate(f))
-            if hit:
+            elif hits[fid[i]]:
                 out[i] = i
         return out
+
+    def memo(self, key: str, compute: Callable[[], object]) -> object:
+        """Per-view cache for intermediate results two rules share."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def sum_by_line(self, nodes: Iterable[int], metrics: Iterable[str]) -> dict[int, dict[str, int]]:
         """Exclusive values of `nodes`, summed per Python line."""

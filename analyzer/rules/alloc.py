@@ -41,7 +41,7 @@ def allocator_churn(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     view = view_of(snapshot)
     min_share = config.param(RULE, "min_share", 0.02)
 
-    marks = view.mark(_is_alloc)
+    marks = view.mark(_is_alloc, kinds=("op", "gpu_api", "native"))
     alloc = view.col("alloc_bytes")
     alloc_total = view.totals.get("alloc_bytes", 0)
     cost_nodes = [i for i, m in enumerate(marks) if m]
@@ -49,16 +49,17 @@ def allocator_churn(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     groups = view.sum_by_line(cost_nodes, metrics)
     bytes_by_line: dict[int, int] = {}
     if alloc:
-        for i, v in enumerate(alloc):
-            if v:
-                bytes_by_line[view.line[i]] = bytes_by_line.get(view.line[i], 0) + v
+        line = view.line
+        for i in view.nodes_with_value(("alloc_bytes",)):
+            if line[i] in groups:
+                bytes_by_line[line[i]] = bytes_by_line.get(line[i], 0) + alloc[i]
     heads: dict[int, set[int]] = {}
     for i in cost_nodes:
         heads.setdefault(view.line[i], set()).add(marks[i])
     api_calls = {ln for ln, hs in heads.items() if any(view.frames[h].kind == "gpu_api" for h in hs)}
 
     out = []
-    for ln in set(groups) | set(bytes_by_line):
+    for ln in groups:  # bytes alone are no cost (see below): lines with allocation cost only
         acc = groups.get(ln, {})
         share, ev = cost(view, acc)
         nbytes = bytes_by_line.get(ln, 0)

@@ -37,7 +37,7 @@ def backward_cost(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     min_ratio = config.param(RULE, "min_ratio", 3.0)
     normal_ratio = config.param(RULE, "normal_ratio", 2.0)
     frames = view.frames
-    marks = view.mark(_is_backward)
+    marks = view.mark(_is_backward, kinds=("op", "other", "native"))
     metrics = ("cpu_samples", "py_samples", "gpu_time_ns")
     cost_nodes = view.nodes_with_value(metrics)
     bwd_nodes = [i for i in cost_nodes if marks[i]]

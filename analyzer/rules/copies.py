@@ -24,9 +24,9 @@ _is_async = name_matcher(r"async")
 def host_device_copies(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     view = view_of(snapshot)
     min_share = config.param(RULE, "min_share", 0.02)
-    marks = view.mark(api(lambda n: is_memcpy_api(n) and _host_device(n)))
+    marks = view.mark(api(lambda n: is_memcpy_api(n) and _host_device(n)), kinds=("gpu_api",))
     # The one-scalar copy of `.item()` is a sync first: sync_stalls reports it.
-    scalar = view.mark(op_named("item", "_local_scalar_dense"))
+    scalar = view.mark(op_named("item", "_local_scalar_dense"), kinds=("op",))
     nodes = [i for i, m in enumerate(marks) if m and not scalar[i]]
     groups = view.sum_by_line(nodes, ("api_cpu_ns", "sync_wait_ns", "copy_bytes", "launch_count", "cpu_samples"))
     apis: dict[int, list[int]] = {}

@@ -30,7 +30,7 @@ def is_fp32_gemm(name: str) -> bool:
 def fp32_gemm(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     view = view_of(snapshot)
     min_share = config.param(RULE, "min_share", 0.05)
-    marks = view.mark(kernel(is_fp32_gemm))
+    marks = view.mark(kernel(is_fp32_gemm), kinds=("kernel",))
     nodes = [i for i, m in enumerate(marks) if m]
     groups = view.sum_by_line(nodes, ("gpu_time_ns", "kernel_count", "launch_count"))
     has_gpu = view.col("gpu_time_ns") is not None

@@ -21,12 +21,16 @@ LAUNCH = "launch_bound"
 
 def _per_line_kernels(view: View) -> dict[int, dict]:
     """Per Python line: kernels by name (launches, gpu ns) and API CPU ns of launch calls."""
+    return view.memo("per_line_kernels", lambda: _compute_per_line_kernels(view))  # type: ignore[return-value]
+
+
+def _compute_per_line_kernels(view: View) -> dict[int, dict]:
     frames, line = view.frames, view.line
     kc = view.col("kernel_count") or view.col("launch_count")
     lc = view.col("launch_count") or kc
     gpu = view.col("gpu_time_ns")
     api_ns = view.col("api_cpu_ns")
-    in_launch = view.mark(api(is_launch_api))
+    in_launch = view.mark(api(is_launch_api), kinds=("gpu_api",))
     out: dict[int, dict] = {}
     for i in range(1, view.n):
         f = frames[i]

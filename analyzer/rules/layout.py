@@ -36,7 +36,7 @@ def _is_conversion(f: Frame) -> bool:
 def layout_conversions(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     view = view_of(snapshot)
     min_share = config.param(RULE, "min_share", 0.03)
-    marks = view.mark(_is_conversion)
+    marks = view.mark(_is_conversion, kinds=("op", "kernel"))
     frames = view.frames
     # Conversions that move data between host and device belong to host_device_copies.
     h2d = {marks[i] for i in range(view.n) if marks[i] and frames[i].kind == "gpu_api" and is_memcpy_api(frames[i].name)}

@@ -33,9 +33,9 @@ def sync_stalls(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     view = view_of(snapshot)
     min_share = config.param(RULE, "min_share", 0.05)
     frames, line = view.frames, view.line
-    marks = view.mark(_is_sync_frame)
+    marks = view.mark(_is_sync_frame, kinds=("op", "gpu_api"))
     wait = view.col("sync_wait_ns")
-    htod = view.mark(lambda f: f.kind == "gpu_api" and _htod(f.name))
+    htod = view.mark(lambda f: _htod(f.name), kinds=("gpu_api",))
     nodes = [i for i, m in enumerate(marks) if m]
     # Sync waits recorded anywhere under a line count, even below an op that is not a sync op
     # (`.cpu()` is aten::_to_copy → copy_ → cuMemcpyDtoH…); waits of host→device copies are
@@ -45,7 +45,7 @@ def sync_stalls(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     sync_lines = {line[i] for i in nodes}
     # Around a per-element `.item()` loop the cost is the loop itself: the indexing that picks
     # each element and the interpreter running the line. Both go away when it is vectorised.
-    extract = view.mark(_is_extract_op)
+    extract = view.mark(_is_extract_op, kinds=("op",))
     cm = view.cpu_metric
     col = view.col(cm) if cm else None
     if col:

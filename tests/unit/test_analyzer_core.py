@@ -236,3 +236,22 @@ def test_kernel_fusion_names_the_kernels():
     (f,) = [f for f in analyze(build("gpu_kernel_fusion", False)) if f.rule == "kernel_fusion"]
     assert "torch.compile" in f.fix and "CUDA graphs" in f.fix
     assert "tanh_kernel_cuda" in f.fix and f.evidence["distinct_small_kernels"] == 7
+
+
+def test_public_api_fallback_gives_the_same_findings():
+    """The view reads Snapshot's tuples directly for speed; any object with the public
+    Snapshot API (a future snapshot class) must analyse the same."""
+    snap = build("gpu_kernel_fusion", fixed=False)
+
+    class PublicOnly:
+        def __init__(self, s):
+            self._s = s
+            for name in ("metrics", "node_count", "unavailable", "meta", "folded_nodes", "root"):
+                setattr(self, name, getattr(s, name))
+
+        def __getattr__(self, name):
+            if name.startswith("_"):
+                raise AttributeError(name)
+            return getattr(self._s, name)
+
+    assert analyze(PublicOnly(snap)) == analyze(snap)
