@@ -96,7 +96,9 @@ class Joiner:
         self.stats = JoinStats()
         self.meta: dict[str, Any] = {"pid": pid}
         self._pending: dict[int, collections.deque[_Pending]] = collections.defaultdict(collections.deque)
-        self._by_correlation: dict[int, tuple[Frame, ...]] = {}
+        # correlation id → launching path; kept (bounded) because a graph launch has many kernels
+        self._by_correlation: collections.OrderedDict[int, tuple[Frame, ...]] = collections.OrderedDict()
+        self._last_claim: dict[int, _Pending] = {}
         self._kernels_waiting: dict[int, list[Any]] = {}
         self.gpu_seen = False  # a GPU library event arrived at all
 
@@ -145,9 +147,10 @@ class Joiner:
             if frames:
                 self.tree.add_many(frames, {"py_samples": 1})
         elif kind == "ApiRecord":
-            self._claim(rec)
+            if "Launch" in rec.name:
+                self._claim(rec)
         elif kind == "KernelRecord":
-            path = self._by_correlation.pop(rec.correlation_id, None)
+            path = self._by_correlation.get(rec.correlation_id)
             if path is None:
                 waiting = self._kernels_waiting.setdefault(rec.correlation_id, [])
                 waiting.append(rec)
@@ -157,24 +160,33 @@ class Joiner:
                 return
             self._charge(path, rec)
         elif kind == "Note":
-            self.meta.setdefault("notes", [])
-            if len(self.meta["notes"]) < 32:
-                self.meta["notes"].append(str(rec.text)[:300])
+            notes = self.meta.setdefault("notes", [])
+            if len(notes) < 32:
+                notes.append(f"agent {rec.level}: {rec.message}"[:300])
 
     def _claim(self, api: Any) -> None:
-        """A CUPTI launch API record claims the BPF launch of the same thread inside its interval."""
+        """A CUPTI launch API record claims the BPF launch of the same thread inside its interval.
+
+        A runtime launch (cudaLaunchKernel) wraps a driver launch: the driver record (which exits
+        first) claims the BPF event; the enclosing runtime record then maps its correlation id to
+        the same path, so kernels correlated with either land on it.
+        """
         q = self._pending.get(api.tid)
-        if not q:
-            return
         while q and q[0].ktime_ns < api.start_ns:
             q.popleft()  # launches CUPTI never reported (before activation, or dropped)
             self.stats.launches_unmatched += 1
         if q and q[0].ktime_ns <= api.end_ns:
-            path = q.popleft().path
-            self._by_correlation[api.correlation_id] = path
-            for krec in self._kernels_waiting.pop(api.correlation_id, ()):
-                self._charge(path, krec)
-                self._by_correlation.pop(api.correlation_id, None)
+            claim = q.popleft()
+            self._last_claim[api.tid] = claim
+        else:
+            claim = self._last_claim.get(api.tid)
+            if claim is None or not api.start_ns <= claim.ktime_ns <= api.end_ns:
+                return
+        self._by_correlation[api.correlation_id] = claim.path
+        if len(self._by_correlation) > PENDING_MAX_PER_THREAD:
+            self._by_correlation.popitem(last=False)
+        for krec in self._kernels_waiting.pop(api.correlation_id, ()):
+            self._charge(claim.path, krec)
 
     def _charge(self, path: tuple[Frame, ...], krec: Any) -> None:
         if path[-1].kind != "kernel":

@@ -26,32 +26,6 @@ class FakeEvent:
     bytes: int = 0
 
 
-@dataclass(frozen=True)
-class ApiRecord:
-    tid: int
-    name: str
-    start_ns: int
-    end_ns: int
-    correlation_id: int
-
-
-@dataclass(frozen=True)
-class KernelRecord:
-    name: str
-    start_ns: int
-    end_ns: int
-    correlation_id: int
-    device: int = 0
-    stream: int = 0
-
-
-@dataclass(frozen=True)
-class PySample:
-    tid: int
-    t_ns: int
-    frames: tuple
-
-
 class FakeProbes:
     """An EventSource fed by the test (`push`)."""
 

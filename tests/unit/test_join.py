@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from stacklens.cct import Frame
 from stacklens.daemon.join import Joiner, trim_native
-from tests.fakes.sources import ApiRecord, FakeEvent, KernelRecord, PySample, py
+from stacklens.inject.records import ApiRecord as _Api, KernelRecord as _Kernel, Note, PySample
+from tests.fakes.sources import FakeEvent, py
+
+
+def ApiRecord(tid, name, start, end, corr, domain="driver"):
+    return _Api(domain=domain, name=name, tid=tid, start_ns=start, end_ns=end, correlation_id=corr)
+
+
+def KernelRecord(name, start, end, correlation_id):
+    return _Kernel(name=name, start_ns=start, end_ns=end, device=0, stream=7, correlation_id=correlation_id)
 
 STEP_A = (py("main", 10), py("step_a", 20))
 STEP_B = (py("main", 10), py("step_b", 30))
@@ -66,7 +75,7 @@ def test_sync_copy_alloc_and_cpu_samples():
     j.on_bpf(FakeEvent(kind="alloc", api="cuMemAlloc_v2", py_stack=STEP_B, bytes=1 << 20))
     j.on_bpf(FakeEvent(kind="cpu_sample", py_stack=STEP_A, op_path=("aten::linear", "aten::addmm"),
                        native_stack=(Frame.native("libtorch_cpu.so", "at::native::addmm"),)))
-    j.on_agent(PySample(1, 0, (("train.py", "main", 10), ("train.py", "step_a", 20))))
+    j.on_agent(PySample(tid=1, t_ns=0, frames=(("train.py", "main", 10), ("train.py", "step_a", 20))))
     snap = j.snapshot()
     assert snap.total("sync_wait_ns") == 5_000
     assert snap.total("copy_bytes") == 4096
@@ -87,3 +96,32 @@ def test_trim_native_drops_interpreter_frames_and_marks_cuts():
     out = trim_native(deep)
     assert out[0] == Frame.other("[truncated]") or out[-1] == Frame.other("[truncated]")
     assert len(out) == 17
+
+
+def test_runtime_record_wrapping_the_driver_launch_maps_to_the_same_path():
+    j = Joiner(1, agent=True)
+    j.on_bpf(launch(1, 1_000, STEP_A))
+    j.on_agent(ApiRecord(1, "cuLaunchKernel", 950, 1_050, 11))  # driver exits first
+    j.on_agent(ApiRecord(1, "cudaLaunchKernel", 900, 1_100, 12, domain="runtime"))
+    j.on_agent(KernelRecord("k", 0, 70, 12))  # correlated with the runtime call
+    snap = j.snapshot()
+    n = snap.find([f.label() for f in STEP_A] + ["op:aten::add", "api:cuLaunchKernel", "kernel:k"])
+    assert snap.inclusive(n, "gpu_time_ns") == 70 and j.stats.launches_unmatched == 0
+
+
+def test_graph_launch_charges_every_kernel_of_the_graph():
+    j = Joiner(1, agent=True)
+    j.on_bpf(FakeEvent(kind="graph", tid=1, ktime_ns=500, api="cuGraphLaunch", py_stack=STEP_B))
+    j.on_agent(ApiRecord(1, "cuGraphLaunch", 400, 600, 3))
+    for i in range(5):
+        j.on_agent(KernelRecord(f"fusion_{i}", 1000 * i, 1000 * i + 10, 3))
+    snap = j.snapshot()
+    assert snap.total("kernel_count") == 5 and snap.total("gpu_time_ns") == 50
+    base = [f.label() for f in STEP_B] + ["api:cuGraphLaunch"]
+    assert snap.inclusive(snap.find(base), "kernel_count") == 5
+
+
+def test_agent_notes_reach_the_snapshot_meta():
+    j = Joiner(1, agent=True)
+    j.on_agent(Note(level="warning", message="torch.profiler is active: CUPTI collector yields"))
+    assert "agent warning: torch.profiler is active" in j.snapshot().meta["notes"][0]

@@ -1,0 +1,40 @@
+"""The daemon's handle on an injected agent: socket server + injection as one AgentSource.
+
+Requires root (ptrace or PEP 768 writes into the target). Closing stops the agent (activities
+disabled and flushed, threads stopped) and removes the socket.
+"""
+
+from __future__ import annotations
+
+from stacklens.errors import StacklensError
+
+
+class AgentLink:
+    def __init__(self, pid: int, *, sample_hz: int = 100, timeout_s: float = 5.0) -> None:
+        from stacklens.inject import AgentServer, inject_agent
+
+        self.pid = pid
+        self.server = AgentServer(pid, config={"sample_hz": sample_hz, "gpu": True})
+        try:
+            self.result = inject_agent(pid, socket_path=self.server.path, timeout_s=timeout_s)
+        except BaseException:
+            self.server.close()
+            raise
+
+    def poll(self) -> list:
+        return self.server.poll()
+
+    def stats(self) -> dict:
+        return self.server.stats()
+
+    def close(self) -> None:
+        try:
+            self.server.stop_agent()
+        except StacklensError:
+            pass
+        finally:
+            self.server.close()
+
+
+def start_agent(pid: int, *, sample_hz: int = 100) -> AgentLink:
+    return AgentLink(pid, sample_hz=sample_hz)
