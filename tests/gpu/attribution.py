@@ -159,7 +159,7 @@ def _counts(sess) -> tuple[int, int, int]:
     return tot["kernel_count"], tot["launch_count"], tot["gpu_time_ns"]
 
 
-def wait_stable(sess, *, at_least_kernels: int = 1, quiet_s: float = 2.0, timeout_s: float = 45.0):
+def wait_stable(sess, *, at_least_kernels: int = 1, quiet_s: float = 2.0, timeout_s: float = 25.0):
     """Snapshot once kernel and launch counts stop moving (CUPTI buffers arrive late)."""
     t_end = time.monotonic() + timeout_s
     last, since = None, time.monotonic()

@@ -96,8 +96,17 @@ class Target:
         assert self.proc.stdin is not None
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
-        ans = self._next_line(timeout, want=lambda s: s.startswith("{"))
-        obj = json.loads(ans)
+        word = line.split()[0]
+
+        def mine(s: str) -> bool:  # a late answer to an earlier, timed-out command is skipped
+            if not s.startswith("{"):
+                return False
+            try:
+                return json.loads(s).get("cmd") == word
+            except ValueError:
+                return False
+
+        obj = json.loads(self._next_line(timeout, want=mine))
         if obj.get("error"):
             raise TargetError(f"target error on {line!r}: {obj['error']}")
         return obj
