@@ -21,6 +21,7 @@ if str(TARGETS) not in sys.path:
     sys.path.insert(0, str(TARGETS))
 
 FUNCS = {"f": "gt_matmul_f", "g": "gt_conv_g"}
+SPIN = "gt_spin"  # clock warm-up before each measured run: its kernels are set aside
 TARGET_FILE = "gpu_ground_truth.py"
 TOLERANCE = 0.02
 
@@ -43,6 +44,8 @@ def which_function(path) -> str | None:
             for key, func in FUNCS.items():
                 if fr.name == func:
                     return key
+            if fr.name == SPIN:
+                return "spin"
     return None
 
 
@@ -50,7 +53,7 @@ def per_function(snap) -> dict:
     """Per function: gpu_time_ns, kernel_count, launch_count, per kernel name, ops seen per kernel."""
     out: dict = {k: {"gpu_time_ns": 0, "kernel_count": 0, "launch_count": 0,
                      "kernels": defaultdict(lambda: {"count": 0, "gpu_time_ns": 0, "launch_count": 0}),
-                     "kernel_paths": []} for k in list(FUNCS) + ["other"]}
+                     "kernel_paths": []} for k in list(FUNCS) + ["spin", "other"]}
     for path, excl in snap.iter_paths():
         key = which_function(path) or "other"
         d = out[key]
@@ -173,7 +176,7 @@ def wait_stable(sess, *, at_least_kernels: int = 1, quiet_s: float = 2.0, timeou
     return sess.snapshot(), last
 
 
-def run_experiment(steps: int = 50, warmup: int = 20, out_dir: str | None = None, *, agent: bool = True,
+def run_experiment(steps: int = 100, warmup: int = 20, out_dir: str | None = None, *, agent: bool = True,
                    cpu_smoke: bool = False) -> dict:
     """The whole experiment; `agent=False, cpu_smoke=True` exercises the plumbing without a GPU."""
     from gpu_control import Target
