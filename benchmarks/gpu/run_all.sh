@@ -32,8 +32,10 @@ else
   OUT=${OUT:-/tmp/stacklens-gpu-out}
   BUDGET_S=${BUDGET_S:-480}
   MEM_S=${MEM_S:-75}
-  if [ -z "${PY:-}" ]; then
-    if [ -x /opt/torch/.venv/bin/python3 ]; then PY=/opt/torch/.venv/bin/python3; else PY=python3; fi
+  if [ -z "${PY:-}" ]; then  # the python that has torch: python3 on PATH, else the venv's
+    if command -v python3 >/dev/null && python3 -c "import torch" 2>/dev/null; then PY=$(command -v python3)
+    elif [ -x /opt/torch/.venv/bin/python3 ]; then PY=/opt/torch/.venv/bin/python3
+    else PY=python3; fi
   fi
   SMOKE=
 fi
