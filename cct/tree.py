@@ -4,7 +4,8 @@ Pure data, no privilege, no I/O, not thread-safe: one aggregation thread owns a 
 immutable `Snapshot`s to everyone else.
 
 Overhead: a path seen before costs one dict lookup (hashing the path tuple) plus one list add,
-about 1.3x a plain `dict` counter keyed by the same tuple (docs/benchmarks/cct.md). A new path
+about what a plain `dict` counter keyed by the same tuple costs (0.9-1.1x, ~1.1 us per 20-frame
+event on the 2-core VM; docs/benchmarks/cct.md). A new path
 walks the tree once, one dict lookup per frame. Memory grows with the number of distinct
 contexts, never with the number of events, and is capped by `max_nodes`.
 
@@ -24,7 +25,7 @@ once per 10% of the cap worth of new contexts, not on every new one.
 - Folding goes strictly coldest first. The first fold under a parent creates its `[other]`, so
   it saves a node only if the subtree had two or more; the loop goes on until enough are saved.
 - `folded_nodes` counts every node removed by folding over the tree's life.
-- Long-lived hot contexts win against newcomers, whose weight starts at zero; windowed views
+- Long-lived hot contexts win against newcomers, whose weight starts small; windowed views
   (window.py) build on per-second trees, so a new phase of a job shows up there.
 """
 
