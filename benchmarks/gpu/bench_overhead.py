@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO / "tests" / "targets"))
 from gpu_control import Target, TargetError, rss_bytes  # noqa: E402
 
 ALL = ("resnet50", "gpt2", "vit", "launch", "jax")
-STEPS = {"resnet50": 40, "gpt2": 30, "vit": 40, "launch": 50, "jax": 50}
+STEPS = {"resnet50": 40, "gpt2": 30, "vit": 40, "launch": 50, "jax": 100}
 T0 = time.monotonic()
 
 
@@ -272,7 +272,7 @@ class Runner:
                 ans = t.cmd(f"run {chunk}", timeout=self.step_timeout(chunk, per_step))
                 r["steps"] += chunk
                 s = {"t_s": round(time.monotonic() - t0, 2), "steps": r["steps"], "rss": t.rss(),
-                     "median_s": ans.get("median_s")}
+                     "daemon_rss": rss_bytes(os.getpid()), "median_s": ans.get("median_s")}
                 try:
                     s.update(profile_size(att.session.snapshot()))
                 except Exception as e:  # noqa: BLE001
@@ -414,10 +414,12 @@ def markdown(results: dict) -> str:
                       f"{kib(mem.get('profile_gz_last'))} KiB (max {kib(mem.get('profile_gz_max'))})",
                       f"- torch.profiler trace for the same number of steps (estimated from its per-step size): "
                       f"{mib(mem.get('torchprof_trace_bytes_same_steps_est'))} MiB", "",
-                      "| t s | steps | RSS MiB | profile gz KiB | nodes |", "|---|---|---|---|---|"]
+                      "| t s | steps | target RSS MiB | median ms/step | profile gz KiB | nodes | daemon (bench) RSS MiB |",
+                      "|---|---|---|---|---|---|---|"]
             for s in mem["samples"]:
-                lines.append(f"| {s['t_s']} | {s['steps']} | {mib(s['rss'])} | {kib(s.get('json_gz_bytes'))} | "
-                             f"{s.get('nodes', '—')} |")
+                med = f"{s['median_s'] * 1e3:.2f}" if s.get("median_s") else "—"
+                lines.append(f"| {s['t_s']} | {s['steps']} | {mib(s['rss'])} | {med} | {kib(s.get('json_gz_bytes'))} | "
+                             f"{s.get('nodes', '—')} | {mib(s.get('daemon_rss'))} |")
     fails = [(w["workload"], k, r["status"]) for w in results["workloads"]
              for k, r in w.get("phases", {}).items() if str(r.get("status", "ok")) != "ok"]
     fails += [(w["workload"], "target", w["status"]) for w in results["workloads"] if w.get("status") != "ok"]

@@ -1,7 +1,7 @@
 """The ground-truth attribution check without pytest (same experiment and checks as
 tests/gpu/test_attribution.py). Writes OUT/attribution.json; exit 0 iff every check passed.
 
-    python benchmarks/gpu/check_attribution.py --out DIR [--steps 50]
+    python benchmarks/gpu/check_attribution.py --out DIR [--steps 100]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.gpu.attribution import checks, context, run_experiment  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=100)
     a = ap.parse_args(argv)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     try:

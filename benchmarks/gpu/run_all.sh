@@ -7,7 +7,7 @@
 # Options / environment: --cpu (alias --dry-run); BUDGET_S (total seconds, default 480);
 # MEM_S (memory phase seconds, default 75; the issue asks 600: run with MEM_S=540 BUDGET_S=590 alone);
 # WORKLOADS (default resnet50,gpt2,vit,launch,jax); STEPS (per phase; default per workload);
-# GT_STEPS (ground-truth steps, default 50); PY (python to use).
+# GT_STEPS (ground-truth steps, default 100); PY (python to use).
 # Every step is timestamped; a failing step is reported and the next one still runs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -40,7 +40,7 @@ else
   SMOKE=
 fi
 WORKLOADS=${WORKLOADS:-resnet50,gpt2,vit,launch,jax}
-GT_STEPS=${GT_STEPS:-50}
+GT_STEPS=${GT_STEPS:-100}
 mkdir -p "$OUT"
 LOG="$OUT/run_all.log"
 elapsed() { echo $(( $(date +%s) - T_START )); }

@@ -1,7 +1,7 @@
 """Acceptance 1 of issue 9 on the GPU machine: attribution against ground truth.
 
 Two functions launching disjoint kernel sets (GEMMs vs convolutions), attached by PID after warm-up
-with ProcessSession(agent=True). Asserts, for exactly K steps (STACKLENS_GT_STEPS, default 50):
+with ProcessSession(agent=True). Asserts, for exactly K steps (STACKLENS_GT_STEPS, default 100):
 - GPU time per function (under its Python frame) within 2% of torch.profiler's sum of the same
   kernels (K calls profiled after detach), and the f/g ratio within 2%;
 - launch and kernel counts exact, per kernel name; nothing attributed elsewhere;
@@ -18,7 +18,7 @@ import pytest
 
 from tests.gpu.attribution import FUNCS, checks, context, run_experiment
 
-STEPS = int(os.environ.get("STACKLENS_GT_STEPS", "50"))
+STEPS = int(os.environ.get("STACKLENS_GT_STEPS", "100"))
 
 
 def skip_reason() -> str | None:
