@@ -209,6 +209,8 @@ def run_experiment(steps: int = 100, warmup: int = 20, out_dir: str | None = Non
         window = diff(snap_b, snap_a)
         record["top_paths"] = top_paths(window)
         record["top_paths_launch"] = top_paths(window, "launch_count")
+        if "py_samples" in window.metrics and "py_samples" not in window.unavailable:
+            record["top_paths_py_samples"] = top_paths(window, "py_samples", 6)
         prof = {"f": [], "g": []}
         for _ in range(2):  # two runs each: their spread is the noise floor of the truth itself
             for key in ("f", "g"):
