@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from .frames import Frame
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Event:
     """One GPU API call or CPU sample of the target.
 
@@ -38,6 +38,22 @@ class Event:
     bytes: int = 0
     direction: str = ""
     ret: int = 0
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def make_event(kind, api, pid, tid, ktime_ns, duration_ns, args, op_path, native_stack, py_stack,
+               kernel_name="", nbytes=0, direction="", ret=0) -> Event:
+    """Same result as Event(...), at half the cost: the loader builds ~200k of these a second,
+    and a frozen dataclass's __init__ pays one object.__setattr__ per field."""
+    e = _new(Event)
+    _set(e, "__dict__", {"kind": kind, "api": api, "pid": pid, "tid": tid, "ktime_ns": ktime_ns,
+                         "duration_ns": duration_ns, "args": args, "op_path": op_path,
+                         "native_stack": native_stack, "py_stack": py_stack, "kernel_name": kernel_name,
+                         "bytes": nbytes, "direction": direction, "ret": ret})
+    return e
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import select
 import struct
+import time
 
 _HDR = struct.Struct("<II")
 _POS = struct.Struct("<Q")
@@ -29,10 +30,15 @@ class RingBufReader:
         self._ep = select.epoll()
         self._ep.register(map_fd, select.EPOLLIN)
 
-    def wait(self, timeout_ms: int) -> None:
-        if self.available():
-            return
-        self._ep.poll(timeout_ms / 1000 if timeout_ms >= 0 else -1)
+    def wait(self, timeout_ms: int, tick_ms: int = 10) -> None:
+        """Until data is available or timeout_ms passes. Producers wake us only for a full
+        batch (SL_WAKEUP_BYTES), so we also look every tick_ms."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while not self.available():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._ep.poll(min(left, tick_ms / 1000))
 
     def available(self) -> bool:
         return _POS.unpack_from(self._cons, 0)[0] != _POS.unpack_from(self._prod, 0)[0]

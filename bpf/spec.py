@@ -80,27 +80,48 @@ class ProbeSpec:
 
     def decode(self, args, blob: bytes) -> dict[str, int]:
         """Event argument values -> {name: value}; dim3 and structs are flattened to fields."""
-        out: dict[str, int] = {}
+        return self.decoder()(args, blob)
+
+    def decoder(self):
+        """The compiled `decode` function (args, blob) -> dict, cached per probe shape."""
+        fn = _DECODERS.get(self.index_key)
+        if fn is None:
+            fn = _DECODERS[self.index_key] = self._compile_decoder()
+        return fn
+
+    @property
+    def index_key(self) -> tuple:
+        return (self.symbol, self.args, self.struct_fields)
+
+    def _compile_decoder(self):
+        """One dict display per probe, generated from the spec (the loader's hot path: a
+        generic loop over fields cost ~3x more per event)."""
+        items = []
         for name, t in self.args:
             i = self.slots[name]
-            v = args[i]
             if t == "dim3":
-                out[f"{name}_x"] = v & _MASK32
-                out[f"{name}_y"] = (v >> 32) & _MASK32
-                out[f"{name}_z"] = args[i + 1] & _MASK32
+                items += [f"{name + '_x'!r}: a[{i}] & {_MASK32}", f"{name + '_y'!r}: (a[{i}] >> 32) & {_MASK32}",
+                          f"{name + '_z'!r}: a[{i + 1}] & {_MASK32}"]
             elif t in ("u32", "memcpy_kind"):
-                out[name] = v & _MASK32
+                items.append(f"{name!r}: a[{i}] & {_MASK32}")
             elif t == "i32":
-                v &= _MASK32
-                out[name] = v - (1 << 32) if v & 0x80000000 else v
-            elif t in SCALARS:
-                out[name] = v
+                items.append(f"{name!r}: _i32(a[{i}])")
             else:
-                out[name] = v
-                for f in self.struct_fields:
-                    size = 4 if f.type in ("u32", "i32") else 8
-                    out[f.name] = int.from_bytes(blob[f.offset:f.offset + size], "little")
-        return out
+                items.append(f"{name!r}: a[{i}]")
+                if t not in SCALARS:
+                    for f in self.struct_fields:
+                        size = 4 if f.type in ("u32", "i32") else 8
+                        items.append(f"{f.name!r}: _fb(b[{f.offset}:{f.offset + size}], 'little')")
+        src = "lambda a, b: {" + ", ".join(items) + "}"
+        return eval(src, {"_i32": _i32, "_fb": int.from_bytes})  # noqa: S307 - text built above from the spec
+
+
+def _i32(v: int) -> int:
+    v &= _MASK32
+    return v - (1 << 32) if v & 0x80000000 else v
+
+
+_DECODERS: dict[tuple, object] = {}
 
 
 def _parse_struct(name: str, table: dict) -> tuple[StructField, ...]:

@@ -39,7 +39,6 @@ int sl_cpu_sample(struct bpf_perf_event_data *ctx)
         ev->stack_id = sid;
     }
     SL_CAPTURE_PYSTACK(ctx, ev);
-    events.ringbuf_submit(ev, 0);
-    sl_count(SL_C_EVENTS);
+    events.ringbuf_submit(ev, sl_wake_flags());
     return 0;
 }

@@ -8,6 +8,10 @@
  */
 #include "stacklens.h"
 
+#ifndef SL_BENCH_FANOUT
+#define SL_BENCH_FANOUT 1
+#endif
+
 BPF_ARRAY(specs, struct sl_spec, SL_MAX_SPECS);
 BPF_HASH(pending, u64, struct sl_event, 4096);
 BPF_PERCPU_ARRAY(event_scratch, struct sl_event, 1);
@@ -81,12 +85,26 @@ static __always_inline int sl_api_entry(struct pt_regs *ctx, u32 idx)
     }
     struct sl_event *ev = events.ringbuf_reserve(sizeof(struct sl_event));
     if (!ev) {
-        sl_count(SL_C_DROPS);
+#pragma unroll
+        for (int i = 0; i < SL_BENCH_FANOUT; i++)
+            sl_count(SL_C_DROPS);
         return 0;
     }
     sl_fill_entry(ctx, sp, idx, ev);
-    events.ringbuf_submit(ev, 0);
-    sl_count(SL_C_EVENTS);
+#if SL_BENCH_FANOUT > 1
+    /* benchmarks/bench_probes.py only: SL_BENCH_FANOUT - 1 copies of each event, to measure
+     * how many events/s the user-space loader sustains beyond what one uprobe hit rate gives */
+    for (int i = 1; i < SL_BENCH_FANOUT; i++) {
+        struct sl_event *cp = events.ringbuf_reserve(sizeof(struct sl_event));
+        if (!cp) {
+            sl_count(SL_C_DROPS);
+            continue;
+        }
+        __builtin_memcpy(cp, ev, sizeof(struct sl_event));
+        events.ringbuf_submit(cp, sl_wake_flags());
+    }
+#endif
+    events.ringbuf_submit(ev, sl_wake_flags());
     return 0;
 }
 
@@ -121,8 +139,7 @@ static __always_inline int sl_api_return(struct pt_regs *ctx, u32 idx)
                 bpf_probe_read_user_str(ne->name, SL_NAME, (void *)pe->args[sp->str_arg & 15]);
             else if (sp->ref_arg >= 0 && sp->ref_arg < SL_NARGS)
                 ne->ref = pe->args[sp->ref_arg & 15];
-            events.ringbuf_submit(ne, 0);
-            sl_count(SL_C_EVENTS);
+            events.ringbuf_submit(ne, sl_wake_flags());
         }
         pending.delete(&key);
         return 0;  /* a name lookup is not a GPU call: no sl_event */
@@ -138,8 +155,7 @@ static __always_inline int sl_api_return(struct pt_regs *ctx, u32 idx)
     ev->duration_ns = bpf_ktime_get_ns() - ev->ktime_ns;
     ev->ret = PT_REGS_RC(ctx);
     ev->out = out;
-    events.ringbuf_submit(ev, 0);
-    sl_count(SL_C_EVENTS);
+    events.ringbuf_submit(ev, sl_wake_flags());
     pending.delete(&key);
     return 0;
 }

@@ -8,6 +8,9 @@
  *   SL_OP_DEPTH          depth of the per-thread operator shadow stack (a power of two:
  *                        indices are masked with SL_OP_DEPTH - 1 for the verifier)
  *   SL_OP_PATHS          entries of the op-path / op-count maps
+ *   SL_WAKEUP_EVERY      wake the reader on every Nth event per CPU only (power of two; the
+ *                        reader also polls on a short timer): a wakeup per event cost more
+ *                        than the probe itself on the Firecracker VM
  *   SL_NATIVE_STACKS     1: capture user native stacks (default), 0: never
  *   SL_NO_COOKIE         fallback build: per-probe stubs pass the spec index instead of a cookie
  *   STACKLENS_PYSTACK    include pystack.h (in-BPF Python stack capture, written separately)
@@ -53,6 +56,9 @@ typedef uint64_t u64;
 #define SL_OP_PATHS 65536
 #endif
 
+#ifndef SL_WAKEUP_EVERY
+#define SL_WAKEUP_EVERY 512
+#endif
 #ifndef SL_NATIVE_STACKS
 #define SL_NATIVE_STACKS 1
 #endif
@@ -170,6 +176,17 @@ static __always_inline void sl_count(u32 idx)
     u64 *c = counters.lookup(&idx);
     if (c)
         (*c)++;
+}
+
+static __always_inline u64 sl_wake_flags(void)
+{
+    /* counts the event (SL_C_EVENTS) and wakes on every SL_WAKEUP_EVERY-th one per CPU */
+    u32 idx = SL_C_EVENTS;
+    u64 *c = counters.lookup(&idx);
+    if (!c)
+        return 0;
+    u64 n = ++(*c);
+    return (n & (SL_WAKEUP_EVERY - 1)) == 0 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 }
 
 static __always_inline int sl_is_target(void)
