@@ -9,6 +9,7 @@ second (pausable); rendering cost is bounded by the visible rows, not the tree s
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -38,10 +39,16 @@ from stacklens.tui.source import (
     ProcessSource,
     SnapshotSource,
 )
-from stacklens.tui.widgets import CCTView, IcicleView, header_text
+from stacklens.tui.widgets import CCTView, IcicleView, LineTable, header_text
 
 VIEWS = ("tree", "flame", "hotspots", "advice", "source")
-ADVICE_EVERY_S = 5.0  # the advice panel re-asks this often while it is open
+ADVICE_EVERY_S = 5.0
+HOTSPOTS = 100  # rows of the hotspots table
+KEY_HELP = (
+    "t tree  f flame  h hot  a advice  o source  m metric  s sort  w window  d diff  / search  n next"
+    "  p pause  e hot path  c chains  x detach  esc back  q quit"
+)
+GC_FULL_EVERY = 1000  # young-generation collections between full ones (Python's default: 10)  # the advice panel re-asks this often while it is open
 
 
 class SnapshotFetched(Message):
@@ -114,6 +121,9 @@ class ProfileScreen(Screen):
         self.match_index = 0
         self.search_query = ""
         self._generation = 0
+        self._fetched_at = -1e9
+        self._fetch_cost = 0.0
+        self._hot_cache: tuple = ((), [], None)  # (key, hotspots, the snapshot, kept so its id stays unique)
         self._inflight = False
         self._again = False
         self._timer = None
@@ -134,7 +144,8 @@ class ProfileScreen(Screen):
                 yield IcicleView(id="icicle")
                 yield Static(id="flame-detail", classes="detail")
             with TabPane("Hotspots", id="hotspots"):
-                yield DataTable(id="hot-table", cursor_type="row", zebra_stripes=True)
+                yield Static(id="hot-header")
+                yield LineTable(id="hot-table")
             with TabPane("Advice", id="advice"):
                 yield OptionList(id="advice-list")
             with TabPane("Source", id="source"):
@@ -143,7 +154,9 @@ class ProfileScreen(Screen):
         yield Static(id="banner")
         yield Input(placeholder="search frames (enter: go, esc: cancel)", id="search")
         yield Static(id="status")
-        yield Footer()
+        # A fixed key line, not Textual's Footer: the Footer recomposes on every focus change
+        # (each view switch), which cost ~100 ms per switch in docs/benchmarks/tui.md.
+        yield Static(KEY_HELP, id="keys")
 
     def on_mount(self) -> None:
         self.title = "stacklens"
@@ -163,8 +176,14 @@ class ProfileScreen(Screen):
         return model.WINDOWS[self.window_index]
 
     def _tick(self) -> None:
-        if not self.paused:
-            self.fetch_now()
+        # Periodic refreshes never queue up behind a slow fetch, and leave the worker idle at
+        # least as long as the last fetch took: decoding a 100,000-node profile costs ~1 s of
+        # CPU under the GIL, and back-to-back decodes would starve the UI thread.
+        if self.paused or self._inflight:
+            return
+        if time.monotonic() - self._fetched_at < self._fetch_cost:
+            return
+        self.fetch_now()
 
     def fetch_now(self) -> None:
         if self._inflight:
@@ -180,14 +199,29 @@ class ProfileScreen(Screen):
         )
 
     def _fetch(self, generation: int, window_s: float | None, diff: bool) -> None:
+        t0 = time.monotonic()
+        # Decoding a large profile allocates millions of acyclic objects; with the collector on,
+        # that triggers full collections of 0.2-0.5 s each, which hold the GIL and freeze the UI
+        # (measured: docs/benchmarks/tui.md). Reference counting frees all of it anyway.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
         try:
             fetched = self.source.fetch(window_s, diff)
         except Exception as e:  # noqa: BLE001 - sources return errors as values; this is the backstop
             fetched = Fetched(None, error=f"fetch failed: {type(e).__name__}: {e}")
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        self._fetch_cost = time.monotonic() - t0
+        snap, metric = fetched.snapshot, self.metric
+        if snap is not None and metric in snap.metrics:
+            # off the UI thread: the hotspots table then opens without a scan
+            self._hot_cache = ((id(snap), metric, diff), model.hotspots(snap, metric, k=HOTSPOTS, signed=diff), snap)
         self.post_message(SnapshotFetched(fetched, generation))
 
     def on_snapshot_fetched(self, message: SnapshotFetched) -> None:
         self._inflight = False
+        self._fetched_at = time.monotonic()
         if message.generation == self._generation:
             self.fetched = message.fetched
         if self._again or message.generation != self._generation:
@@ -283,32 +317,43 @@ class ProfileScreen(Screen):
         )
 
     def _refresh_hotspots(self) -> None:
-        table = self.query_one("#hot-table", DataTable)
         if self.snap is None:
             return
-        spots = model.hotspots(self.snap, self.metric, k=100, signed=self.diff)
+        spots = self._hotspots(self.snap, self.metric, self.diff)
         cols = [c for c in dict.fromkeys((self.metric, *model.HOTSPOT_METRICS)) if c in self.snap.metrics]
-        keep = table.cursor_row
-        table.clear(columns=True)
-        for c in cols:
-            table.add_column(model.metric_label(c), key=c)
-        table.add_column("frame", key="frame")
-        table.add_column("context", key="context")
-        self._hotspot_nodes = []
+        widths = [max(11, len(model.metric_label(c))) for c in cols]
+        frame_w = min(40, max([len(model.frame_text(h.frame)) for h in spots] + [5]))
+        head = Text(no_wrap=True, style="bold")
+        for c, w in zip(cols, widths):
+            head.append(model.metric_label(c).rjust(w) + "  ")
+        head.append("frame".ljust(frame_w) + "  context")
+        self.query_one("#hot-header", Static).update(head)
+        lines = []
         for h in spots:
-            cells: list[Any] = []
-            for c in cols:
-                cells.append(
-                    Text("unavailable", style="dim")
-                    if c in self.snap.unavailable
-                    else Text(model.fmt_value(c, h.values.get(c, 0), signed=self.diff), justify="right")
-                )
-            cells.append(Text(model.frame_text(h.frame), style=model.KIND_STYLE.get(h.frame.kind, "")))
-            cells.append(h.context)
-            table.add_row(*cells)
-            self._hotspot_nodes.append(h.node)
-        if spots:
-            table.move_cursor(row=min(keep, len(spots) - 1))
+            t = Text(no_wrap=True)
+            for c, w in zip(cols, widths):
+                if c in self.snap.unavailable:
+                    t.append("unavailable".rjust(w) + "  ", style="dim")
+                else:
+                    t.append(model.fmt_value(c, h.values.get(c, 0), signed=self.diff).rjust(w) + "  ")
+            name = model.frame_text(h.frame)
+            name = name if len(name) <= frame_w else name[: frame_w - 1] + "…"
+            t.append(name.ljust(frame_w), style=model.KIND_STYLE.get(h.frame.kind, ""))
+            t.append("  " + h.context, style="dim")
+            lines.append(t)
+        self._hotspot_nodes = [h.node for h in spots]
+        table = self.query_one("#hot-table", LineTable)
+        table.set_lines(lines)
+        if not spots:
+            table.set_lines([Text(self._empty_message() or f"no exclusive {model.metric_label(self.metric)} anywhere", style="dim")])
+            self._hotspot_nodes = []
+
+    def _hotspots(self, snap: Any, metric: str, diff: bool) -> list[model.Hotspot]:
+        """Hotspots of a snapshot, computed once (an O(nodes) scan: ~50 ms at 100,000 nodes)."""
+        key = (id(snap), metric, diff)
+        if self._hot_cache[0] != key:
+            self._hot_cache = (key, model.hotspots(snap, metric, k=HOTSPOTS, signed=diff), snap)
+        return self._hot_cache[1]
 
     def _selected_node(self) -> int | None:
         row = self.query_one(CCTView).current
@@ -365,15 +410,17 @@ class ProfileScreen(Screen):
     # ---- actions -----------------------------------------------------------------------------
     def action_view(self, view: str) -> None:
         tabs = self.query_one(TabbedContent)
-        tabs.active = view
-        self._on_view(view)
+        if tabs.active == view:
+            self._on_view(view)
+        else:
+            tabs.active = view  # TabActivated then calls _on_view
 
     @on(TabbedContent.TabActivated)
     def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self._on_view(event.pane.id or "tree")
 
     def _on_view(self, view: str) -> None:
-        focus = {"tree": CCTView, "flame": IcicleView, "hotspots": DataTable, "advice": OptionList}.get(view)
+        focus = {"tree": CCTView, "flame": IcicleView, "hotspots": LineTable, "advice": OptionList}.get(view)
         if focus is not None:
             self.query_one(focus).focus()
         if view == "flame":
@@ -522,11 +569,11 @@ class ProfileScreen(Screen):
     def _flame_selected(self, event: IcicleView.Selected) -> None:
         self._flame_detail(event.block)
 
-    @on(DataTable.RowSelected, "#hot-table")
-    def _hotspot_selected(self, event: DataTable.RowSelected) -> None:
-        if 0 <= event.cursor_row < len(self._hotspot_nodes):
+    @on(LineTable.Selected, "#hot-table")
+    def _hotspot_selected(self, event: LineTable.Selected) -> None:
+        if 0 <= event.index < len(self._hotspot_nodes):
             self.action_view("tree")
-            self.reveal(self._hotspot_nodes[event.cursor_row])
+            self.reveal(self._hotspot_nodes[event.index])
 
     @on(OptionList.OptionSelected, "#advice-list")
     def _advice_selected(self, event: OptionList.OptionSelected) -> None:
@@ -689,7 +736,7 @@ class ProcessListScreen(Screen):
 
 
 class StacklensApp(App):
-    CSS_PATH = "app.tcss"
+    CSS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "app.tcss")  # also for subclasses
     TITLE = "stacklens"
 
     def __init__(
@@ -711,6 +758,16 @@ class StacklensApp(App):
         self.interval_s = interval_s
 
     def on_mount(self) -> None:
+        # Fetch workers decode large profiles under the GIL; a short switch interval keeps the
+        # UI thread's wait for the GIL (after every select() of the event loop) at ~1 ms
+        # instead of 5 ms, which otherwise adds up to hundreds of ms per key press.
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, 0.001))
+        # Each 100,000-node snapshot brings ~100,000 tracked Frame tuples, so with the default
+        # thresholds a full collection (0.2-0.5 s with the GIL held, measured) ran about once
+        # per snapshot. Young collections still run as usual; full ones become rare.
+        self._gc_threshold = gc.get_threshold()
+        gc.set_threshold(self._gc_threshold[0], self._gc_threshold[1], max(self._gc_threshold[2], GC_FULL_EVERY))
         if self.processes is not None:
             self.push_screen(ProcessListScreen(self.processes, interval_s=max(2.0, self.interval_s)))
             if self.pid is not None:
@@ -719,6 +776,10 @@ class StacklensApp(App):
             self.push_screen(ProfileScreen(self.source, interval_s=self.interval_s, pid=self.pid))
         if self.duration_s:
             self.set_timer(self.duration_s, self.exit)
+
+    def on_unmount(self) -> None:
+        sys.setswitchinterval(self._switch_interval)
+        gc.set_threshold(*self._gc_threshold)
 
     def open_process(self, pid: int) -> None:
         assert self.processes is not None
