@@ -13,7 +13,10 @@ Reports (results recorded in docs/benchmarks/cct.md):
 - peak traced memory while inserting (tracemalloc; the frames themselves were allocated
   before tracing starts, as they belong to the events) and the tree's memory after 1x and 10x
   the stream (acceptance: within 5%, memory must not grow with run length);
-- the time to take a snapshot of the resulting tree.
+- the time to take a snapshot of the resulting tree;
+- events/s when the tree cannot hold every context (`--small-cap`, default 25,000 nodes for the
+  55,159 the workload needs), where contexts are turned away into `[other]` and folded: for the
+  uniform stream (the worst case: every context equally hot) and for a Zipf(1.1) stream.
 """
 
 from __future__ import annotations
@@ -51,8 +54,12 @@ def make_paths(contexts: int, depth: int, rng: random.Random) -> list[tuple[Fram
     return paths
 
 
-def make_events(paths: list[tuple[Frame, ...]], n: int, rng: random.Random) -> list[tuple[tuple[Frame, ...], str, int]]:
-    picks = rng.choices(range(len(paths)), k=n)
+def make_events(
+    paths: list[tuple[Frame, ...]], n: int, rng: random.Random, skew: float = 0.0
+) -> list[tuple[tuple[Frame, ...], str, int]]:
+    """Events over `paths`: uniformly drawn, or with the i-th path weighted 1/(i+1)**skew."""
+    weights = [1 / (i + 1) ** skew for i in range(len(paths))] if skew else None
+    picks = rng.choices(range(len(paths)), weights=weights, k=n)
     events = []
     for i in picks:
         metric, lo, hi = METRIC_MIX[i % len(METRIC_MIX)]
@@ -60,8 +67,8 @@ def make_events(paths: list[tuple[Frame, ...]], n: int, rng: random.Random) -> l
     return events
 
 
-def run_cct(events) -> float:
-    tree = CCT()
+def run_cct(events, max_nodes: int = 100_000) -> float:
+    tree = CCT(max_nodes=max_nodes)
     add = tree.add
     t0 = time.perf_counter()
     for path, metric, value in events:
@@ -111,6 +118,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=5, help="timing runs; the best is kept")
     parser.add_argument("--rounds", type=int, default=10, help="passes over the stream for the memory check")
+    parser.add_argument("--small-cap", type=int, default=25_000, help="max_nodes for the over-the-cap run")
     args = parser.parse_args()
 
     rng = random.Random(42)
@@ -122,6 +130,8 @@ def main() -> None:
     t0 = time.perf_counter()
     snap = tree.snapshot()
     snap_s = time.perf_counter() - t0
+    capped_s = run_cct(events, args.small_cap)
+    zipf_s = run_cct(make_events(paths, args.events, rng, skew=1.1), args.small_cap)
 
     n = args.events
     print(f"python {platform.python_version()} on {platform.machine()}, {args.contexts} contexts x {args.depth} frames, {tree.node_count} nodes")
@@ -132,6 +142,8 @@ def main() -> None:
     print(f"tree memory      {one / 2**20:>12.1f} MiB after {n:,} events")
     print(f"tree memory      {many / 2**20:>12.1f} MiB after {n * args.rounds:,} events ({(many - one) / one:+.1%}, limit 5%)")
     print(f"snapshot         {snap_s * 1e3:>12.0f} ms  ({snap.node_count} nodes, {len(tree.metrics)} metrics)")
+    print(f"CCT.add, capped  {n / capped_s:>12,.0f} events/s  ({capped_s * 1e9 / n:.0f} ns/event, max_nodes={args.small_cap:,}, uniform)")
+    print(f"CCT.add, capped  {n / zipf_s:>12,.0f} events/s  ({zipf_s * 1e9 / n:.0f} ns/event, max_nodes={args.small_cap:,}, Zipf 1.1)")
 
 
 if __name__ == "__main__":

@@ -92,6 +92,9 @@ def to_folded(snap: Snapshot, metric: str, inclusive: bool = False) -> str:
 # -- pprof -----------------------------------------------------------------------------------
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _varint(value: int) -> bytes:
     if value < 0:
         value += 1 << 64  # int64 two's complement, as protobuf encodes negative int64
@@ -140,6 +143,8 @@ def to_pprof(snap: Snapshot) -> bytes:
     columns = [snap._excl[m] for m in metrics]  # one tuple per metric, not a call per value
     for node, values in enumerate(zip(*columns)):
         if any(values):
+            if not all(_INT64_MIN <= v <= _INT64_MAX for v in values):
+                raise InputError(f"a value at {snap.path(node)} does not fit pprof's 64-bit integers")
             stack = []
             for frame in reversed(paths[node]):  # pprof wants the leaf first
                 loc = location_of.get(frame)

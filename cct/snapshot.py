@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import heapq
+from itertools import accumulate
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ class Snapshot:
         "_frames",
         "_parents",
         "_children",
+        "_child_start",
         "_excl",
         "_incl",
     )
@@ -63,9 +65,12 @@ class Snapshot:
         parents = tuple(parents)
         excl = {m: tuple(exclusive[m]) for m in metrics}
 
-        kids: list[list[int]] = [[] for _ in range(n_nodes)]
-        for node in range(1, n_nodes):
-            kids[parents[node]].append(node)
+        # Children as one array grouped by parent plus offsets, rather than a list per node:
+        # allocating 100k small containers would set off several full garbage collections.
+        by_parent = sorted(range(1, n_nodes), key=parents.__getitem__)  # stable: ids ascend
+        counts = [0] * (n_nodes + 1)
+        for parent in parents[1:]:
+            counts[parent + 1] += 1
 
         incl: dict[str, tuple[int, ...]] = {}
         for m, col in excl.items():
@@ -85,7 +90,8 @@ class Snapshot:
         setattr_(self, "meta", copy.deepcopy(dict(meta or {})))
         setattr_(self, "_frames", tuple(frames))
         setattr_(self, "_parents", parents)
-        setattr_(self, "_children", tuple(map(tuple, kids)))
+        setattr_(self, "_children", tuple(by_parent))
+        setattr_(self, "_child_start", tuple(accumulate(counts)))
         setattr_(self, "_excl", excl)
         setattr_(self, "_incl", incl)
 
@@ -105,7 +111,9 @@ class Snapshot:
         return self._parents[node]
 
     def children(self, node: int) -> tuple[int, ...]:
-        return self._children[node]
+        """Child ids in ascending order."""
+        start = self._child_start
+        return self._children[start[node] : start[node + 1]]
 
     def path(self, node: int) -> tuple[Frame, ...]:
         """Frames from the outermost caller down to `node`; the root itself is not included."""
@@ -121,7 +129,7 @@ class Snapshot:
         """The node reached by following frame labels from the root, or None."""
         node = 0
         for label in labels:
-            for child in self._children[node]:
+            for child in self.children(node):
                 if self._frames[child].label() == label:
                     node = child
                     break

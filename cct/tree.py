@@ -4,17 +4,23 @@ Pure data, no privilege, no I/O, not thread-safe: one aggregation thread owns a 
 immutable `Snapshot`s to everyone else.
 
 Overhead: a path seen before costs one dict lookup (hashing the path tuple) plus one list add,
-about what a plain `dict` counter keyed by the same tuple costs (0.9-1.1x, ~1.1 us per 20-frame
-event on the 2-core VM; docs/benchmarks/cct.md). A new path
-walks the tree once, one dict lookup per frame. Memory grows with the number of distinct
-contexts, never with the number of events, and is capped by `max_nodes`.
+about what a plain `dict` counter keyed by the same tuple costs (~1 us per 20-frame event on the
+2-core VM; docs/benchmarks/cct.md). A new path walks the tree once, one dict lookup per frame.
+Memory grows with the number of distinct contexts, never with the number of events, and is
+capped by `max_nodes`.
 
 Layout: frames are interned to ints; node n is (parents[n], node_frame[n]); exclusive values
 live in one list per metric, indexed by node. Inclusive values are only computed in snapshots.
 
-Node cap and folding: when an insertion pushes the node count over `max_nodes`, the coldest
-contexts are folded until the tree is back to 90% of the cap, so that folding (O(n log n)) runs
-once per 10% of the cap worth of new contexts, not on every new one.
+Node cap and folding: the tree never holds more than `max_nodes` nodes.
+- When a new context does not fit, its values go to the nearest `[other]` node on its path
+  (deepest first; the path cache remembers that), and it counts as turned away.
+- Once max_nodes/10 distinct contexts have been turned away (or no `[other]` is on the path and
+  there is no room for one), the coldest contexts are folded until the tree is back to 90% of
+  the cap, which makes room for newcomers. Folding costs O(n log n) (about 0.1 s for 50k nodes),
+  so it runs once per max_nodes/10 newcomers, not for each. Without the turn-away step, contexts
+  folded away came straight back and were folded again: with 20,000 live contexts over a
+  50,000-node cap that cost 165 us per event; with it, 16 us.
 - The weight of a node is the sum over metrics of its inclusive value as a fraction of that
   metric's total: metrics have different units (ns, counts, bytes), so each is normalised to its
   share before adding. Coldest = least weight; among equals the newest node goes first.
@@ -24,14 +30,17 @@ once per 10% of the cap worth of new contexts, not on every new one.
   "somewhere under train_step" instead of losing all context into one global bucket.
 - Folding goes strictly coldest first. The first fold under a parent creates its `[other]`, so
   it saves a node only if the subtree had two or more; the loop goes on until enough are saved.
-- `folded_nodes` counts every node removed by folding over the tree's life.
-- Long-lived hot contexts win against newcomers, whose weight starts small; windowed views
-  (window.py) build on per-second trees, so a new phase of a job shows up there.
+- `folded_nodes` counts the nodes removed by folding plus the nodes a turned-away context would
+  have needed (counted again if it is turned away again after a fold).
+- Weight is cumulative, so long-lived hot contexts win against newcomers, whose weight starts
+  small; windowed views (window.py) build on per-second trees, where a new phase of a job shows.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate, compress, repeat
 
 from .frames import OTHER, ROOT, Frame
 from .snapshot import Snapshot
@@ -65,7 +74,10 @@ class CCT:
         self._frame_ids: dict[Frame, int] = {ROOT: 0}
         self._parents: list[int] = [-1]
         self._node_frame: list[int] = [0]
-        self._child: dict[tuple[int, int], int] = {}
+        # (parent, frame id) -> child, keyed by the int parent << 32 | frame id: an int key
+        # hashes faster than a tuple, takes half the memory and is no work for the garbage
+        # collector.
+        self._child: dict[int, int] = {}
         self._excl: dict[str, list[int]] = {m: [0] for m in metrics}
         self._cols = list(self._excl.values())
         # Path tuple -> leaf node: the hot path. Keys are built from interned frames so the
@@ -73,6 +85,7 @@ class CCT:
         # distinct paths to distinct nodes), and it is emptied whenever folding renumbers nodes.
         self._leaf_of: dict[tuple[Frame, ...], int] = {}
         self._folded = 0
+        self._turned_away = 0  # distinct contexts charged to [other] since the last fold
 
     @property
     def node_count(self) -> int:
@@ -116,21 +129,57 @@ class CCT:
         for metric in deltas:
             if metric not in self._excl:
                 raise self._unknown_metric(metric)
+        node, key = self._place(path)
+        for metric, value in deltas.items():
+            self._excl[metric][node] += value
+        self._leaf_of[key] = node
+
+    def _place(self, path: tuple[Frame, ...]) -> tuple[int, tuple[Frame, ...]]:
+        """The node that takes `path`'s values (created if there is room), and its cache key."""
+        frame_ids, child, cap = self._frame_ids, self._child, self.max_nodes
         node = 0
-        frame_ids, child = self._frame_ids, self._child
-        for frame in path:
+        for depth, frame in enumerate(path):
             fid = frame_ids.get(frame)
             if fid is None:
                 fid = self._intern(frame)
-            nxt = child.get((node, fid))
-            node = self._new_node(node, fid) if nxt is None else nxt
-        for metric, value in deltas.items():
-            self._excl[metric][node] += value
-        if self.max_nodes is not None and len(self._parents) > self.max_nodes:
+            nxt = child.get(node << 32 | fid)
+            if nxt is None:
+                missing = len(path) - depth
+                if cap is not None and len(self._parents) + missing > cap:
+                    return self._turn_away(path, node, missing)
+                nxt = self._new_node(node, fid)
+            node = nxt
+        frames = self._frames
+        return node, tuple(frames[frame_ids[f]] for f in path)
+
+    def _turn_away(self, path: tuple[Frame, ...], node: int, missing: int) -> tuple[int, tuple[Frame, ...]]:
+        """The tree is full: charge `path` to the nearest `[other]` on it (deepest first), or
+        fold first if enough contexts were turned away (see the module docstring)."""
+        assert self.max_nodes is not None
+        if self._turned_away >= max(1, self.max_nodes // 10):
             self._fold()
+            return self._place(path)
+        other_fid = self._frame_ids.get(OTHER)
+        if other_fid is None:
+            other_fid = self._intern(OTHER)
+        ancestor = node
+        while ancestor >= 0:
+            other = self._child.get(ancestor << 32 | other_fid)
+            if other is not None:
+                break
+            ancestor = self._parents[ancestor]
         else:
-            frames = self._frames
-            self._leaf_of[tuple(frames[frame_ids[f]] for f in path)] = node
+            if len(self._parents) >= self.max_nodes:
+                # Make room for one [other]; if even that fails everything went into the
+                # root's [other], which is on every path.
+                self._fold(min(self.max_nodes - 1, max(2, int(self.max_nodes * _FOLD_TO))))
+                return self._place(path)
+            other = self._new_node(node, other_fid)
+        self._turned_away += 1
+        self._folded += missing
+        # The caller's tuple as the key: at most max_nodes/10 such entries live until the next
+        # fold empties the cache.
+        return other, path
 
     def _intern(self, frame: Frame) -> int:
         if not isinstance(frame, Frame):
@@ -146,7 +195,7 @@ class CCT:
         self._node_frame.append(fid)
         for col in self._cols:
             col.append(0)
-        self._child[(parent, fid)] = node
+        self._child[parent << 32 | fid] = node
         return node
 
     def _unknown_metric(self, metric: str) -> KeyError:
@@ -173,7 +222,7 @@ class CCT:
             if fid is None:
                 fid = self._intern(frame)
             parent = remap[parents[node]]
-            nxt = child.get((parent, fid))
+            nxt = child.get(parent << 32 | fid)
             remap[node] = self._new_node(parent, fid) if nxt is None else nxt
         for metric, theirs in exclusive.items():
             mine = self._excl.get(metric)
@@ -231,9 +280,12 @@ class CCT:
 
     # -- folding -------------------------------------------------------------------------
 
-    def _fold(self) -> None:
+    def _fold(self, target: int | None = None) -> None:
+        """Fold the coldest subtrees until at most `target` nodes (default: 90% of the cap) remain,
+        or nothing is left to fold."""
         assert self.max_nodes is not None
-        target = max(2, int(self.max_nodes * _FOLD_TO))
+        if target is None:
+            target = max(2, int(self.max_nodes * _FOLD_TO))
         parents, cols = self._parents, self._cols
         n_nodes = len(parents)
 
@@ -241,14 +293,18 @@ class CCT:
         for col in cols:
             total = sum(map(abs, col))
             if total:
-                for node, value in enumerate(col):
-                    if value:
-                        weight[node] += abs(value) / total
+                shares = map(operator.truediv, map(abs, col), repeat(total))
+                weight = list(map(operator.add, weight, shares))
         for node in range(n_nodes - 1, 0, -1):
             weight[parents[node]] += weight[node]
-        children: list[list[int]] = [[] for _ in range(n_nodes)]
-        for node in range(1, n_nodes):
-            children[parents[node]].append(node)
+        # Children grouped by parent plus offsets, not a list per node (which would set off
+        # full garbage collections); [other] nodes made by this fold are in `new_other`.
+        by_parent = sorted(range(1, n_nodes), key=parents.__getitem__)
+        counts = [0] * (n_nodes + 1)
+        for parent in parents[1:]:
+            counts[parent + 1] += 1
+        start = list(accumulate(counts))
+        new_other: dict[int, int] = {}
 
         other_fid = self._frame_ids.get(OTHER)
         if other_fid is None:
@@ -256,23 +312,19 @@ class CCT:
         node_frame = self._node_frame
         # Descendants never weigh more than their ancestors, so ascending weight (newest
         # first among equals, and children are newer than parents) folds leaves before parents.
-        order = sorted(
-            (n for n in range(1, n_nodes) if node_frame[n] != other_fid),
-            key=lambda n: (weight[n], -n),
-        )
+        # A stable sort of descending ids gives that order without building a key per node.
+        order = sorted(range(n_nodes - 1, 0, -1), key=weight.__getitem__)
         gone = bytearray(n_nodes)
         live = n_nodes
 
         def fold(node: int) -> int:
             """Fold node's subtree into its parent's [other]; returns how many nodes that saves."""
             parent = parents[node]
-            other = self._child.get((parent, other_fid))
+            other = self._child.get(parent << 32 | other_fid)
             created = 0
             if other is None:
-                other = self._new_node(parent, other_fid)
+                other = new_other[parent] = self._new_node(parent, other_fid)
                 gone.append(0)
-                children.append([])
-                children[parent].append(other)
                 created = 1
             removed = 0
             stack = [node]
@@ -286,43 +338,48 @@ class CCT:
                     if col[n]:
                         col[other] += col[n]
                         col[n] = 0
-                stack.extend(children[n])
-            del self._child[(parent, node_frame[node])]
+                if n < n_nodes:
+                    stack.extend(by_parent[start[n] : start[n + 1]])
+                    if n in new_other:
+                        stack.append(new_other[n])
+            del self._child[parent << 32 | node_frame[node]]
             self._folded += removed
             return removed - created
 
         for node in order:
             if live <= target:
                 break
-            if not gone[node]:
+            if not gone[node] and node_frame[node] != other_fid:
                 live -= fold(node)
-        self._compact(gone)
+        self._compact(gone, other_fid)
 
-    def _compact(self, gone: bytearray) -> None:
-        """Renumber the surviving nodes (keeping parent < child) and drop unused frames."""
-        keep = [n for n in range(len(self._parents)) if not gone[n]]
-        new_id = [-1] * len(self._parents)
-        for i, n in enumerate(keep):
-            new_id[n] = i
-        old_frames = self._frames
-        frames: list[Frame] = []
-        frame_ids: dict[Frame, int] = {}
-        node_frame: list[int] = []
-        parents: list[int] = []
-        child: dict[tuple[int, int], int] = {}
-        for i, n in enumerate(keep):
-            frame = old_frames[self._node_frame[n]]
-            fid = frame_ids.get(frame)
-            if fid is None:
-                fid = frame_ids[frame] = len(frames)
-                frames.append(frame)
-            parent = new_id[self._parents[n]] if n else -1
-            node_frame.append(fid)
-            parents.append(parent)
-            if n:
-                child[(parent, fid)] = i
-        self._frames, self._frame_ids = frames, frame_ids
-        self._node_frame, self._parents, self._child = node_frame, parents, child
-        self._excl = {m: [col[n] for n in keep] for m, col in self._excl.items()}
+    def _compact(self, gone: bytearray, other_fid: int) -> None:
+        """Renumber the surviving nodes (keeping parent < child), drop unused frames, and keep
+        the path cache entries of surviving contexts (re-walking every path after each fold
+        cost more than the fold). Paths charged to an `[other]` are dropped: there may be room
+        for them now.
+
+        Written as chains of map/zip so the per-node work runs in C: a fold of 100k nodes
+        spent most of its time here as a Python loop.
+        """
+        keep = list(compress(range(len(gone)), map(operator.not_, gone)))
+        new_id = dict(zip(keep, range(len(keep))))
+        old_parents, old_node_frame = self._parents, self._node_frame
+        parents = [-1]
+        parents += map(new_id.__getitem__, map(old_parents.__getitem__, keep[1:]))
+        used = sorted(set(map(old_node_frame.__getitem__, keep)))  # ROOT's 0 stays first
+        new_fid = dict(zip(used, range(len(used))))
+        node_frame = list(map(new_fid.__getitem__, map(old_node_frame.__getitem__, keep)))
+        frames = list(map(self._frames.__getitem__, used))
+        self._frames, self._frame_ids = frames, dict(zip(frames, range(len(frames))))
+        self._parents, self._node_frame = parents, node_frame
+        keys = map(operator.or_, map(operator.lshift, parents[1:], repeat(32)), node_frame[1:])
+        self._child = dict(zip(keys, range(1, len(keep))))
+        self._excl = {m: list(map(col.__getitem__, keep)) for m, col in self._excl.items()}
         self._cols = list(self._excl.values())
-        self._leaf_of = {}
+        self._leaf_of = {
+            path: new_id[node]
+            for path, node in self._leaf_of.items()
+            if node in new_id and old_node_frame[node] != other_fid
+        }
+        self._turned_away = 0

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from stacklens.cct import CCT, Frame, Snapshot
 from stacklens.cct.export import to_pprof, unit_of
+from stacklens.errors import InputError
 
 SCHEMA = Path(__file__).parents[1] / "data" / "schemas" / "profile.proto"
 
@@ -104,7 +105,7 @@ def test_parses_with_the_schema(profile_pb2) -> None:
 
 paths = st.lists(st.sampled_from(FRAMES), max_size=5).map(tuple)
 events = st.lists(
-    st.tuples(paths, st.sampled_from(("gpu_time_ns", "cpu_samples", "alloc_bytes")), st.integers(-(2**62), 2**62)),
+    st.tuples(paths, st.sampled_from(("gpu_time_ns", "cpu_samples", "alloc_bytes")), st.integers(-(2**56), 2**56)),
     max_size=30,
 )
 
@@ -119,6 +120,13 @@ def test_round_trips_any_tree(profile_pb2, evs) -> None:
     profile = profile_pb2.Profile()
     profile.ParseFromString(gzip.decompress(to_pprof(snap)))
     assert parsed_totals(profile) == expected(snap)
+
+
+def test_values_beyond_int64_are_refused() -> None:
+    tree = CCT()
+    tree.add(FRAMES[:1], "gpu_time_ns", 2**63)
+    with pytest.raises(InputError, match="64-bit"):
+        to_pprof(tree.snapshot())
 
 
 def test_go_tool_pprof_reads_it(tmp_path: Path) -> None:
