@@ -32,7 +32,7 @@ from tests.bpf.conftest import FAKES, Target  # noqa: E402
 
 def build_fakes(d: Path) -> Path:
     for src, out in (("fake_cuda.c", "libcuda.so.1"),):
-        subprocess.run(["cc", "-O1", "-fno-omit-frame-pointer", "-fPIC", "-shared", "-o", str(d / out),
+        subprocess.run(["cc", "-O1", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-fPIC", "-shared", "-o", str(d / out),
                         str(FAKES / src)], check=True)
     return d
 
@@ -51,7 +51,7 @@ def bench_launch(libdir: Path, n: int, reps: int) -> dict:
     t = Target("fake_cuda_bench.py", str(libdir))
     try:
         base = median_of(t, f"loop {n}", reps)
-        res = {}
+        res = {"empty BPF program (uprobe floor)": empty_probe_cost(t, libdir, n, reps, base)}
         for label, cfg in (("entry probe, no stack", ProbeConfig(cpu_sample_hz=0, ops=False, native_stacks=False)),
                            ("entry probe + native stack", ProbeConfig(cpu_sample_hz=0, ops=False))):
             s = ProbeSession(t.pid, cfg)
@@ -80,6 +80,26 @@ def bench_launch(libdir: Path, n: int, reps: int) -> dict:
             "after_detach_us_per_launch": after / n * 1e6}
 
 
+def empty_probe_cost(t: Target, libdir: Path, n: int, reps: int, base: float) -> dict:
+    """The same loop with an empty program on cuLaunchKernel: what a uprobe hit costs here."""
+    from bcc import BPF
+
+    from stacklens.bpf.elf import ElfFile
+    from stacklens.bpf.uprobe_multi import attach_uprobe_multi
+
+    with ElfFile(str(libdir / "libcuda.so.1")) as elf:
+        off = elf.symbol_offsets(["cuLaunchKernel"])["cuLaunchKernel"]
+    b = BPF(text=b"int sl_empty(struct pt_regs *ctx) { return 0; }")
+    fn = b.load_func(b"sl_empty", BPF.KPROBE, attach_type=48)
+    fd = attach_uprobe_multi(fn.fd, str(libdir / "libcuda.so.1"), [off], [0], pid=t.pid)
+    try:
+        s = median_of(t, f"loop {n}", reps)
+    finally:
+        os.close(fd)
+        b.cleanup()
+    return {"s_per_loop": s, "us_per_launch": s / n * 1e6, "probe_cost_us": (s - base) / n * 1e6}
+
+
 def bench_ops(steps: int, reps: int) -> dict:
     t = Target("torch_mlp.py")
     try:
@@ -101,7 +121,7 @@ def bench_ops(steps: int, reps: int) -> dict:
             "op_calls_per_step": calls / (steps * reps), "attach_s": attach_s, "detach_s": detach_s}
 
 
-def bench_events(libdir: Path, launches: int, stacks: bool, fanout: int) -> dict:
+def bench_events(libdir: Path, launches: int, stacks: bool, fanout: int, rate: int = 0) -> dict:
     """Loader throughput through the default 16 MiB ring: each probe hit submits `fanout` events
     (-DSL_BENCH_FANOUT) because one uprobe hit costs ~16 µs on this VM, so launches alone cannot
     outrun the loader. The run pushes many times the ring's size, so only a loader that keeps up
@@ -128,7 +148,7 @@ def bench_events(libdir: Path, launches: int, stacks: bool, fanout: int) -> dict
         th = threading.Thread(target=drain)
         th.start()
         t0 = time.perf_counter()
-        loop_s = run(t, f"loop {launches}")
+        loop_s = run(t, f"paced {launches} {int(1e9 / rate)}" if rate else f"loop {launches}")
         deadline = time.perf_counter() + 30
         while got[0] + s.stats()["drops"] < want and time.perf_counter() < deadline:
             time.sleep(0.05)
@@ -140,7 +160,7 @@ def bench_events(libdir: Path, launches: int, stacks: bool, fanout: int) -> dict
     finally:
         t.kill()
     del cpu0
-    return {"native_stacks": stacks, "fanout": fanout, "events_expected": want, "events_received": got[0],
+    return {"native_stacks": stacks, "fanout": fanout, "target_rate": rate, "events_expected": want, "events_received": got[0],
             "drops": st["drops"], "ring_bytes": 16 << 20, "bytes_through_ring": want * 240,
             "producer_s": round(loop_s, 3), "producer_events_per_s": round(want / loop_s),
             "last_event_after_s": round(wall, 3), "loader_events_per_s": round(got[0] / wall)}
@@ -184,7 +204,10 @@ def main() -> None:
     print(json.dumps(res["launch"], indent=1), flush=True)
     res["ops"] = bench_ops(300 if a.quick else 1000, reps)
     print(json.dumps(res["ops"], indent=1), flush=True)
-    res["events"] = [bench_events(libdir, 30_000 if a.quick else 60_000, st, 16) for st in (False, True)]
+    secs = 2 if a.quick else 4
+    res["events"] = [bench_events(libdir, rate * secs, st, 1, rate)
+                     for st in (False, True) for rate in (100_000, 150_000, 200_000, 250_000, 300_000)]
+    res["events"].append(bench_events(libdir, 1_000_000, False, 1))  # unpaced: as fast as it goes
     print(json.dumps(res["events"], indent=1), flush=True)
     res["attach_all"] = bench_attach_all(libdir, 3)
     print(json.dumps(res["attach_all"], indent=1), flush=True)

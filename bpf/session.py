@@ -249,11 +249,11 @@ class ProbeSession:
             return
         if self._fallback:
             for s in present:
-                self._bpf.attach_uprobe(name=lib.host_path, sym=s.symbol, fn_name=f"sl_api_entry_{s.index}",
-                                        pid=self.pid)
+                self._bpf.attach_uprobe(name=lib.host_path.encode(), sym=s.symbol.encode(),
+                                        fn_name=f"sl_api_entry_{s.index}".encode(), pid=self.pid)
                 if s.ret:
-                    self._bpf.attach_uretprobe(name=lib.host_path, sym=s.symbol,
-                                               fn_name=f"sl_api_return_{s.index}", pid=self.pid)
+                    self._bpf.attach_uretprobe(name=lib.host_path.encode(), sym=s.symbol.encode(),
+                                               fn_name=f"sl_api_return_{s.index}".encode(), pid=self.pid)
         else:
             self._links.append(self._link(self._api_entry.fd, lib.host_path,
                                           [offsets[s.symbol] for s in present], [s.index for s in present]))
@@ -281,11 +281,13 @@ class ProbeSession:
             self._libraries.append(LibraryAttach(lib.path, "torch", 0))
             return
         if self._fallback:
-            from .elf import ElfFile  # noqa: F401  (offsets are file offsets: BCC takes them as addr)
+            from .elf import ElfFile
+
             self._op_names = list(FALLBACK_OPS)
-            for o in ops:
-                self._bpf.attach_uprobe(name=lib.host_path, addr=o.offset,
-                                        fn_name=f"sl_op_entry_{wanted[o.name]}", pid=self.pid)
+            with ElfFile(lib.host_path) as elf:  # BCC takes a virtual address and converts it
+                for o in ops:
+                    self._bpf.attach_uprobe(name=lib.host_path.encode(), addr=elf.offset_to_vaddr(o.offset),
+                                            fn_name=f"sl_op_entry_{wanted[o.name]}".encode(), pid=self.pid)
         else:
             base = len(self._op_names)
             self._op_names.extend(o.name for o in ops)

@@ -39,7 +39,7 @@ def _cc(out: Path, *args: str) -> None:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler to build the fake GPU libraries")
-    subprocess.run([cc, "-O1", "-g", "-fno-omit-frame-pointer", "-fPIC", "-o", str(out), *args], check=True)
+    subprocess.run([cc, "-O1", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-fPIC", "-o", str(out), *args], check=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Target for benchmarks/bench_probes.py: tight cuLaunchKernel loop in C (fake libcuda).
 
-argv: LIBDIR. Prints `ready`; each line `loop N` runs N launches (C loop, no Python per call) and
-prints `done SECONDS`; an empty line exits.
+argv: LIBDIR. Prints `ready`; each line `loop N` runs N launches (C loop, no Python per call),
+`paced N GAP_NS` one launch every GAP_NS; prints `done SECONDS`; an empty line exits.
 """
 
 import ctypes
@@ -10,11 +10,15 @@ import time
 
 cuda = ctypes.CDLL(f"{sys.argv[1]}/libcuda.so.1")
 cuda.fake_cuda_launch_loop.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong]
+cuda.fake_cuda_launch_paced.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_ulonglong]
 print("ready", flush=True)
 for line in sys.stdin:
     cmd = line.split()
     if not cmd:
         break
     t0 = time.perf_counter()
-    cuda.fake_cuda_launch_loop(0x1234, int(cmd[1]))
+    if cmd[0] == "paced":  # paced N GAP_NS
+        cuda.fake_cuda_launch_paced(0x1234, int(cmd[1]), int(cmd[2]))
+    else:  # loop N
+        cuda.fake_cuda_launch_loop(0x1234, int(cmd[1]))
     print(f"done {time.perf_counter() - t0:.6f}", flush=True)
