@@ -229,3 +229,38 @@ def test_bad_construction() -> None:
         CCT(metrics=("a", "a"))
     with pytest.raises(ValueError):
         CCT(metrics=())
+
+
+def test_a_full_tree_turns_new_contexts_away_into_the_nearest_other() -> None:
+    step = Frame.python("train.py", "step", 3)
+    tree = CCT(metrics=("gpu_time_ns",), max_nodes=20)
+    for i in range(18):  # root + step + 18 kernels: full
+        tree.add((step, Frame.kernel(f"k{i}")), "gpu_time_ns", 100)
+    # No [other] on the path and no room: fold back to 18 nodes (k17 into step/[other], which
+    # saves nothing, then k16, k15), and the newcomer gets in; so does the next one.
+    tree.add((step, Frame.kernel("x")), "gpu_time_ns", 1)
+    tree.add((step, Frame.kernel("y")), "gpu_time_ns", 1)
+    assert tree.node_count == 20 and tree.folded_nodes == 3
+    # Full again, and step/[other] is on the path: charged there, nothing created.
+    late = (step, Frame.kernel("z"), Frame.kernel("deeper"))
+    for _ in range(3):
+        tree.add(late, "gpu_time_ns", 7)
+    snap = tree.snapshot()
+    assert snap.node_count == 20
+    other = snap.find(["py:train.py:step:3", "[other]"])
+    assert snap.exclusive(other, "gpu_time_ns") == 3 * 100 + 3 * 7
+    assert snap.find(["py:train.py:step:3", "kernel:z"]) is None
+    assert snap.folded_nodes == 3 + 2  # z and deeper were never created
+    assert snap.total("gpu_time_ns") == 18 * 100 + 2 + 21
+
+
+def test_surviving_contexts_keep_their_cache_entries_across_a_fold() -> None:
+    tree = CCT(metrics=("cpu_samples",), max_nodes=30)
+    hot = (FRAMES[0], FRAMES[1])
+    tree.add(hot, "cpu_samples", 1000)
+    for i in range(40):
+        tree.add((FRAMES[2], Frame.op(f"cold{i}")), "cpu_samples", 1)
+    assert tree.folded_nodes > 0
+    assert hot in tree._leaf_of
+    snap = tree.snapshot()
+    assert snap.path(tree._leaf_of[hot]) == hot
