@@ -80,9 +80,10 @@ class CCT:
         self._child: dict[int, int] = {}
         self._excl: dict[str, list[int]] = {m: [0] for m in metrics}
         self._cols = list(self._excl.values())
-        # Path tuple -> leaf node: the hot path. Keys are built from interned frames so the
-        # cache never pins the caller's frame objects; at most one entry per node (a trie maps
-        # distinct paths to distinct nodes), and it is emptied whenever folding renumbers nodes.
+        # Path tuple -> the node that takes its values: the hot path. Keys of paths in the tree
+        # are built from interned frames, so the cache never pins the caller's frame objects.
+        # Size: one entry per node (a trie maps distinct paths to distinct nodes) plus at most
+        # max_nodes/10 turned-away paths, which every fold drops.
         self._leaf_of: dict[tuple[Frame, ...], int] = {}
         self._folded = 0
         self._turned_away = 0  # distinct contexts charged to [other] since the last fold
@@ -177,8 +178,7 @@ class CCT:
             other = self._new_node(node, other_fid)
         self._turned_away += 1
         self._folded += missing
-        # The caller's tuple as the key: at most max_nodes/10 such entries live until the next
-        # fold empties the cache.
+        # The caller's tuple is the key: the next fold drops it, as there may be room then.
         return other, path
 
     def _intern(self, frame: Frame) -> int:
