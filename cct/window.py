@@ -74,6 +74,7 @@ class WindowedCCT:
         idx = max(math.floor(t / self.bucket_s), self._open_idx + 1)
         if not _empty(self._open):
             self._cumulative._absorb_tree(self._open)
+            self._open._leaf_of = {}  # a closed bucket is only read: its path cache is dead weight
             self._closed.append((self._open_idx, self._open))
             self._open = CCT(self.metrics, self.max_nodes)
         self._open_idx = idx
