@@ -25,6 +25,7 @@ SORTS = ("inclusive", "exclusive", "name")
 PREFERRED_METRICS = (
     "gpu_time_ns",
     "cpu_samples",
+    "py_samples",
     "api_cpu_ns",
     "launch_count",
     "kernel_count",
