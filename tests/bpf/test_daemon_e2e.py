@@ -46,9 +46,10 @@ def daemon(tmp_path, bpf_available):
     for i, a in enumerate(argv):
         if a in repl:
             argv[i + 1] = repl[a]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = open(tmp_path / "stacklensd.log", "w")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
     line = proc.stdout.readline()
-    assert "ready" in line, line + proc.stdout.read() if proc.poll() is not None else line
+    assert "ready" in line, (line, (tmp_path / "stacklensd.log").read_text())
     yield sock
     proc.terminate()
     try:
@@ -56,6 +57,8 @@ def daemon(tmp_path, bpf_available):
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
+    finally:
+        log.close()
 
 
 def cli(sock, *args, check=True) -> subprocess.CompletedProcess:

@@ -1,4 +1,9 @@
-"""Target: spends ~70% of its time in f and ~30% in g (pure Python, no I/O). argv[1] = stop file."""
+"""Target: spends ~70% of its time in f and ~30% in g (pure Python, no I/O). argv[1] = stop file.
+
+Periods are long (70 ms / 30 ms) so the sampler's view is not skewed by the GIL hand-over at
+phase edges; at exit it prints the split it really had (`split F_SECONDS G_SECONDS`), which is
+the ground truth the test compares against on a loaded machine.
+"""
 import os
 import sys
 import time
@@ -12,12 +17,19 @@ def spin(seconds):
     return x
 
 
+SPENT = {"f": 0.0, "g": 0.0}
+
+
 def f():
-    return spin(0.007)
+    t = time.perf_counter()
+    spin(0.070)
+    SPENT["f"] += time.perf_counter() - t
 
 
 def g():
-    return spin(0.003)
+    t = time.perf_counter()
+    spin(0.030)
+    SPENT["g"] += time.perf_counter() - t
 
 
 def main():
@@ -28,8 +40,9 @@ def main():
         f()
         g()
         n += 1
-        if n % 10 == 0 and os.path.exists(stop):
+        if os.path.exists(stop):
             break
+    print(f"split {SPENT['f']:.6f} {SPENT['g']:.6f}", flush=True)
     print("done", flush=True)
 
 
