@@ -23,7 +23,7 @@ _is_async = name_matcher(r"async")
 @rule(RULE)
 def host_device_copies(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     view = view_of(snapshot)
-    min_share = config.param(RULE, "min_share", 0.02)
+    min_share = config.param(RULE, "min_share", 0.05)
     marks = view.mark(api(lambda n: is_memcpy_api(n) and _host_device(n)), kinds=("gpu_api",))
     # The one-scalar copy of `.item()` is a sync first: sync_stalls reports it.
     scalar = view.mark(op_named("item", "_local_scalar_dense"), kinds=("op",))
@@ -59,7 +59,9 @@ def host_device_copies(snapshot: Snapshot, *, config: RuleConfig) -> list[Findin
                 rule=RULE,
                 severity=severity_for(share, 0.2, 0.05),
                 path=line_path(view, ln, apis[ln][0]),
-                title=f"host↔device copies in the loop: {nbytes / 2**20:.1f} MiB via {', '.join(api_names[:3])}",
+                title="host↔device copies in the loop: "
+                + (f"{nbytes / 2**20:.1f} MiB " if nbytes else "")
+                + f"{100 * share:.0f}% of the time in {', '.join(api_names[:3])}",
                 evidence=ev,
                 fix=fix + ".",
                 estimated_saving=round(min(0.7 * share, 0.9), 4),

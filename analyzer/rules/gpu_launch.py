@@ -130,7 +130,12 @@ def launch_bound(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
             ev["api_to_gpu_ratio"] = round(api_ns / max(1, gpu_ns), 3)
             if busy is not None:
                 ev["process_gpu_busy_share"] = round(busy, 4)
-            saving = view.ns_share(api_ns - gpu_ns)
+            # The GPU waits for the CPU: what the CPU spends at this line beyond the GPU time of
+            # its kernels (launch calls and the Python around them) is what batching or CUDA
+            # graphs can take away; at least the launch time in excess of the GPU time.
+            own_cpu = view.cpu_share(_line_cpu(view).get(ln, 0))
+            saving = max(view.ns_share(api_ns - gpu_ns), own_cpu - view.gpu_share(gpu_ns))
+            ev["line_cpu_share"] = round(own_cpu, 4)
             title = f"launch-bound: {ev['api_to_gpu_ratio']}x more CPU time launching than GPU time in the kernels"
             severity = severity_for(saving, 0.15, 0.05)
         else:
@@ -155,13 +160,23 @@ def launch_bound(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     return out
 
 
+def _line_cpu(view: View) -> dict[int, int]:
+    def compute() -> dict[int, int]:
+        col = view.col(view.cpu_metric) if view.cpu_metric else None
+        per: dict[int, int] = {}
+        if col:
+            line = view.line
+            for i, v in enumerate(col):
+                if v:
+                    per[line[i]] = per.get(line[i], 0) + v
+        return per
+
+    return view.memo("line_cpu", compute)  # type: ignore[return-value]
+
+
 def _top_cpu_line(view: View) -> str | None:
-    col = view.col(view.cpu_metric) if view.cpu_metric else None
-    if not col:
+    per = _line_cpu(view)
+    if not per:
         return None
-    per: dict[int, int] = {}
-    for i, v in enumerate(col):
-        if v:
-            per[view.line[i]] = per.get(view.line[i], 0) + v
     ln = max(per, key=per.get)
     return view.frames[ln].label() if ln else None

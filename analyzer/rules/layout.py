@@ -25,6 +25,7 @@ _copy_kernel = name_matcher(
 )
 _conv_like = name_matcher(r"conv|cudnn|batch_norm|pool")
 # Copies LAPACK/cuSOLVER wrappers make into column-major scratch: not a layout the user chose.
+_SCALAR = {"item", "_local_scalar_dense"}
 _solver = name_matcher(r"linalg|lstsq|svd|qr|eig|cholesky|_lu|solve|inverse|det")
 
 
@@ -49,7 +50,9 @@ def layout_conversions(snapshot: Snapshot, *, config: RuleConfig) -> list[Findin
                 found.add(op_base(frames[p].name))
             p = view.parents[p]
         callers_of[h] = found
-    skip = h2d | {h for h, c in callers_of.items() if any(_solver(x) for x in c)}
+    # Copies made inside solvers (column-major scratch) or inside `.item()` (the scalar's copy to
+    # the host, a sync_stalls matter) are not layouts the user chose.
+    skip = h2d | {h for h, c in callers_of.items() if any(_solver(x) or x in _SCALAR for x in c)}
     nodes = [i for i, m in enumerate(marks) if m and m not in skip]
     metrics = ("cpu_samples", "py_samples", "gpu_time_ns", "kernel_count", "launch_count", "api_cpu_ns")
     groups = view.sum_by_line(nodes, metrics)

@@ -23,10 +23,11 @@ class Model(nn.Module):
 
 
 def make(fixed: bool):
-    model = Model(sparse=fixed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = Model(sparse=fixed).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    ids = torch.randint(0, 200_000, (512,))
-    target = torch.randn(512)
+    ids = torch.randint(0, 200_000, (512,), device=device)
+    target = torch.randn(512, device=device)
 
     def step():
         opt.zero_grad(set_to_none=True)

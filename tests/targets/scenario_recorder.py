@@ -29,6 +29,7 @@ import argparse
 import bisect
 import contextlib
 import os
+import re
 import sys
 import threading
 import time
@@ -121,87 +122,199 @@ def record(step: Callable[[], object], *, seconds: float, meta: dict, link_backw
     sys.setswitchinterval(SAMPLE_S / 2)
     log = _CallLog()
     thread = threading.Thread(target=sampler, daemon=True)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        with log if link_backward else contextlib.nullcontext():
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    # On a GPU every launch needs its Python line: the call log is always on there.
+    with profile(activities=activities, profile_memory=True) as prof:
+        with log if (link_backward or cuda) else contextlib.nullcontext():
             t0 = time.time_ns()
             thread.start()
             iters = 0
             while time.time_ns() - t0 < seconds * 1e9 or iters < 3:
                 step()
                 iters += 1
+            t_drain = time.time_ns()
+            if cuda:
+                torch.cuda.synchronize()  # the recorder's own wait: dropped below
             stop.set()
             thread.join()
             t1 = time.time_ns()
     sys.setswitchinterval(old_interval)
 
-    events = [e for e in prof.profiler.kineto_results.events() if not e.is_python_function()]
-    tid = max({e.start_thread_id() for e in events}, key=lambda t: sum(1 for e in events if e.start_thread_id() == t))
-    ops = sorted(
-        ((e.start_ns(), e.start_ns() + e.duration_ns(), e) for e in events
-         if e.start_thread_id() == tid and e.name() != "[memory]" and e.duration_ns() >= 0),
-        key=lambda x: (x[0], -x[1]),
-    )
-    mem = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.nbytes() > 0)
+    events = [e for e in prof.profiler.kineto_results.events()
+              if not getattr(e, "is_python_function", lambda: False)()]
+    gpu = _gpu_events(events)
+    cpu_events = [e for e in events if id(e) not in gpu["device_ids"] and e.name() != "[memory]"]
+    ops_by_tid: dict[int, list] = {}
+    for e in cpu_events:
+        if e.name() in _NOT_OPS or e.duration_ns() < 0 or _RUNTIME.match(e.name()):
+            continue
+        ops_by_tid.setdefault(e.start_thread_id(), []).append((e.start_ns(), e.start_ns() + e.duration_ns(), e))
+    for lst in ops_by_tid.values():
+        lst.sort(key=lambda x: (x[0], -x[1]))
+    # The main thread is the one whose first op starts first: forward runs there.
+    main_tid = min(ops_by_tid, key=lambda t: ops_by_tid[t][0][0]) if ops_by_tid else 0
+
+    sample_times = [t for t, _ in samples]
 
     def stack_at(t: int) -> tuple[Frame, ...]:
-        i = bisect.bisect_right(log.times, t) - 1
-        return log.stacks[i] if i >= 0 else ()
+        """Python stack at time t: from the call log when on, else the last sample before t."""
+        if log.times:
+            i = bisect.bisect_right(log.times, t) - 1
+            return log.stacks[i] if i >= 0 else ()
+        i = bisect.bisect_right(sample_times, t) - 1
+        return samples[i][1][0] if i >= 0 else ()
 
     # Forward line of every autograd sequence number: the Python stack of the forward op.
     fwd_stack: dict[int, tuple[Frame, ...]] = {}
-    for start, _, e in ops:
+    for start, _, e in ops_by_tid.get(main_tid, ()):
         seq = e.sequence_nr()
         if seq >= 0 and "Backward" not in e.name() and "autograd::" not in e.name() and seq not in fwd_stack:
             fwd_stack[seq] = stack_at(start)
 
     tree = CCT(METRICS + ("py_samples",), max_nodes=100_000)
-    stream = sorted([(t, 0, s) for t, s in samples] + [(t, 1, n) for t, n in mem], key=lambda x: (x[0], x[1]))
-    active: list[tuple[int, int, object]] = []
-    k = 0
+    # Queries per thread: (time, kind, payload); kind 0 sample, 1 allocation, 2 GPU API call.
+    queries: dict[int, list] = {main_tid: [(t, 0, s) for t, s in samples]}
+    queries[main_tid] += [(t, 1, n) for t, n, tid in _allocations(events) if tid == main_tid]
+    for api_ev in gpu["api"]:
+        if api_ev.start_ns() >= t_drain and _SYNC.search(api_ev.name()):
+            continue
+        queries.setdefault(api_ev.start_thread_id(), []).append((api_ev.start_ns(), 2, api_ev))
     overhead = 0
-    for t, kind, payload in stream:
-        while k < len(ops) and ops[k][0] <= t:
-            while active and active[-1][1] <= ops[k][0]:
+    for tid, qs in queries.items():
+        qs.sort(key=lambda x: (x[0], x[1]))
+        ops = ops_by_tid.get(tid, [])
+        active: list = []
+        k = 0
+        for t, kind, payload in qs:
+            while k < len(ops) and ops[k][0] <= t:
+                while active and active[-1][1] <= ops[k][0]:
+                    active.pop()
+                active.append(ops[k])
+                k += 1
+            while active and active[-1][1] <= t:
                 active.pop()
-            active.append(ops[k])
-            k += 1
-        while active and active[-1][1] <= t:
-            active.pop()
-        op_frames = tuple(Frame.op(e.name()) for _, _, e in active)
-        if kind == 0:
-            py, in_recorder = payload
-            if in_recorder and not active:
-                overhead += 1  # the call log's own Python time, not the workload's
-                continue
-        else:
-            py = stack_at(t)
-        for _, _, e in active:
-            if e.name().startswith("autograd::engine::evaluate_function") or e.name().endswith("Backward0"):
-                fwd = fwd_stack.get(e.sequence_nr())
-                if fwd:
-                    py = fwd
-                break
-        if kind == 0:
-            tree.add(py + op_frames, "py_samples", 1)
-        else:
-            tree.add(py + op_frames, "alloc_bytes", payload)
+            op_frames = tuple(Frame.op(e.name()) for _, _, e in active)
+            if kind == 0:
+                py, in_recorder = payload
+                if in_recorder and not active:
+                    overhead += 1  # the call log's own Python time, not the workload's
+                    continue
+            elif tid != main_tid:
+                py = ()
+            elif log.times or not active:
+                py = stack_at(t)
+            else:
+                # No call log: the Python stack of a sample taken inside the same outermost op,
+                # else of the next sample (the op is still running when it is taken).
+                start, end, _ = active[0]
+                i = bisect.bisect_left(sample_times, start)
+                if i < len(samples) and sample_times[i] <= end:
+                    py = samples[i][1][0]
+                else:
+                    j = bisect.bisect_left(sample_times, t)
+                    py = samples[j][1][0] if j < len(samples) else stack_at(t)
+            for _, _, e in active:
+                if e.name().startswith("autograd::engine::evaluate_function") or e.name().endswith("Backward0"):
+                    fwd = fwd_stack.get(e.sequence_nr())
+                    if fwd:
+                        py = fwd
+                    break
+            if kind == 0:
+                tree.add(py + op_frames, "py_samples", 1)
+            elif kind == 1:
+                tree.add(py + op_frames, "alloc_bytes", payload)
+            else:
+                _add_api(tree, py + op_frames, payload, gpu)
     unmeasured = set(METRICS) - {"alloc_bytes"}
+    if gpu["api"]:
+        unmeasured -= {"gpu_time_ns", "kernel_count", "launch_count", "api_cpu_ns", "sync_wait_ns", "copy_bytes"}
     meta = dict(meta, recorder=RECORDER, duration_s=round((t1 - t0) / 1e9, 4), sample_hz=round(1 / SAMPLE_S),
                 iterations=iters, samples=len(samples) - overhead, recorder_overhead_samples_dropped=overhead, torch=torch.__version__, synthetic=False)
     return tree.snapshot(meta=meta, unavailable=unmeasured)
 
 
+_RUNTIME = re.compile(r"^(cuda|cu|hip)[A-Z]")
+_SYNC = re.compile(r"Synchronize")
+_NOT_OPS = {"[memory]", "Activity Buffer Request", "Buffer Flush"}  # the profiler's own annotations
+
+
+def _is_device(e) -> bool:
+    return str(e.device_type()).split(".")[-1].upper() in ("CUDA", "HIP", "PRIVATEUSE1") or e.name().startswith(("Memcpy", "Memset"))
+
+
+def _gpu_events(events) -> dict:
+    """Runtime API calls (CPU side) and the device activities they caused, by correlation id."""
+    device = [e for e in events if _is_device(e) and e.name() != "[memory]"]
+    api = [e for e in events if not _is_device(e) and _RUNTIME.match(e.name())]
+    by_corr: dict[int, list] = {}
+    for d in device:
+        by_corr.setdefault(d.correlation_id(), []).append(d)
+    return {"api": api, "device": by_corr, "device_ids": {id(d) for d in device}}
+
+
+def _copy_bytes(d) -> int:
+    try:
+        n = int(d.nbytes())
+    except Exception:
+        n = 0
+    if n <= 0:
+        m = re.search(r'"bytes":\s*(\d+)', d.metadata_json() or "")
+        n = int(m.group(1)) if m else 0
+    return n
+
+
+def _add_api(tree: CCT, prefix: tuple[Frame, ...], api_ev, gpu: dict) -> None:
+    name = api_ev.name()
+    path = prefix + (Frame.api(name),)
+    dur = max(0, api_ev.duration_ns())
+    if _SYNC.search(name):
+        tree.add(path, "sync_wait_ns", dur)
+    else:
+        tree.add(path, "api_cpu_ns", dur)
+    for d in gpu["device"].get(api_ev.correlation_id(), ()):
+        dname = d.name()
+        if dname.startswith("Memcpy"):
+            tree.add(path, "copy_bytes", _copy_bytes(d))
+        elif dname.startswith("Memset"):
+            continue
+        else:
+            tree.add_many(path + (Frame.kernel(dname),),
+                          {"gpu_time_ns": max(0, d.duration_ns()), "kernel_count": 1, "launch_count": 1})
+
+
+def _allocations(events):
+    out = []
+    for e in events:
+        if e.name() == "[memory]":
+            try:
+                n = int(e.nbytes())
+            except Exception:
+                continue
+            if n > 0:
+                out.append((e.start_ns(), n, e.start_thread_id()))
+    return out
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def bench(make: Callable[[bool], Callable[[], object]], seconds: float) -> dict[str, float]:
-    """Seconds per iteration of the problem and of the fix, measured in this one process."""
+    """Seconds per iteration of the problem and of the fix, measured in this one process
+    (on a GPU, up to the completion of the queued work)."""
     out = {}
     for fixed in (False, True, False, True):
         step = make(fixed)
         for _ in range(3):
             step()
+        _sync()
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds / 4:
             step()
             n += 1
+        _sync()
         per = (time.perf_counter() - t0) / n
         key = "fixed" if fixed else "problem"
         out[key] = min(out.get(key, per), per)
@@ -222,8 +335,9 @@ def main(
     torch.set_num_threads(1)
     if args.bench:
         r = bench(make, args.seconds)
+        where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU, 1 thread"
         print(f"{name}: problem {r['problem'] * 1e3:.3f} ms/iter, fixed {r['fixed'] * 1e3:.3f} ms/iter, "
-              f"speed-up {r['speedup']:.2f}x (torch {torch.__version__}, 1 thread)", flush=True)
+              f"speed-up {r['speedup']:.2f}x (torch {torch.__version__}, {where})", flush=True)
         return
     step = make(args.fixed)
     if args.record:
