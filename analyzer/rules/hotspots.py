@@ -78,7 +78,8 @@ def hotspots(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
             reported.add(ln)
             ev = {metric: v, f"{where.lower()}_share_of_{metric}": round(share, 4), **missing}
             add_time_base(view, ev)
-            what = "its own Python code"
+            # GPU time is never the Python line's own: without a dominant op it is spread.
+            what = "its own Python code" if where == "CPU" else "several operators"
             if ln in tops:
                 top, tv = tops[ln]
                 ev["top_frame_share_of_line"] = round(tv / v, 4)
