@@ -12,7 +12,7 @@ from stacklens.cct import Snapshot
 from ..config import RuleConfig
 from ..finding import Finding
 from ..registry import rule
-from ..view import View, view_of
+from ..view import CPU_METRICS, View, view_of
 from ._common import add_time_base, short
 
 RULE = "hotspots"
@@ -55,8 +55,11 @@ def hotspots(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     out: list[Finding] = []
 
     sources = []
-    if view.cpu_metric and view.col(view.cpu_metric):
-        sources.append(("CPU", view.cpu_metric, view.totals[view.cpu_metric]))
+    # BPF CPU samples (on-CPU) and the agent's Python samples (wall clock) are ranked apart:
+    # they count different things, and today only the latter carry Python lines.
+    for metric in CPU_METRICS:
+        if view.col(metric):
+            sources.append(("CPU" if metric == "cpu_samples" else "Python (wall)", metric, view.totals[metric]))
     if view.col("gpu_time_ns"):
         sources.append(("GPU", "gpu_time_ns", view.totals["gpu_time_ns"]))
     missing = view.unavailable_evidence("gpu_time_ns", "cpu_samples")
@@ -76,10 +79,10 @@ def hotspots(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
             if share < min_share:
                 break
             reported.add(ln)
-            ev = {metric: v, f"{where.lower()}_share_of_{metric}": round(share, 4), **missing}
+            ev = {metric: v, f"share_of_{metric}": round(share, 4), **missing}
             add_time_base(view, ev)
             # GPU time is never the Python line's own: without a dominant op it is spread.
-            what = "its own Python code" if where == "CPU" else "several operators"
+            what = "several operators" if metric == "gpu_time_ns" else "its own Python code"
             if ln in tops:
                 top, tv = tops[ln]
                 ev["top_frame_share_of_line"] = round(tv / v, 4)
@@ -89,8 +92,10 @@ def hotspots(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
                 Finding(
                     rule=RULE,
                     severity="medium" if share >= 0.5 else "low",  # informational: ranks below fixes
-                    path=view.labels(ln) if ln else (),
-                    title=f"{where} hotspot (exclusive): {100 * share:.0f}% of {metric} at this line, mostly {short(what)}",
+                    # No Python frame above the cost (BPF stacks without Python): the op or kernel.
+                    path=view.labels(ln) if ln else (view.labels(tops[ln][0]) if ln in tops else ()),
+                    title=f"{where} hotspot (exclusive): {100 * share:.0f}% of {metric} "
+                    + (f"at this line, mostly {short(what)}" if ln else f"in {short(what)} (these stacks carry no Python frames)"),
                     evidence=ev,
                     fix=f"Start here: this line's own work is the largest {where} cost. "
                     f"Check whether {short(what)} must run every step, runs at the right size and dtype, "
@@ -116,7 +121,7 @@ def hotspots(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
         for i in cands[:top_k]:
             share = incl[i] / total
             own = per_line.get(i, 0)
-            ev = {f"inclusive_{metric}": incl[i], f"{where.lower()}_share_of_{metric}": round(share, 4),
+            ev = {f"inclusive_{metric}": incl[i], f"share_of_{metric}": round(share, 4),
                   f"exclusive_{metric}": own, **missing}
             out.append(
                 Finding(
