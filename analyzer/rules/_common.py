@@ -77,9 +77,16 @@ def add_time_base(view: View, ev: dict[str, float]) -> None:
         ev["wall_ns"] = round(view.wall_ns)
 
 
-def line_path(view: View, line: int, fallback: int) -> tuple[str, ...]:
-    """Labels down to the Python line; down to `fallback` when the context has no Python frame."""
-    return view.labels(line if line else fallback)
+def line_path(view: View, line: int, fallback: int | Iterable[int]) -> tuple[str, ...]:
+    """Labels down to the Python line. When the context has no Python frame (BPF stacks
+    without Python), down to the fallback node: given several, an operator first (the most
+    telling frame a user can search for), then the lowest id (the outermost)."""
+    if line:
+        return view.labels(line)
+    if not isinstance(fallback, int):
+        frames = view.frames
+        fallback = min(fallback, key=lambda n: (frames[n].kind != "op", n))
+    return view.labels(fallback)
 
 
 _LIBRARY = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen ", "<string>")

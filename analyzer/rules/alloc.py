@@ -94,9 +94,11 @@ def allocator_churn(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
             Finding(
                 rule=RULE,
                 severity=severity_for(share, 0.15, 0.05),
-                path=line_path(view, ln, next(iter(hs)) if hs else ln),
-                title=f"allocator churn: {nbytes / 2**20:.0f} MiB allocated at this line"
-                + (f", {', '.join(what[:3])}" if what else ""),
+                path=line_path(view, ln, hs or {ln}),
+                title="allocator churn: "
+                + (f"{nbytes / 2**20:.0f} MiB allocated, " if nbytes else "")
+                + f"{100 * share:.0f}% of the time allocating"
+                + (f" in {', '.join(what[:3])}" if what else ""),
                 evidence=ev,
                 fix=fix + ".",
                 estimated_saving=round(min(0.8 * share, 0.9), 4),

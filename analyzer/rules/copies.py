@@ -58,7 +58,7 @@ def host_device_copies(snapshot: Snapshot, *, config: RuleConfig) -> list[Findin
             Finding(
                 rule=RULE,
                 severity=severity_for(share, 0.2, 0.05),
-                path=line_path(view, ln, apis[ln][0]),
+                path=line_path(view, ln, set(apis[ln])),
                 title="host↔device copies in the loop: "
                 + (f"{nbytes / 2**20:.1f} MiB " if nbytes else "")
                 + f"{100 * share:.0f}% of the time in {', '.join(api_names[:3])}",

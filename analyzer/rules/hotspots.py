@@ -82,7 +82,7 @@ def hotspots(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
             ev = {metric: v, f"share_of_{metric}": round(share, 4), **missing}
             add_time_base(view, ev)
             # GPU time is never the Python line's own: without a dominant op it is spread.
-            what = "several operators" if metric == "gpu_time_ns" else "its own Python code"
+            what = "several operators" if metric == "gpu_time_ns" or not ln else "its own Python code"
             if ln in tops:
                 top, tv = tops[ln]
                 ev["top_frame_share_of_line"] = round(tv / v, 4)

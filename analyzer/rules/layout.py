@@ -74,7 +74,7 @@ def layout_conversions(snapshot: Snapshot, *, config: RuleConfig) -> list[Findin
             Finding(
                 rule=RULE,
                 severity=severity_for(share, 0.2, 0.07),
-                path=line_path(view, ln, next(iter(hs))),
+                path=line_path(view, ln, hs),
                 title=f"layout/dtype conversion copies: {100 * share:.0f}% of the time in "
                 + ", ".join(conv_names[:4])
                 + (f" (inside {', '.join(sorted(callers)[:3])})" if callers else "")

@@ -75,7 +75,7 @@ def sync_stalls(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
             Finding(
                 rule=RULE,
                 severity=severity_for(share, 0.2, 0.05),
-                path=line_path(view, ln, by_line[ln][0]),
+                path=line_path(view, ln, set(by_line[ln])),
                 title=f"synchronization in the loop: {100 * share:.0f}% of the time at a line calling "
                 + ", ".join(frames_here[:4]),
                 evidence=ev,
