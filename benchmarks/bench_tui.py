@@ -6,8 +6,8 @@ frame) against a source that hands out a new 100,000-node snapshot each second, 
 (`--mode objects`) or decoded from the daemon's wire format each time like `DaemonSnapshotSource`
 (`--mode wire`: gzip JSON → `from_json`, ~0.8 s of CPU per second in the worker thread, competing
 with the UI thread for the GIL). Key latency = time from handing the key event to the app (as
-the terminal driver does) until the end of the first frame composited after its action ran,
-rendered to terminal bytes. Memory = RSS after a gc, sampled every 5 s.
+the terminal driver does) until the end of the first frame composited after the last change
+the key caused, rendered to terminal bytes. Memory = RSS after a gc, sampled every 5 s.
 
     .venv/bin/python benchmarks/bench_tui.py --seconds 120 --mode wire
 """
@@ -98,6 +98,7 @@ class TimedApp(StacklensApp):
 
     frames: list[float]
     actions: list[float]
+    effects: list[float]
 
     def _display(self, screen, renderable) -> None:
         if renderable is not None and hasattr(renderable, "render_segments"):
@@ -112,12 +113,35 @@ class TimedApp(StacklensApp):
             self.actions.append(time.perf_counter())
 
 
-async def press_and_time(app, key: str, timeout: float = 5.0, settle: float = 0.3) -> float | None:
-    """Seconds from sending `key` to the end of the first frame after its action (and the
-    messages it posted) ran.
+def record_effects(app) -> None:
+    """Timestamp (synchronously, inside the app) every method that changes what a key shows."""
+    from stacklens.tui.app import ProfileScreen
+    from stacklens.tui.widgets import IcicleView, LineTable
 
-    An action that changes nothing on screen (page down at the end) counts until the action
-    returned. None if the key's action did not run within `timeout`.
+    targets = [
+        (ProfileScreen, ("_refresh_tree", "_on_view", "_update_status")),
+        (CCTView, ("move_to",)),
+        (IcicleView, ("_changed",)),
+        (LineTable, ("action_cursor",)),
+    ]
+    for cls, names in targets:
+        for name in names:
+            original = getattr(cls, name)
+
+            def timed(self, *a, __original=original, **kw):
+                try:
+                    return __original(self, *a, **kw)
+                finally:
+                    app.effects.append(time.perf_counter())
+
+            setattr(cls, name, timed)
+
+
+async def press_and_time(app, key: str, timeout: float = 5.0, settle: float = 0.5) -> float | None:
+    """Seconds from sending `key` to the end of the first frame drawn after the last change it
+    caused (its action, and the screen updates that action led to). All ends are recorded
+    inside the app, synchronously: a poller in the same event loop would see them late. None:
+    the action did not run within `timeout`.
     """
     app.actions.clear()
     t0 = time.perf_counter()
@@ -127,19 +151,17 @@ async def press_and_time(app, key: str, timeout: float = 5.0, settle: float = 0.
     while not app.actions:
         if time.perf_counter() - t0 > timeout:
             return None
-        await asyncio.sleep(0.0005)
-    # messages the action posted (the tree's Toggle, …) must be handled too
-    queues = [app.screen._message_queue, *(w._message_queue for w in app.screen.query("*"))]
-    while any(not q.empty() for q in queues):
-        if time.perf_counter() - t0 > timeout:
-            return None
-        await asyncio.sleep(0.0005)
-    t_action = time.perf_counter()
-    while not app.frames or app.frames[-1] < t_action:
-        if time.perf_counter() - t_action > settle:
-            return t_action - t0
-        await asyncio.sleep(0.0005)
-    return next(f for f in app.frames if f >= t_action) - t0
+        await asyncio.sleep(0.001)
+    # let the posted messages run; changes up to `settle` later count as the key's
+    await asyncio.sleep(0.05)
+    while True:
+        last_change = max([app.actions[0]] + [t for t in app.effects if t0 <= t <= t0 + settle])
+        frame = next((t for t in app.frames if t >= last_change), None)
+        if frame is not None:
+            return frame - t0
+        if time.perf_counter() - last_change > settle:
+            return last_change - t0
+        await asyncio.sleep(0.001)
 
 
 async def run(args) -> dict:
@@ -147,6 +169,8 @@ async def run(args) -> dict:
     app = TimedApp(source=src, interval_s=1.0)
     app.frames = []
     app.actions = []
+    app.effects = []
+    record_effects(app)
     lat: dict[str, list[float]] = {}
     missed: dict[str, int] = {}
     rss: list[tuple[float, float]] = []
@@ -169,6 +193,7 @@ async def run(args) -> dict:
             else:
                 lat.setdefault(what, []).append(dt)
             del app.frames[:-1]
+            app.effects.clear()
             now = time.monotonic() - t_start
             if now >= next_rss:
                 gc.collect()

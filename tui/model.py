@@ -590,8 +590,9 @@ def status_text(s: Status) -> str:
     parts.append(view)
     if s.metric:
         parts.append(f"metric {metric_label(s.metric)}")
-    drops = sum(v for k, v in s.stats.items() if "drop" in k or "lost" in k)
-    parts.append(f"drops {drops:,}")
+    drop_keys = [k for k in s.stats if "drop" in k or "lost" in k]
+    if drop_keys:  # a saved file has no drop counters: say nothing rather than "0"
+        parts.append(f"drops {sum(s.stats[k] for k in drop_keys):,}")
     if s.unavailable:
         parts.append("unavailable: " + ", ".join(metric_label(m) for m in s.unavailable))
     if s.paused:

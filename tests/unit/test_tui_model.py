@@ -270,3 +270,18 @@ def test_tui_imports_no_probes_or_injector():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_status_without_drop_counters_says_nothing_about_drops():
+    assert "drops" not in model.status_text(model.Status(state="file", nodes=1))
+    assert model.status_text(model.Status(state="file", nodes=1)) == "file · cumulative · 1 node"
+
+
+def test_run_top_errors_before_the_ui(tmp_path):
+    from stacklens.errors import DaemonUnavailable, InputError
+    from stacklens.tui.app import run_top
+
+    with pytest.raises(InputError, match="no such file"):
+        run_top(None, str(tmp_path / "missing.json.gz"), "/nonexistent/s.sock")
+    with pytest.raises(DaemonUnavailable, match="not running"):
+        run_top(None, None, str(tmp_path / "s.sock"))
