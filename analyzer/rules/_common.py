@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from stacklens.cct import Frame
@@ -116,6 +117,29 @@ def names(view: View, nodes: Iterable[int], limit: int = 6) -> list[str]:
         name = view.frames[n].name
         counts[name] = counts.get(name, 0) + 1
     return [k for k, _ in sorted(counts.items(), key=lambda kv: -kv[1])][:limit]
+
+
+_NS = re.compile(r"\b(?:void |at::native::|at::|c10::|\(anonymous namespace\)::|binary_internal::|[A-Za-z_]+_internal::)")
+_GENERIC = re.compile(r"^(?:vectorized_|unrolled_)?elementwise_kernel|^reduce_kernel|^vectorized_|^unrolled_")
+_WHAT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:Functor[A-Za-z0-9_]*|_kernel_cuda|_kernel|Ops|Op))\b")
+
+
+def kernel_label(name: str, width: int = 48) -> str:
+    """A short, telling form of a demangled kernel name: namespaces dropped, and for PyTorch's
+    generic elementwise/reduce kernels the functor that says what they compute
+    (`vectorized_elementwise_kernel[MulFunctor]`)."""
+    text = _NS.sub("", name)
+    head = re.split(r"[<(]", text, maxsplit=1)[0].strip()
+    if re.search(r"(?:^|::)Kernel\d*$", head):  # cutlass::Kernel2<cutlass_80_simt_sgemm_…>
+        inner = re.match(r"\s*<\s*([A-Za-z_][A-Za-z0-9_]*)", text[len(head):])
+        if inner:
+            return short(inner.group(1), width)
+    if _GENERIC.search(head):
+        for m in _WHAT.finditer(text[len(head):]):
+            what = m.group(1)
+            if what not in ("BinaryFunctor", "ReduceOp", "gpu_kernel_impl_nocast", "gpu_kernel_impl") and not _GENERIC.search(what):
+                return short(f"{head}[{what}]", width)
+    return short(head or text, width)
 
 
 def short(name: str, width: int = 60) -> str:

@@ -13,7 +13,7 @@ from ..config import RuleConfig
 from ..finding import Finding, severity_for
 from ..registry import rule
 from ..view import name_matcher, view_of
-from ._common import add_time_base, kernel, line_path, names
+from ._common import add_time_base, kernel, kernel_label, line_path, names
 
 RULE = "fp32_gemm"
 
@@ -61,7 +61,7 @@ def fp32_gemm(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
                 rule=RULE,
                 severity=severity,
                 path=line_path(view, ln, by_line[ln][0]),
-                title="FP32 GEMM not on tensor cores: " + ", ".join(n[:50] for n in kn[:3]),
+                title="FP32 GEMM not on tensor cores: " + ", ".join(kernel_label(n, 64) for n in kn[:3]),
                 evidence=ev,
                 fix="Let matmuls use tensor cores: `torch.set_float32_matmul_precision('high')` (TF32; "
                 "`torch.backends.cudnn.allow_tf32 = True` for convolutions), or run the model under "

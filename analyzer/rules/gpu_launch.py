@@ -13,7 +13,7 @@ from ..config import RuleConfig
 from ..finding import Finding, severity_for
 from ..registry import rule
 from ..view import View, view_of
-from ._common import add_time_base, api, is_launch_api, line_path, short
+from ._common import add_time_base, api, is_launch_api, kernel_label, line_path
 
 FUSION = "kernel_fusion"
 LAUNCH = "launch_bound"
@@ -91,12 +91,12 @@ def kernel_fusion(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
                 severity=severity_for(saving, 0.1, 0.02),
                 path=line_path(view, ln, g["node"]),
                 title=f"{k} small kernels launched from one line ({launches} launches): "
-                + ", ".join(short(n, 40) for n in top),
+                + ", ".join(kernel_label(n) for n in top),
                 evidence=ev,
                 fix="Fuse them: wrap this code in torch.compile (mode='reduce-overhead' also captures "
                 "CUDA graphs), use a fused op (F.scaled_dot_product_attention, fused LayerNorm/GELU, "
                 "optimizer foreach=True/fused=True), or capture the step with torch.cuda.graphs. "
-                "Kernels: " + ", ".join(top),
+                "Kernels: " + "; ".join(top),
                 estimated_saving=round(min(saving, 0.9), 4),
             )
         )

@@ -255,3 +255,14 @@ def test_public_api_fallback_gives_the_same_findings():
             return getattr(self._s, name)
 
     assert analyze(PublicOnly(snap)) == analyze(snap)
+
+
+def test_kernel_labels_say_what_the_kernel_computes():
+    from stacklens.analyzer.rules._common import kernel_label
+
+    mul = ("void at::native::vectorized_elementwise_kernel<4, at::native::binary_internal::MulFunctor<float>, "
+           "at::detail::Array<char*, 3> >(int, at::native::binary_internal::MulFunctor<float>, at::detail::Array<char*, 3>)")
+    assert kernel_label(mul) == "vectorized_elementwise_kernel[MulFunctor]"
+    assert kernel_label("void cutlass::Kernel2<cutlass_80_simt_sgemm_64x64_8x5_nn_align1>(Params)") == \
+        "cutlass_80_simt_sgemm_64x64_8x5_nn_align1"
+    assert kernel_label("ampere_sgemm_128x64_nn") == "ampere_sgemm_128x64_nn"
