@@ -18,7 +18,10 @@ class Event:
     args: decoded arguments by name (grid_x, block_z, shared_mem, stream, bytesize, ...)
     op_path: live framework operators of the thread, outermost first ("aten::linear", "aten::addmm")
     native_stack: outermost first; starts with Frame.other("[truncated]") when the unwind was cut
-    py_stack: outermost first; empty until in-BPF Python stacks are enabled
+    py_stack: outermost first, read in BPF at the probe (pystack.h); empty for threads that run no
+        Python and for unsupported interpreters; `[python stack lost]` if evicted before read
+    py_entries: aligned with py_stack: True where one eval-loop (_PyEval_EvalFrameDefault)
+        invocation begins — where native frames splice in (daemon/join.py splice())
     kernel_name: launches: kernel name, or "unresolved:0x..." when the handle's name was not seen
     bytes: allocs/frees/copies; direction: copies ("HtoD", "DtoH", "DtoD", "HtoH", "default")
     ret: return value (return-probed APIs)
@@ -38,6 +41,7 @@ class Event:
     bytes: int = 0
     direction: str = ""
     ret: int = 0
+    py_entries: tuple[bool, ...] = field(default=(), compare=False)
 
 
 _new = object.__new__
@@ -45,14 +49,15 @@ _set = object.__setattr__
 
 
 def make_event(kind, api, pid, tid, ktime_ns, duration_ns, args, op_path, native_stack, py_stack,
-               kernel_name="", nbytes=0, direction="", ret=0) -> Event:
+               kernel_name="", nbytes=0, direction="", ret=0, py_entries=()) -> Event:
     """Same result as Event(...), at half the cost: the loader builds ~200k of these a second,
     and a frozen dataclass's __init__ pays one object.__setattr__ per field."""
     e = _new(Event)
     _set(e, "__dict__", {"kind": kind, "api": api, "pid": pid, "tid": tid, "ktime_ns": ktime_ns,
                          "duration_ns": duration_ns, "args": args, "op_path": op_path,
                          "native_stack": native_stack, "py_stack": py_stack, "kernel_name": kernel_name,
-                         "bytes": nbytes, "direction": direction, "ret": ret})
+                         "bytes": nbytes, "direction": direction, "ret": ret,
+                         "py_entries": py_entries})
     return e
 
 

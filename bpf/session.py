@@ -17,7 +17,8 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from stacklens.errors import AttachError, InputError, NoSuchProcess, NotApplicable, PermissionDenied
+from stacklens.errors import (AttachError, InputError, NoSuchProcess, NotApplicable, PermissionDenied,
+                              StacklensError, UnsupportedVersion)
 
 from . import program
 from .events import AttachReport, Event, LibraryAttach, make_event
@@ -37,6 +38,9 @@ assert _HEAD.size == _ARGS_OFF and _ARGS_OFF + _ARGS.size == _BLOB_OFF
 _NAME_HEAD = struct.Struct("<IIQQ")
 _KIND = struct.Struct("<I")
 TRUNCATED = Frame.other("[truncated]")
+PY_LOST = (Frame.other("[python stack lost]"),)  # id evicted from the LRU map before we read it
+PY_MAX_DEPTH = 48
+PY_CACHE_MAX = 65536  # symbolized Python stacks kept by id (ids are content hashes: reusable)
 # outermost frames of a complete user stack; anything else at the bottom means the unwind was cut
 _STACK_ROOTS = ("_start", "__libc_start_main", "__libc_start_call_main", "clone", "clone3",
                 "__clone", "__clone3", "start_thread", "__GI___clone3", "__GI___clone")
@@ -63,8 +67,8 @@ class ProbeConfig:
     rescan_interval_s: float = 2.0     # look for libraries loaded after attach (0 = never)
     op_filter: str = ""                # regex on op names; "" = every at::_ops::*::call
     force_fallback: bool = False       # per-probe perf-event uprobes even where uprobe_multi works
-    # -D flags of the in-BPF Python stack reader (layout, TLS offset) for this target; Python
-    # stacks are compiled in only when given (hook for bpf/programs/pystack.h)
+    # extra -D flags for pystack.h (e.g. -DSL_PY_STACKS=…), added after the ones attach() gets
+    # from PythonStackReader for this target (layout, TLS offset, interpreter address)
     pystack_cflags: tuple[str, ...] = ()
     extra_cflags: tuple[str, ...] = ()  # more -D parameters (e.g. -DSL_BENCH_FANOUT=8 in benchmarks)
 
@@ -89,11 +93,33 @@ def _check_pid(pid: int) -> None:
 def dump_bpf(pid: int, config: ProbeConfig = ProbeConfig()) -> str:
     """The final C text (with its cflags) a session for `pid` compiles: `--dump-bpf`."""
     specs = load_specs(config.spec_path)
+    py_flags: tuple[str, ...] = ()
+    if config.python_stacks and program.pystack_available():
+        reader, _ = python_reader(pid)
+        if reader is not None:
+            py_flags = tuple(reader.cflags()) + tuple(config.pystack_cflags)
     return program.build_source(
         pid, gpu=config.gpu, ops=config.ops, cpu=config.cpu_sample_hz > 0,
-        native_stacks=config.native_stacks,
-        python_stacks=config.python_stacks and bool(config.pystack_cflags) and program.pystack_available(),
-        pystack_cflags=config.pystack_cflags, max_specs=max(64, len(specs)), ringbuf_pages=config.ringbuf_pages).render()
+        native_stacks=config.native_stacks, python_stacks=bool(py_flags),
+        pystack_cflags=py_flags, max_specs=max(64, len(specs)), ringbuf_pages=config.ringbuf_pages).render()
+
+
+def python_reader(pid: int):
+    """(PythonStackReader, note) for a supported CPython target, else (None, why not)."""
+    from .pysym import MemoryReadError
+    from .python_process import PythonStackReader
+
+    try:
+        r = PythonStackReader(pid, max_depth=PY_MAX_DEPTH)
+    except UnsupportedVersion as e:
+        return None, f"python stacks: not applicable: {e}"
+    except NoSuchProcess:
+        raise
+    except (StacklensError, MemoryReadError, OSError, ValueError) as e:
+        return None, f"python stacks: unavailable ({e}); events carry an empty py_stack"
+    d = r.describe()
+    return r, (f"python stacks: CPython {d['version']} ({d['layout_source']} layout, "
+               f"{d['mode']} thread-state lookup)")
 
 
 class ProbeSession:
@@ -114,11 +140,14 @@ class ProbeSession:
         self._unresolved_names: dict[int, str] = {}
         self._allocs: dict[int, int] = {}
         self._stack_cache: dict[int, tuple[Frame, ...]] = {}
+        self._py = None            # PythonStackReader when Python stacks are captured
+        self._py_cache: dict[int, tuple[tuple[Frame, ...], tuple[bool, ...]]] = {0: ((), ())}
         self._op_cache: dict[int, tuple[str, ...]] = {0: ()}
         self._symbolizer: Symbolizer | None = None
         self._fallback = False
         self._last_scan = 0.0
-        self._user = {"decoded": 0, "truncated_stacks": 0, "stack_lookup_failures": 0, "rescans": 0}
+        self._user = {"decoded": 0, "truncated_stacks": 0, "stack_lookup_failures": 0, "rescans": 0,
+                      "py_unsupported": 0, "py_stacks_symbolized": 0, "py_stacks_lost": 0}
         self._libraries: list[LibraryAttach] = []
         self._notes: list[str] = []
         self.attached = False
@@ -166,17 +195,22 @@ class ProbeSession:
         from bcc import BPF  # imported here: no import-time side effects, tests without bcc still import
 
         cfg = self.config
-        py = cfg.python_stacks and bool(cfg.pystack_cflags) and program.pystack_available()
-        if cfg.python_stacks and not py:
-            self._notes.append("python stacks: not captured in BPF yet (no pystack cflags for this "
-                               "target); events carry an empty py_stack")
+        py_flags: tuple[str, ...] = ()
+        self._py = None
+        if cfg.python_stacks and program.pystack_available():
+            self._py, note = python_reader(self.pid)
+            self._notes.append(note)
+            if self._py is None:
+                self._user["py_unsupported"] += 1
+            else:
+                py_flags = tuple(self._py.cflags()) + tuple(cfg.pystack_cflags)
         self._fallback = cfg.force_fallback or not _uprobe_multi_supported()
         if self._fallback:
             self._notes.append("uprobe_multi unavailable: per-probe uprobes with a short op list "
                                f"({len(FALLBACK_OPS)} ops); detach takes ~0.1 s per probe")
         src = program.build_source(
             self.pid, gpu=cfg.gpu, ops=cfg.ops, cpu=cfg.cpu_sample_hz > 0, native_stacks=cfg.native_stacks,
-            python_stacks=py, pystack_cflags=cfg.pystack_cflags, max_specs=max(64, len(self._specs)), ringbuf_pages=cfg.ringbuf_pages,
+            python_stacks=bool(py_flags), pystack_cflags=py_flags, max_specs=max(64, len(self._specs)), ringbuf_pages=cfg.ringbuf_pages,
             api_stubs=len(self._specs) if self._fallback else 0,
             op_stubs=len(FALLBACK_OPS) if self._fallback else 0)
         if cfg.extra_cflags:
@@ -186,6 +220,9 @@ class ProbeSession:
             self._bpf = BPF(text=src.text.encode(), cflags=list(src.cflags))
         except Exception as e:
             raise AttachError(f"BPF compile failed: {e}; check kernel headers with `stacklens doctor`") from e
+        if self._py is not None:
+            self._py.populate(self._bpf)  # fills the tid -> tstate map in "map" mode only
+            self._py_table = self._bpf[b"sl_py_stacks"]
         if cfg.gpu:
             table = self._bpf.get_table(b"specs", keytype=ct.c_int, leaftype=SlSpec)
             for s in self._specs:
@@ -204,6 +241,8 @@ class ProbeSession:
     def rescan(self) -> list[LibraryAttach]:
         """Attach to libraries the process mapped since the last scan; returns what was added."""
         before = len(self._libraries)
+        if self._py is not None and self._py.mode == "map":
+            self._py.refresh_threads()  # threads started since: tid -> tstate
         self._scan(initial=False)
         self._user["rescans"] += 1
         self._last_scan = time.monotonic()
@@ -341,11 +380,11 @@ class ProbeSession:
         append = out.append
         head, args_s = _HEAD.unpack_from, _ARGS.unpack_from
         specs = self._specs
-        stack_cache, op_cache = self._stack_cache, self._op_cache
+        stack_cache, op_cache, py_cache = self._stack_cache, self._op_cache, self._py_cache
         decoders = self._decoders
         names = self._names
         for off, _ln in recs:
-            (kind, si, pid, tid, t, dur, oh, _od, sid, _py, ret, outv, caller) = head(data, off)
+            (kind, si, pid, tid, t, dur, oh, _od, sid, pyid, ret, outv, caller) = head(data, off)
             if kind == SL_EV_NAME:
                 self._name_event(data, off)
                 continue
@@ -359,8 +398,11 @@ class ProbeSession:
             ops = op_cache.get(oh)
             if ops is None:
                 ops = self._op_path(oh)
+            pys = py_cache.get(pyid)
+            if pys is None:
+                pys = self._py_stack(pyid)
             if kind == SL_EV_SAMPLE:
-                append(make_event("cpu_sample", "", pid, tid, t, 0, {}, ops, stack, ()))
+                append(make_event("cpu_sample", "", pid, tid, t, 0, {}, ops, stack, pys[0], py_entries=pys[1]))
                 continue
             spec = specs[si]
             a = args_s(data, off + _ARGS_OFF)
@@ -387,7 +429,8 @@ class ProbeSession:
             elif k == "memcpy":
                 nbytes = args.get(spec.bytes_arg, 0)
                 direction = spec.direction or MEMCPY_KINDS.get(args.get(spec.direction_arg, -1), "unknown")
-            append(make_event(k, spec.symbol, pid, tid, t, dur, args, ops, stack, (), kernel, nbytes, direction, ret))
+            append(make_event(k, spec.symbol, pid, tid, t, dur, args, ops, stack, pys[0], kernel, nbytes,
+                              direction, ret, pys[1]))
         self._user["decoded"] += len(out)
         return out
 
@@ -437,6 +480,33 @@ class ProbeSession:
         self._stack_cache[(sid, caller)] = frames
         return frames
 
+    def _py_stack(self, pyid: int) -> tuple[tuple[Frame, ...], tuple[bool, ...]]:
+        """Python stack `pyid` from `sl_py_stacks`, symbolized once per id (ids hash the frames'
+        code addresses and offsets, so a cached id always names the same stack)."""
+        from .pysym import RawPyStack
+
+        if self._py is None:
+            return (), ()
+        table = self._py_table
+        try:
+            leaf = table[table.Key(pyid)]
+        except KeyError:
+            # LRU-evicted between the probe and this read: marked, not cached (it may come back)
+            self._user["py_stacks_lost"] += 1
+            return PY_LOST, (False,)
+        raw = RawPyStack.from_bytes(bytes(leaf), self._py.max_depth)
+        frames = self._py.symbolize(raw)
+        entries = self._py.symbolizer.entry_flags(raw)
+        if raw.truncated:
+            entries = (False,) + entries  # the leading [truncated] marker
+        if len(self._py_cache) >= PY_CACHE_MAX:
+            self._py_cache.clear()
+            self._py_cache[0] = ((), ())
+        v = (frames, entries)
+        self._py_cache[pyid] = v
+        self._user["py_stacks_symbolized"] += 1
+        return v
+
     def _op_path(self, h: int) -> tuple[str, ...]:
         table = self._bpf[b"op_paths"]
         try:
@@ -476,7 +546,15 @@ class ProbeSession:
         out["unwind_errors"] = out["stack_errors"] + self._user["stack_lookup_failures"]
         out.update(self._user)
         out["links"] = len(self._links)
+        if self._py is not None:
+            st = self._py.symbolizer.stats
+            out.update(py_code_hits=st.hits, py_code_misses=st.misses, py_code_stale=st.stale,
+                       py_code_errors=st.errors)
         return out
+
+    def python_info(self) -> dict:
+        """How Python stacks are read in this session (`stacklens doctor`); {} if they are not."""
+        return self._py.describe() if self._py is not None else {}
 
     @property
     def source(self) -> str:
@@ -503,6 +581,12 @@ class ProbeSession:
                 pass
         self._perf_attached = False
         self.attached = False
+        py, self._py = self._py, None
+        if py is not None:
+            try:
+                py.mem.close()
+            except Exception:
+                pass
 
     def __enter__(self) -> "ProbeSession":
         self.attach()

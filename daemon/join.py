@@ -2,7 +2,8 @@
 
 Runs on the process's aggregation thread only (no locks in here). No privilege.
 
-Paths read  py frames → op frames → native frames → api:… → kernel:…  (outermost first).
+Paths read  py frames → C extension → op frames → native frames → api:… → kernel:…  (outermost
+first; `splice()` puts native frames between Python runs where the eval loop's frames allow).
 - CPU samples (BPF perf event): py + ops + native.
 - Launches: py + ops + native + api + kernel; `launch_count` at once. GPU time arrives later from
   the agent (CUPTI): the launch's path waits in a per-thread queue until the CUPTI API record of
@@ -49,6 +50,71 @@ def trim_native(frames: Iterable[Frame]) -> tuple[Frame, ...]:
             break
     out.reverse()
     return tuple(out)
+
+
+EVAL_LOOP = "_PyEval_EvalFrameDefault"
+_OP_LIBS = ("libtorch_cpu", "libtorch_cuda", "libtorch_hip")
+
+
+def _is_eval(f: Frame) -> bool:
+    return f.kind == "native" and (f.name == EVAL_LOOP or f.name.startswith(EVAL_LOOP + "."))
+
+
+def _is_interp(f: Frame) -> bool:
+    return f.kind == "native" and any(s in f.file for s in _INTERPRETER_LIBS)
+
+
+def _is_op_entry(f: Frame) -> bool:
+    return f.kind == "native" and f.name.startswith("at::_ops::")
+
+
+def splice(py: tuple[Frame, ...], entries: tuple[bool, ...], ops: tuple[str, ...],
+           native: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """One path, outermost first: Python → C extension → operators → native leaf.
+
+    py/entries: the event's Python frames and, aligned with them, True where one eval-loop
+    invocation begins (`Event.py_entries`). native: the unwound native stack, outermost first.
+    - Below the interpreter: the native frames under the innermost interpreter frame (the C
+      extension the Python code called, e.g. libtorch_python.so, then the operator's library).
+      Operator frames (from the shadow stack) go right above the first `at::_ops::…` or
+      libtorch_cpu frame (after the extension frames); without one, above all of them. Leaf-most MAX_NATIVE_FRAMES
+      kept, a cut marked — the contract of `trim_native`.
+    - Between Python runs: when the native stack holds exactly one `_PyEval_EvalFrameDefault`
+      (incl. `.cold`) frame per run (run k = Python frames from the k-th entry frame on), the
+      non-interpreter native frames between two eval frames (a C function calling back into
+      Python: qsort, ctypes callbacks, torch autograd hooks) go between the two runs. Otherwise
+      (unwind cut, no markers on 3.10, count mismatch) the Python frames sit above, unspliced.
+    """
+    native = tuple(native)
+    op_frames = tuple(Frame.op(o) for o in ops)
+    # index just below the innermost interpreter frame (0 if the unwind never reached one)
+    cut = 0
+    for i in range(len(native) - 1, -1, -1):
+        if _is_interp(native[i]):
+            cut = i + 1
+            break
+    below = native[cut:]
+    j = next((i for i, f in enumerate(below) if _is_op_entry(f) or f.file.startswith(_OP_LIBS)), 0)
+    ext, rest = below[:j], below[j:]
+    if ext and all(f.kind == "other" for f in ext):
+        ext, rest = (), ext + rest  # only a cut marker above the op library: it belongs to the leaf part
+    if len(rest) > MAX_NATIVE_FRAMES:
+        rest = (Frame.other("[truncated]"),) + rest[-MAX_NATIVE_FRAMES:]
+    if len(ext) > MAX_NATIVE_FRAMES:
+        ext = (Frame.other("[truncated]"),) + ext[-MAX_NATIVE_FRAMES:]
+    head = tuple(py)
+    starts = [i for i, e in enumerate(entries) if e] if len(entries) == len(py) else []
+    if len(starts) > 1:
+        evals = [i for i, f in enumerate(native[:cut]) if _is_eval(f)]
+        if len(evals) == len(starts):
+            out: list[Frame] = list(py[:starts[0]])
+            for k, s in enumerate(starts):
+                end = starts[k + 1] if k + 1 < len(starts) else len(py)
+                out.extend(py[s:end])
+                if k + 1 < len(evals):
+                    out.extend(f for f in native[evals[k] + 1:evals[k + 1]] if not _is_interp(f))
+            head = tuple(out)
+    return head + ext + op_frames + rest
 
 
 @dataclass
@@ -101,12 +167,13 @@ class Joiner:
         self._last_claim: dict[int, _Pending] = {}
         self._kernels_waiting: dict[int, list[Any]] = {}
         self.gpu_seen = False  # a GPU library event arrived at all
+        self._splice_memo: dict[tuple[int, int, int], tuple] = {}
 
     # ---- BPF side -------------------------------------------------------------------------
     def on_bpf(self, ev: Any) -> None:
         self.stats.events += 1
         kind = ev.kind
-        base = tuple(ev.py_stack) + tuple(Frame.op(o) for o in ev.op_path) + trim_native(ev.native_stack)
+        base = self._base(ev)
         add = self.tree.add_many
         if kind == "cpu_sample":
             self.stats.cpu_samples += 1
@@ -137,6 +204,20 @@ class Joiner:
             pass  # aggregated op entry counts are reported through stats only
         else:
             self.stats.rejected += 1
+
+    def _base(self, ev: Any) -> tuple[Frame, ...]:
+        """splice() of the event's stacks, memoized on the identity of its parts: the probe
+        session hands out the same tuples for the same stack ids, so most events are one lookup."""
+        py, nat, ops = ev.py_stack, ev.native_stack, ev.op_path
+        key = (id(py), id(nat), id(ops))
+        m = self._splice_memo.get(key)
+        if m is not None and m[0] is py and m[1] is nat and m[2] is ops:
+            return m[3]
+        path = splice(tuple(py), tuple(getattr(ev, "py_entries", ()) or ()), tuple(ops), tuple(nat))
+        if len(self._splice_memo) >= 65_536:
+            self._splice_memo.clear()
+        self._splice_memo[key] = (py, nat, ops, path)  # keeps the parts alive: ids stay unique
+        return path
 
     # ---- agent side -----------------------------------------------------------------------
     def on_agent(self, rec: Any) -> None:

@@ -194,7 +194,7 @@ BPF_TABLE("lru_hash", u64, struct sl_pystack, sl_py_stacks, SL_PY_STACKS);
 BPF_HASH(sl_py_threads, u32, u64, 4096);   /* tid -> tstate, when TLS is unavailable */
 
 /* Returns a stack id (hash of the frames; 0 = no Python stack) and stores the stack under it. */
-static __always_inline u64 sl_pystack_id(struct pt_regs *ctx, int *err)
+static __always_inline u64 sl_pystack_id(void *ctx, int *err)
 {
     u32 zero = 0;
     struct sl_pystack *s = sl_py_scratch.lookup(&zero);
@@ -221,7 +221,10 @@ static __always_inline u64 sl_pystack_id(struct pt_regs *ctx, int *err)
         h = (h ^ (u32)s->frames[i].offset ^ ((u64)s->frames[i].flags << 32)) * 1099511628211ULL;
     }
     h |= 1;  /* never 0 */
-    sl_py_stacks.update(&h, s);
+    /* ids are content hashes: a stack already stored needs no 1.2 KB copy (the lookup also
+     * refreshes its LRU position) */
+    if (!sl_py_stacks.lookup(&h))
+        sl_py_stacks.update(&h, s);
     return h;
 }
 

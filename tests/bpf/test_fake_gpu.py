@@ -6,7 +6,7 @@ import pytest
 
 from stacklens.bpf import ProbeConfig, ProbeSession
 
-from .conftest import poll_until
+from .conftest import TARGETS, poll_until
 
 pytestmark = pytest.mark.bpf
 N, M = 7, 5
@@ -73,7 +73,17 @@ def test_cuda_launch_alloc_copy_sync(bpf_ok, fake_libs, start_target):
     assert len(sync) == 1 and sync[0].args["stream"] == 0x99
     assert abs(sync[0].duration_ns - SYNC_US * 1000) <= 0.1 * SYNC_US * 1000
     assert not any(e.kind == "cpu_sample" for e in evs)
-    assert all(e.py_stack == () for e in evs)
+    # the Python line that launched, read in BPF at the probe (exact file, function, line)
+    app = str(TARGETS / "fake_cuda_app.py")
+    lines = {n: i for i, l in enumerate((TARGETS / "fake_cuda_app.py").read_text().splitlines(), 1)
+             for n in ("forward", "backward", "sync") if l.strip() == f"{n}(fwd, N)" or
+             l.strip() == f"{n}(bwd, M)" or l.strip() == f"{n}()"}
+    body = {n: i + 1 for i, l in enumerate((TARGETS / "fake_cuda_app.py").read_text().splitlines(), 1)
+            for n in ("forward", "backward", "sync") if l.startswith(f"def {n}(")}
+    for evs_, fn in ((a, "forward"), (b, "backward"), (sync, "sync")):
+        for e in evs_:
+            assert [(f.file, f.name, f.line) for f in e.py_stack] == [
+                (app, "<module>", lines[fn]), (app, fn, body[fn])], e.py_stack
 
 
 def test_hip_launch_alloc_copy_sync(bpf_ok, fake_libs, start_target):
