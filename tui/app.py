@@ -123,6 +123,7 @@ class ProfileScreen(Screen):
         self._generation = 0
         self._fetched_at = -1e9
         self._fetch_cost = 0.0
+        self._retired: list[Any] = []  # replaced snapshots, dropped by the fetch worker
         self._hot_cache: tuple = ((), [], None)  # (key, hotspots, the snapshot, kept so its id stays unique)
         self._inflight = False
         self._again = False
@@ -200,6 +201,7 @@ class ProfileScreen(Screen):
 
     def _fetch(self, generation: int, window_s: float | None, diff: bool) -> None:
         t0 = time.monotonic()
+        self._retired.clear()
         # Decoding a large profile allocates millions of acyclic objects; with the collector on,
         # that triggers full collections of 0.2-0.5 s each, which hold the GIL and freeze the UI
         # (measured: docs/benchmarks/tui.md). Reference counting frees all of it anyway.
@@ -238,6 +240,11 @@ class ProfileScreen(Screen):
             self._timer.stop()
             self._timer = None
         if fetched.snapshot is not None:
+            if self.snap is not None and self.snap is not fetched.snapshot:
+                # freed by the next fetch, on the worker thread: dropping 100,000 nodes here
+                # would stall the UI for tens of ms
+                self._retired.append(self.snap)
+                self.query_one(IcicleView).snap = None
             self.snap = fetched.snapshot
             if not self.metric or self.metric not in self.snap.metrics:
                 self.metric = model.default_metric(self.snap)
