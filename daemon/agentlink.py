@@ -27,11 +27,16 @@ class AgentLink:
     def stats(self) -> dict:
         return self.server.stats()
 
+    def stop(self) -> bool:
+        """Ask the agent to detach: it disables collection, force-flushes, sends what it has."""
+        try:
+            return self.server.stop_agent(timeout_s=10.0)
+        except StacklensError:
+            return False
+
     def close(self) -> None:
         try:
-            self.server.stop_agent()
-        except StacklensError:
-            pass
+            self.stop()
         finally:
             self.server.close()
 

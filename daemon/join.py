@@ -31,6 +31,11 @@ GPU_MEASURED = ("gpu_time_ns", "kernel_count")
 _INTERPRETER_LIBS = ("libpython3", "/python3", "/python")
 MAX_NATIVE_FRAMES = 16
 PENDING_MAX_AGE_NS = 30_000_000_000
+# The uprobe fires at the launch function's first instruction, CUPTI stamps the API record a little
+# later, and the clock calibration is good to about a microsecond: a launch belongs to the API
+# record of its thread whose [start - EARLY, end + SLACK] holds its BPF time.
+CLAIM_SLACK_NS = 2_000
+CLAIM_EARLY_NS = 1_000_000
 PENDING_MAX_PER_THREAD = 65_536
 
 
@@ -188,7 +193,13 @@ class Joiner:
             add(path, {"launch_count": 1})
             if self.agent:
                 q = self._pending[ev.tid]
-                q.append(_Pending(ev.ktime_ns, path))
+                if q and ev.ktime_ns < q[-1].ktime_ns:  # out of order: keep the queue sorted
+                    i = len(q)
+                    while i and q[i - 1].ktime_ns > ev.ktime_ns:
+                        i -= 1
+                    q.insert(i, _Pending(ev.ktime_ns, path))
+                else:
+                    q.append(_Pending(ev.ktime_ns, path))
                 if len(q) > PENDING_MAX_PER_THREAD:
                     q.popleft()
                     self.stats.launches_unmatched += 1
@@ -248,21 +259,32 @@ class Joiner:
     def _claim(self, api: Any) -> None:
         """A CUPTI launch API record claims the BPF launch of the same thread inside its interval.
 
+        Per thread, launches and their API records come in the same order: the record claims the
+        last pending launch that entered before it ended; launches before that one were never
+        reported by CUPTI (before activation, or dropped) and are counted, not charged.
         A runtime launch (cudaLaunchKernel) wraps a driver launch: the driver record (which exits
         first) claims the BPF event; the enclosing runtime record then maps its correlation id to
         the same path, so kernels correlated with either land on it.
         """
         q = self._pending.get(api.tid)
-        while q and q[0].ktime_ns < api.start_ns:
-            q.popleft()  # launches CUPTI never reported (before activation, or dropped)
-            self.stats.launches_unmatched += 1
-        if q and q[0].ktime_ns <= api.end_ns:
+        hi = api.end_ns + CLAIM_SLACK_NS
+        n = 0
+        if q:
+            while n < len(q) and q[n].ktime_ns <= hi:
+                n += 1
+        claim = None
+        if n and q[n - 1].ktime_ns >= api.start_ns - CLAIM_EARLY_NS:
+            for _ in range(n - 1):
+                q.popleft()
+                self.stats.launches_unmatched += 1
             claim = q.popleft()
             self._last_claim[api.tid] = claim
         else:
-            claim = self._last_claim.get(api.tid)
-            if claim is None or not api.start_ns <= claim.ktime_ns <= api.end_ns:
-                return
+            last = self._last_claim.get(api.tid)
+            if last is not None and api.start_ns - CLAIM_EARLY_NS <= last.ktime_ns <= hi:
+                claim = last
+        if claim is None:
+            return
         self._by_correlation[api.correlation_id] = claim.path
         if len(self._by_correlation) > PENDING_MAX_PER_THREAD:
             self._by_correlation.popitem(last=False)

@@ -30,6 +30,7 @@ class EventSource(Protocol):
 
 class AgentSource(Protocol):
     def poll(self) -> list[Any]: ...
+    def stop(self) -> bool: ...
     def close(self) -> None: ...
 
 
@@ -123,7 +124,24 @@ class ProcessSession:
             self._thread.join(timeout=10)
         if self.state in ("attached", "starting"):
             self.state = state
+        self._final_drain()
         self._teardown()
+
+    def _final_drain(self) -> None:
+        """What is still in flight at detach goes into the tree: the agent's forced flush (GPU
+        records of the last launches) and the probes' last events."""
+        if self._thread is not None and self._thread.is_alive():
+            return  # the aggregation thread did not stop: it still owns the tree
+        try:
+            if self.agent is not None:
+                self.agent.stop()
+                for rec in self.agent.poll():
+                    self.joiner.on_agent(rec)
+            if self.probes is not None:
+                for ev in self.probes.poll(0):
+                    self.joiner.on_bpf(ev)
+        except Exception as e:  # noqa: BLE001 — detach goes on
+            self.notes.append(f"final drain: {e}")
 
     def _teardown(self) -> None:
         if self.agent is not None:

@@ -38,8 +38,14 @@ class ActivitySynchronizationType(enum.IntEnum):
     CONTEXT_SYNCHRONIZE = 4
 
 
+class ActivityThreadIdType(enum.IntEnum):
+    DEFAULT = 0
+    SYSTEM = 1
+
+
 class FakeCupti:
     ActivityKind = ActivityKind
+    ActivityThreadIdType = ActivityThreadIdType
     CallbackDomain = CallbackDomain
     ActivityMemcpyKind = ActivityMemcpyKind
     ActivitySynchronizationType = ActivitySynchronizationType
@@ -51,6 +57,24 @@ class FakeCupti:
         self.flushes = []
         self.clock_offset = clock_offset
         self.now = 5_000_000_000
+        self.thread_id_type = ActivityThreadIdType.DEFAULT
+        self.api_on = {}            # (domain, cbid) -> enabled
+        self.flush_period = 0
+
+    def get_thread_id_type(self):
+        return self.thread_id_type
+
+    def set_thread_id_type(self, t):
+        self.thread_id_type = t
+
+    def activity_enable_driver_api(self, cbid, enable):
+        self.api_on[("driver", cbid)] = bool(enable)
+
+    def activity_enable_runtime_api(self, cbid, enable):
+        self.api_on[("runtime", cbid)] = bool(enable)
+
+    def activity_flush_period(self, ms):
+        self.flush_period = ms
 
     def get_timestamp(self):
         import time
@@ -102,11 +126,15 @@ def make(profiler=None):
     return c, lib, notes, rows
 
 
-def test_activity_only_all_kinds_and_clock_conversion():
+def test_activity_only_launch_apis_system_tids_and_clock_conversion():
     c, lib, notes, rows = make()
     assert c.start(lambda k, r: rows.append((k, r)))
     K = ActivityKind
-    assert lib.enabled == {K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER, K.SYNCHRONIZATION}
+    assert lib.enabled == {K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER}
+    # API records only for launch calls: the rest of PyTorch's API chatter stays off
+    assert {k for k, on in lib.api_on.items() if on} == {("runtime", 211)}
+    assert lib.api_on[("driver", 5)] is False and lib.thread_id_type == ActivityThreadIdType.SYSTEM
+    assert lib.flush_period == 1000
     off = c.clock.offset_ns
     assert abs(off - lib.clock_offset) < 1_000_000   # calibrated within 1 ms of the truth
     lib.pending = [
@@ -123,14 +151,29 @@ def test_activity_only_all_kinds_and_clock_conversion():
     c.poll()
     assert lib.flushes == [0]                       # never a forced flush
     kinds = [k for k, _ in rows]
-    assert kinds == ["kernel", "api", "memcpy", "memcpy", "sync"]
+    assert kinds == ["kernel", "api", "memcpy", "memcpy", "sync"]  # (a sync record, if CUPTI sends one, still parses)
     k = rows[0][1]
     assert k[0] == "gemm" and k[1] == 100 + off and k[2] == 400 + off and k[6:12] == [1, 2, 3, 4, 5, 6]
-    assert rows[1][1][:3] == ["runtime", "cudaLaunchKernel_v7000", 4242]
+    assert rows[1][1][:3] == ["runtime", "cudaLaunchKernel_v7000", 77]   # SYSTEM ids are kernel tids
     assert rows[2][1][0] == "HtoD" and rows[3][1][0] == "memset" and rows[4][1][0] == "stream"
     assert c.stats()["unknown"] == 2
     c.stop()
     assert lib.enabled == set() and lib.flushes[-1] == 1     # forced only at detach
+    assert lib.thread_id_type == ActivityThreadIdType.DEFAULT and lib.flush_period == 0  # left as found
+
+
+def test_pthread_ids_are_mapped_when_system_ids_are_unavailable():
+    class OldCupti(FakeCupti):
+        set_thread_id_type = None  # an older cupti-python without the call
+
+    lib, rows = OldCupti(), []
+    c = CuptiCollector(lambda lvl, msg: None, lib=lib, gpu=fake_gpu(), thread_ids={77: 4242})
+    c.start(lambda k, r: rows.append((k, r)))
+    lib.pending = [rec(ActivityKind.RUNTIME, cbid=211, thread_id=77, start=50, end=90, correlation_id=11),
+                   rec(ActivityKind.RUNTIME, cbid=211, thread_id=99, start=50, end=90, correlation_id=12)]
+    c.poll()
+    assert [r[1][2] for r in rows] == [4242, 0]   # unknown (C++) threads: 0, looked up once
+    assert 99 in c._unknown_tids
 
 
 def test_rows_pass_the_daemon_validation():
@@ -153,9 +196,11 @@ def test_yields_to_a_user_profiler_and_resumes():
     assert lib.enabled == set() and c.yielded_to == "torch.profiler"
     assert any("yields" in m and "torch.profiler" in m for _, m in notes)
     c._gpu.state["profiler"] = None
+    c._next_check_ns = 0   # the check runs at most once a second
     c.poll()
     assert lib.enabled and c.active
     c._gpu.state["profiler"] = "Nsight Systems"
+    c._next_check_ns = 0
     c.poll()
     assert lib.enabled == set() and not c.active
     assert c.stats()["yields"] == 2

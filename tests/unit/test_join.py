@@ -35,14 +35,14 @@ def test_without_agent_gpu_time_is_unavailable_not_zero():
 def test_kernels_land_on_the_launching_path_in_order_per_thread():
     j = Joiner(1, agent=True)
     # thread 1 launches from step_a twice, thread 2 from step_b once, interleaved in time
-    j.on_bpf(launch(1, 1_000, STEP_A))
-    j.on_bpf(launch(2, 1_500, STEP_B, op="aten::mm"))
-    j.on_bpf(launch(1, 2_000, STEP_A))
+    j.on_bpf(launch(1, 1_000_000, STEP_A))
+    j.on_bpf(launch(2, 1_500_000, STEP_B, op="aten::mm"))
+    j.on_bpf(launch(1, 2_000_000, STEP_A))
     # CUPTI: API records (thread, interval, correlation); kernel records arrive before some APIs
     j.on_agent(KernelRecord("add_kernel", 10_000, 10_400, correlation_id=7))
-    j.on_agent(ApiRecord(1, "cuLaunchKernel", 900, 1_100, 7))
-    j.on_agent(ApiRecord(2, "cuLaunchKernel", 1_400, 1_600, 8))
-    j.on_agent(ApiRecord(1, "cuLaunchKernel", 1_900, 2_100, 9))
+    j.on_agent(ApiRecord(1, "cuLaunchKernel", 900_000, 1_100_000, 7))
+    j.on_agent(ApiRecord(2, "cuLaunchKernel", 1_400_000, 1_600_000, 8))
+    j.on_agent(ApiRecord(1, "cuLaunchKernel", 1_900_000, 2_100_000, 9))
     j.on_agent(KernelRecord("gemm", 11_000, 13_000, correlation_id=8))
     j.on_agent(KernelRecord("add_kernel", 14_000, 14_600, correlation_id=9))
     snap = j.snapshot()
@@ -57,9 +57,9 @@ def test_kernels_land_on_the_launching_path_in_order_per_thread():
 
 def test_launches_cupti_never_saw_are_counted_not_charged():
     j = Joiner(1, agent=True)
-    j.on_bpf(launch(1, 100, STEP_A))  # before CUPTI was active
-    j.on_bpf(launch(1, 2_000, STEP_B))
-    j.on_agent(ApiRecord(1, "cuLaunchKernel", 1_900, 2_100, 5))
+    j.on_bpf(launch(1, 100_000, STEP_A))  # before CUPTI was active
+    j.on_bpf(launch(1, 2_000_000, STEP_B))
+    j.on_agent(ApiRecord(1, "cuLaunchKernel", 1_900_000, 2_100_000, 5))
     j.on_agent(KernelRecord("k", 0, 50, 5))
     snap = j.snapshot()
     assert j.stats.launches_unmatched == 1
@@ -100,9 +100,9 @@ def test_trim_native_drops_interpreter_frames_and_marks_cuts():
 
 def test_runtime_record_wrapping_the_driver_launch_maps_to_the_same_path():
     j = Joiner(1, agent=True)
-    j.on_bpf(launch(1, 1_000, STEP_A))
-    j.on_agent(ApiRecord(1, "cuLaunchKernel", 950, 1_050, 11))  # driver exits first
-    j.on_agent(ApiRecord(1, "cudaLaunchKernel", 900, 1_100, 12, domain="runtime"))
+    j.on_bpf(launch(1, 1_000_000, STEP_A))
+    j.on_agent(ApiRecord(1, "cuLaunchKernel", 950_000, 1_050_000, 11))  # driver exits first
+    j.on_agent(ApiRecord(1, "cudaLaunchKernel", 900_000, 1_100_000, 12, domain="runtime"))
     j.on_agent(KernelRecord("k", 0, 70, 12))  # correlated with the runtime call
     snap = j.snapshot()
     n = snap.find([f.label() for f in STEP_A] + ["op:aten::add", "api:cuLaunchKernel", "kernel:k"])
@@ -111,8 +111,8 @@ def test_runtime_record_wrapping_the_driver_launch_maps_to_the_same_path():
 
 def test_graph_launch_charges_every_kernel_of_the_graph():
     j = Joiner(1, agent=True)
-    j.on_bpf(FakeEvent(kind="graph", tid=1, ktime_ns=500, api="cuGraphLaunch", py_stack=STEP_B))
-    j.on_agent(ApiRecord(1, "cuGraphLaunch", 400, 600, 3))
+    j.on_bpf(FakeEvent(kind="graph", tid=1, ktime_ns=500_000, api="cuGraphLaunch", py_stack=STEP_B))
+    j.on_agent(ApiRecord(1, "cuGraphLaunch", 400_000, 600_000, 3))
     for i in range(5):
         j.on_agent(KernelRecord(f"fusion_{i}", 1000 * i, 1000 * i + 10, 3))
     snap = j.snapshot()
@@ -125,3 +125,33 @@ def test_agent_notes_reach_the_snapshot_meta():
     j = Joiner(1, agent=True)
     j.on_agent(Note(level="warning", message="torch.profiler is active: CUPTI collector yields"))
     assert "agent warning: torch.profiler is active" in j.snapshot().meta["notes"][0]
+
+
+def test_bpf_entry_slightly_before_cupti_start_still_claims():
+    """The uprobe fires at the first instruction; CUPTI stamps the record later (and clocks differ)."""
+    j = Joiner(1, agent=True)
+    for i in range(50):  # a launch-bound loop: a launch every 7 us
+        j.on_bpf(launch(1, 10_000 + 7_000 * i, STEP_A if i % 2 else STEP_B))
+    for i in range(50):
+        t = 10_000 + 7_000 * i
+        j.on_agent(ApiRecord(1, "cuLaunchKernel", t + 400, t + 3_000, 100 + i))  # 0.4 us after entry
+        j.on_agent(KernelRecord(f"k{i % 2}", 0, 10 + i % 2, 100 + i))
+    snap = j.snapshot()
+    a = snap.find([f.label() for f in STEP_A] + ["op:aten::add", "api:cuLaunchKernel", "kernel:k1"])
+    b = snap.find([f.label() for f in STEP_B] + ["op:aten::add", "api:cuLaunchKernel", "kernel:k0"])
+    assert snap.inclusive(a, "kernel_count") == 25 and snap.inclusive(b, "kernel_count") == 25
+    assert snap.total("gpu_time_ns") == 25 * 11 + 25 * 10
+    assert j.stats.launches_unmatched == 0
+
+
+def test_out_of_order_bpf_delivery_is_sorted_per_thread():
+    j = Joiner(1, agent=True)
+    j.on_bpf(launch(1, 2_000_000, STEP_B))
+    j.on_bpf(launch(1, 1_000_000, STEP_A))  # arrived late
+    j.on_agent(ApiRecord(1, "cuLaunchKernel", 900_000, 1_100_000, 1))
+    j.on_agent(ApiRecord(1, "cuLaunchKernel", 1_900_000, 2_100_000, 2))
+    j.on_agent(KernelRecord("ka", 0, 5, 1))
+    j.on_agent(KernelRecord("kb", 0, 7, 2))
+    snap = j.snapshot()
+    assert snap.find([f.label() for f in STEP_A] + ["op:aten::add", "api:cuLaunchKernel", "kernel:ka"]) is not None
+    assert snap.find([f.label() for f in STEP_B] + ["op:aten::add", "api:cuLaunchKernel", "kernel:kb"]) is not None
