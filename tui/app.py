@@ -16,6 +16,7 @@ import time
 from functools import partial
 from typing import Any
 
+from rich.console import Group
 from rich.syntax import Syntax
 from rich.text import Text
 from textual import on, work
@@ -41,7 +42,6 @@ from stacklens.tui.source import (
 )
 from stacklens.tui.widgets import CCTView, IcicleView, LineTable, header_text
 
-VIEWS = ("tree", "flame", "hotspots", "advice", "source")
 ADVICE_EVERY_S = 5.0
 HOTSPOTS = 100  # rows of the hotspots table
 KEY_HELP = (
@@ -390,8 +390,6 @@ class ProfileScreen(Screen):
             word_wrap=False,
         )
         head = Text(f"{frame.name}  {ex.path}:{frame.line}", style="bold green")
-        from rich.console import Group
-
         view.update(Group(head, syntax))
 
     def _update_status(self) -> None:
