@@ -40,6 +40,18 @@ echo "$(pwd)/.venv/debian-bcc" > "$site/debian_bcc.pth"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e '.[test]'
+# speedscope's published file-format schema (from its npm package) for the export tests.
+ss=.venv/share/speedscope/file-format-schema.json
+if [ ! -s "$ss" ] && command -v npm >/dev/null; then
+  tmp=$(mktemp -d)
+  if (cd "$tmp" && npm pack speedscope@1.25.0 --silent >/dev/null 2>&1 && tar xzf speedscope-1.25.0.tgz package/dist/release/file-format-schema.json); then
+    mkdir -p "$(dirname "$ss")" && cp "$tmp/package/dist/release/file-format-schema.json" "$ss"
+  else
+    echo "setup: could not fetch speedscope's schema from npm (the test that needs it will skip)"
+  fi
+  rm -rf "$tmp"
+fi
+
 # The unit's ExecStart and users' shells find the commands here; the daemon's config and group.
 ln -sfn "$(pwd)/.venv/bin/stacklensd" /usr/local/bin/stacklensd
 ln -sfn "$(pwd)/.venv/bin/stacklens" /usr/local/bin/stacklens

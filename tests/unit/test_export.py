@@ -61,6 +61,19 @@ def test_folded_root_values_and_refusals() -> None:
         to_folded(sample(), "nope")
 
 
+PUBLISHED_SPEEDSCOPE = Path(__file__).parents[2] / ".venv" / "share" / "speedscope" / "file-format-schema.json"
+
+
+def test_speedscope_validates_against_speedscope_published_schema() -> None:
+    """The schema shipped in speedscope's npm package (fetched by scripts/setup.sh)."""
+    if not PUBLISHED_SPEEDSCOPE.exists():
+        pytest.skip("speedscope's schema not fetched (npm unavailable when scripts/setup.sh ran)")
+    schema = json.loads(PUBLISHED_SPEEDSCOPE.read_text())
+    snap = sample()
+    for metric in ("gpu_time_ns", "cpu_samples", "alloc_bytes", "sync_wait_ns"):
+        jsonschema.validate(to_speedscope(snap, metric), schema)
+
+
 def test_speedscope_validates_against_the_schema() -> None:
     schema = json.loads((SCHEMAS / "speedscope-file-format-schema.json").read_text())
     snap = sample()
