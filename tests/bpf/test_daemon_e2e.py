@@ -38,7 +38,8 @@ def test_unit_verifies():
 def daemon(tmp_path, bpf_available):
     argv = exec_start()
     # the unit's command line, with this venv's binary and private paths for the test
-    argv[0] = str(BIN / "stacklensd") if not Path(argv[0]).exists() else argv[0]
+    # (always this venv's: /usr/local/bin/stacklensd may link to another checkout's venv)
+    argv[0] = str(BIN / "stacklensd")
     sock = tmp_path / "run" / "stacklens.sock"
     cfg = tmp_path / "stacklensd.toml"
     cfg.write_text("top_k = 5\n")
