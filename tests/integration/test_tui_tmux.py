@@ -139,24 +139,31 @@ def test_top_shows_hot_function_and_op_and_updates(stack, tmp_path):
         assert first, f"aten::mm not on screen within 5 s of attach:\n{tmux.screen()}"
         assert f"pid {pid}" in tmux.screen() and "attached" in tmux.screen()
 
-        # the numbers update (cumulative CPU samples keep growing)
+        # the hot Python function, also within 5 s of attach: it is in the agent's Python
+        # samples, a metric of their own until the daemon joins them with the probes' op paths
+        presses = 0
+
+        def python_visible() -> bool:
+            nonlocal presses
+            if "hot_matmul_step" in tmux.screen():
+                return True
+            tmux.keys("m")
+            presses += 1
+            time.sleep(0.2)
+            return "hot_matmul_step" in tmux.screen()
+
+        shown = _wait_for(python_visible, max(0.1, 5.0 - (time.monotonic() - attached_at)), interval=0.05)
+        assert shown, f"hot_matmul_step not on screen within 5 s of attach:\n{tmux.screen()}"
+        assert re.search(r"^\S*\s+\d[\d.]*k?\s+.*hot_matmul_step", tmux.screen(), re.M), tmux.screen()
+
+        # back to CPU samples: the numbers update (cumulative samples keep growing)
+        tmux.keys(*["M"] * presses)
+        assert _wait_for(lambda: op_row.search(tmux.screen()), 3.0), tmux.screen()
+        first = op_row.search(tmux.screen())
         updated = _wait_for(
             lambda: (m := op_row.search(tmux.screen())) is not None and m.group(1) != first.group(1) and m, 5.0
         )
         assert updated, f"the numbers did not change in 5 s (still {first.group(1)}):\n{tmux.screen()}"
-
-        # the hot Python function: the agent's Python samples (a metric of their own until the
-        # daemon joins them with the probes' op paths)
-        def python_visible() -> bool:
-            screen = tmux.screen()
-            if "hot_matmul_step" in screen:
-                return True
-            tmux.keys("m")
-            time.sleep(0.3)
-            return "hot_matmul_step" in tmux.screen()
-
-        assert _wait_for(python_visible, 8.0, interval=0.2), f"hot_matmul_step never shown:\n{tmux.screen()}"
-        assert time.monotonic() - attached_at < 15
 
         # the views respond to keys
         tmux.keys("h")
