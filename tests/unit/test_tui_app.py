@@ -487,3 +487,47 @@ async def test_duration_exits(duration):
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause(duration + 0.3)
         assert not app.is_running
+
+
+@pilot_test
+async def test_search_box_takes_letters_and_escape_cancels():
+    app = make_app()
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("slash", "q", "m", "f")  # would quit / switch metric / flame outside the box
+        assert app.is_running
+        box = app.screen.query_one("#search")
+        assert box.display and box.value == "qmf"
+        assert "metric gpu time" in status(app)
+        assert app.screen.query_one(TabbedContent).active == "tree"
+        await pilot.press("escape")
+        assert not box.display and app.screen.focused is app.screen.query_one(CCTView)
+
+
+@pilot_test
+async def test_expand_hot_path_from_a_collapsed_row():
+    app = make_app()
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(app, pilot)
+        for _ in range(5):
+            await pilot.press("m")  # cpu samples: the root chain has three children
+        await pilot.press("home", "enter")
+        view = app.screen.query_one(CCTView)
+        assert len(view.rows) == 1
+        await pilot.press("e")
+        names = [f.name for r in view.rows for f in r.frames]
+        assert "__next__" in names and "read" in names  # the heaviest child (the loader) is open
+
+
+@pilot_test
+async def test_hotspots_click_selects_and_second_click_jumps():
+    app = make_app()
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("h")
+        await pilot.click(LineTable, offset=(5, 1))
+        assert app.screen.query_one(LineTable).cursor == 1
+        await pilot.click(LineTable, offset=(5, 1))
+        await pilot.pause()
+        assert app.screen.query_one(TabbedContent).active == "tree"
+        assert app.screen.query_one(CCTView).current.frames[-1].name == "vectorized_elementwise_kernel"
