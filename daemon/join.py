@@ -172,6 +172,8 @@ class Joiner:
         self._last_claim: dict[int, _Pending] = {}
         self._kernels_waiting: dict[int, list[Any]] = {}
         self.gpu_seen = False  # a GPU library event arrived at all
+        # GPU time is measured only while the agent's GPU collector runs (CUPTI/RocTracer active)
+        self.gpu_collector_active = False
         self._splice_memo: dict[tuple[int, int, int], tuple] = {}
 
     # ---- BPF side -------------------------------------------------------------------------
@@ -251,6 +253,8 @@ class Joiner:
                     self.stats.kernels_unmatched += 1
                 return
             self._charge(path, rec)
+        elif kind == "AgentStats":
+            self.gpu_collector_active = bool(rec.gpu.get("active")) or self.gpu_collector_active
         elif kind == "Note":
             notes = self.meta.setdefault("notes", [])
             if len(notes) < 32:
@@ -292,6 +296,7 @@ class Joiner:
             self._charge(claim.path, krec)
 
     def _charge(self, path: tuple[Frame, ...], krec: Any) -> None:
+        self.gpu_collector_active = True
         if path[-1].kind != "kernel":
             path = path + (Frame.kernel(krec.name),)
         elif path[-1].name != krec.name and path[-1].name.startswith("unresolved:"):
@@ -309,8 +314,9 @@ class Joiner:
     def unavailable(self) -> set[str]:
         out = set()
         if not self.agent:
-            out.update(GPU_MEASURED)
             out.add("py_samples")
+        if not (self.agent and self.gpu_collector_active):
+            out.update(GPU_MEASURED)  # no agent, or an agent without a GPU collector (CPU job)
         return out
 
     def snapshot(self, window_s: float | None = None) -> Snapshot:

@@ -155,3 +155,14 @@ def test_out_of_order_bpf_delivery_is_sorted_per_thread():
     snap = j.snapshot()
     assert snap.find([f.label() for f in STEP_A] + ["op:aten::add", "api:cuLaunchKernel", "kernel:ka"]) is not None
     assert snap.find([f.label() for f in STEP_B] + ["op:aten::add", "api:cuLaunchKernel", "kernel:kb"]) is not None
+
+
+def test_agent_without_a_gpu_collector_leaves_gpu_time_unavailable():
+    from stacklens.inject.records import AgentStats
+
+    j = Joiner(1, agent=True)
+    j.on_agent(AgentStats(samples=10, sample_hz=100.0, sample_cost_us=5.0, gpu={}))
+    assert {"gpu_time_ns", "kernel_count"} <= j.snapshot().unavailable
+    assert "py_samples" not in j.snapshot().unavailable
+    j.on_agent(AgentStats(samples=10, sample_hz=100.0, sample_cost_us=5.0, gpu={"active": 1}))
+    assert not ({"gpu_time_ns", "kernel_count"} & j.snapshot().unavailable)
