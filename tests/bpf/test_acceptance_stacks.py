@@ -43,9 +43,10 @@ def def_line(path: Path, func: str) -> int:
     raise AssertionError(func)
 
 
-def profile(pid: int, metric: str, duration: float = 5) -> dict[tuple[str, ...], int]:
+def profile(pid: int, metric: str, duration: float = 5, *extra: str) -> dict[tuple[str, ...], int]:
     r = subprocess.run([str(STACKLENS), "profile", "--pid", str(pid), "--duration", str(duration),
-                        "--format", "folded", "--metric", metric], capture_output=True, text=True, timeout=180)
+                        "--format", "folded", "--metric", metric, *extra], capture_output=True, text=True,
+                       timeout=180)
     assert r.returncode == 0, r.stderr
     out: dict[tuple[str, ...], int] = {}
     for line in r.stdout.splitlines():
@@ -70,8 +71,8 @@ def test_profile_launch_count_ratio_and_total(bpf_available, fake_libs, start_ta
         assert len(fn) == 1, p
         by_fn[fn[0].split(":")[-2]] = n
         # Python → the C caller (libfakeapp, frame pointers) → the API
-        i = p.index("api:cuLaunchKernel")
-        assert p[i - 1].endswith("_launches"), p
+        caller = "app_forward_launches" if fn[0].split(":")[-2] == "launch_a" else "app_backward_launches"
+        assert p.index(f"native:libfakeapp.so:{caller}") < p.index("api:cuLaunchKernel"), p
     a, b = by_fn["launch_a"], by_fn["launch_b"]
     assert abs(a / b - 3) <= 0.02 * 3, (a, b)
     assert abs((a + b) - (made_a + made_b)) <= 0.01 * (made_a + made_b), (a, b, made_a, made_b)
@@ -86,20 +87,26 @@ def _kinds(path: tuple[str, ...]) -> str:
 
 def test_profile_cpu_samples_torch_split(bpf_available, start_target):
     t = start_target("torch_train.py")
-    paths = profile(t.pid, "cpu_samples")
+    # 499 Hz: at the default 99 Hz a 5 s window holds ~490 samples and the split measured over
+    # four runs spread ±3.5 points around the truth (0.511-0.598 for 0.575) from sampling alone;
+    # at 499 Hz it landed within 0.2 points
+    paths = profile(t.pid, "cpu_samples", 5, "--rate", "499")
     line = t.readline(timeout=60).split()
     assert line[0] == "split", line
     t_big, t_small = int(line[1]), int(line[2])
     train = str(TARGETS / "torch_train.py")
     s_big = sum(n for p, n in paths.items() if any(lab.startswith(f"py:{train}:step_big:") for lab in p))
     s_small = sum(n for p, n in paths.items() if any(lab.startswith(f"py:{train}:step_small:") for lab in p))
-    assert s_big + s_small > 200, paths
+    assert s_big + s_small > 1000, paths
     got, want = s_big / (s_big + s_small), t_big / (t_big + t_small)
     assert abs(got - want) <= 0.05, (got, want, s_big, s_small)
-    # paths read py:… → op:aten::… → native:… (C extension frames may sit between py and op)
-    shaped = sum(n for p, n in paths.items() if re.fullmatch(r"P+N*O+N+", _kinds(p))
-                 and any(lab.startswith("op:aten::") for lab in p))
-    assert shaped >= 0.5 * (s_big + s_small), sorted(paths.items(), key=lambda kv: -kv[1])[:10]
+    # samples inside an operator read py:… → op:aten::… → native:… (C extension frames may sit
+    # between py and op); the rest is Python between ops (optimizer loop, module call overhead)
+    in_op = {p: n for p, n in paths.items() if any(lab.startswith("op:aten::") for lab in p)}
+    shaped = sum(n for p, n in in_op.items() if re.fullmatch(r"P+N*O+N+", _kinds(p)))
+    assert sum(in_op.values()) >= 0.25 * (s_big + s_small)
+    assert shaped >= 0.9 * sum(in_op.values()), Counter(
+        {_kinds(p): n for p, n in in_op.items() if not re.fullmatch(r"P+N*O+N+", _kinds(p))}).most_common(5)
 
 
 def test_samples_and_op_events_carry_the_model_line(bpf_available, start_target):
