@@ -38,7 +38,7 @@ ln -sfn /usr/lib/python3/dist-packages/bcc .venv/debian-bcc/bcc
 echo "$(pwd)/.venv/debian-bcc" > "$site/debian_bcc.pth"
 
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q torch==2.13.0 numpy  # numpy: torch warns without it
 .venv/bin/python -m pip install -q -e '.[test]'
 # speedscope's published file-format schema (from its npm package) for the export tests.
 ss=.venv/share/speedscope/file-format-schema.json
