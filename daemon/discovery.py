@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from stacklens.errors import NoSuchProcess, PermissionDenied
+from stacklens.procfs import ProcFS, parse_maps
 
 LIBRARY_PATTERNS = {
     "libcuda": re.compile(r"/libcuda\.so(\.\d+)*$"),
@@ -36,40 +36,11 @@ class ProcessInfo:
         return any(self.libraries.get(k) for k in GPU_LIBS)
 
 
-class ProcFS:
-    """/proc behind one object so tests can point it at a checked-in fixture tree."""
-
-    def __init__(self, root: Path | str = "/proc") -> None:
-        self.root = Path(root)
-
-    def pids(self) -> list[int]:
-        return sorted(int(p.name) for p in self.root.iterdir() if p.name.isdigit())
-
-    def read(self, pid: int, name: str) -> str:
-        try:
-            return (self.root / str(pid) / name).read_text(errors="replace")
-        except FileNotFoundError:
-            raise NoSuchProcess(f"no process {pid}: it does not exist or has exited") from None
-        except ProcessLookupError:
-            raise NoSuchProcess(f"process {pid} exited") from None
-        except PermissionError:
-            raise PermissionDenied(
-                f"cannot read /proc/{pid}/{name}: run as root or with CAP_SYS_PTRACE"
-            ) from None
-
-    def exe(self, pid: int) -> str:
-        try:
-            return os.readlink(self.root / str(pid) / "exe")
-        except OSError:
-            return ""
-
-
 def mapped_files(maps_text: str) -> list[str]:
     seen: dict[str, None] = {}
-    for line in maps_text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) == 6 and parts[5].startswith("/"):
-            seen.setdefault(parts[5].removesuffix(" (deleted)"), None)
+    for m in parse_maps(maps_text):
+        if m.path.startswith("/"):
+            seen.setdefault(m.path.removesuffix(" (deleted)"), None)
     return list(seen)
 
 

@@ -22,7 +22,7 @@ from ..errors import AlreadyAttached, AttachError, InputError, NoSuchProcess, Ti
 from . import pep768, ptrace_inject
 from .bootstrap import pending_call_text, script_file_text
 from .memory import RemoteMemory
-from .procfs import ProcFS
+from ..procfs import ProcFS
 from .server import AgentServer, server_for, target_view
 from .target import TargetPython, find_python
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..errors import NoSuchProcess, NotApplicable, PermissionDenied
 from .elf import ElfFile
 from .memory import ProcessMemory, RemoteMemory
-from .procfs import Mapping, ProcFS
+from ..procfs import Mapping, ProcFS
 
 WANTED = frozenset({"Py_AddPendingCall", "PyRun_SimpleString", "Py_Version", "_PyRuntime"})
 _LIB_RE = re.compile(r"libpython(\d)\.(\d+)t?\.so")

@@ -1,4 +1,6 @@
-"""Reading a target's /proc entries (maps, status, tasks) behind one narrow class.
+"""Reading /proc (a target's maps, status, tasks; the process list) behind one narrow class.
+
+Shared by the injector and the daemon's discovery (the BPF side keeps its own symbolizer maps).
 
 No privilege beyond what /proc itself asks (reading another user's maps needs PTRACE_MODE_READ).
 Tests pass a ``ProcFS(root=...)`` over a checked-in or generated tree.
@@ -11,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import NoSuchProcess, PermissionDenied
+from .errors import NoSuchProcess, PermissionDenied
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,18 @@ class ProcFS:
             raise PermissionDenied(
                 f"cannot read /proc/{pid}/{name}: run stacklens as root or with CAP_SYS_PTRACE"
             ) from None
+
+    def pids(self) -> list[int]:
+        return sorted(int(p.name) for p in self.root.iterdir() if p.name.isdigit())
+
+    def read(self, pid: int, name: str) -> str:
+        return self._read(pid, name)
+
+    def exe(self, pid: int) -> str:
+        try:
+            return os.readlink(self.root / str(pid) / "exe")
+        except OSError:
+            return ""
 
     def exists(self, pid: int) -> bool:
         return (self.root / str(pid)).is_dir()

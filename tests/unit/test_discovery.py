@@ -1,0 +1,49 @@
+"""GPU process discovery over a fake /proc tree (ProcFS(root=…))."""
+
+from __future__ import annotations
+
+import pytest
+
+from stacklens.daemon.discovery import describe_process, scan
+from stacklens.errors import NoSuchProcess
+from stacklens.procfs import ProcFS
+
+MAPS = {
+    101: [
+        "7f00-7f10 r-xp 00000000 08:01 11 /usr/lib/x86_64-linux-gnu/libcuda.so.580.1",
+        "7f20-7f30 r-xp 00000000 08:01 12 /venv/lib/python3.12/site-packages/torch/lib/libtorch_cpu.so",
+        "7f40-7f50 r-xp 00000000 08:01 13 /usr/lib/libpython3.12.so.1.0",
+    ],
+    102: ["5500-5510 r-xp 00000000 08:01 21 /usr/bin/bash"],
+    103: ["7f00-7f10 r-xp 00000000 08:01 31 /opt/rocm/lib/libamdhip64.so.6"],
+}
+
+
+@pytest.fixture
+def procfs(tmp_path):
+    for pid, lines in MAPS.items():
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "maps").write_text("\n".join(lines) + "\n")
+        (d / "comm").write_text(f"proc{pid}\n")
+        (d / "cgroup").write_text("0::/system.slice/docker-" + "ab" * 32 + ".scope\n" if pid == 103 else "0::/\n")
+    return ProcFS(tmp_path)
+
+
+def test_describe_finds_libraries_python_and_container(procfs):
+    info = describe_process(101, procfs)
+    assert info.gpu and info.comm == "proc101"
+    assert info.libraries["libtorch_cpu"] == ["/venv/lib/python3.12/site-packages/torch/lib/libtorch_cpu.so"]
+    assert info.python.startswith("3.12")
+    assert describe_process(103, procfs).container == "ab" * 6
+
+
+def test_scan_lists_only_gpu_processes(procfs):
+    assert [p.pid for p in scan(procfs)] == [101, 103]
+
+
+def test_missing_pid_is_a_clear_error(procfs):
+    with pytest.raises(NoSuchProcess, match="999"):
+        describe_process(999, procfs)
+    with pytest.raises(NoSuchProcess):
+        describe_process(0, procfs)
