@@ -213,7 +213,7 @@ static __always_inline u64 sl_pystack_id(void *ctx, int *err)
     if (s->depth == 0)
         return 0;
     u64 h = 1469598103934665603ULL ^ s->truncated;
-#pragma unroll
+#pragma clang loop unroll(disable)
     for (int i = 0; i < SL_PY_MAX_DEPTH; i++) {
         if (i >= s->depth)
             break;
