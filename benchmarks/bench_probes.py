@@ -100,6 +100,43 @@ def empty_probe_cost(t: Target, libdir: Path, n: int, reps: int, base: float) ->
     return {"s_per_loop": s, "us_per_launch": s / n * 1e6, "probe_cost_us": (s - base) / n * 1e6}
 
 
+def bench_pystack_at_probes(libdir: Path, n: int, reps: int, depths=(1, 10, 30)) -> dict:
+    """Added cost per launch-probe hit of the in-BPF Python walk: the same target and loop,
+    sessions without and with python_stacks attached in turn (no native stacks, so only the
+    walk differs), at several Python depths (`deep D N`: the C loop called from D frames)."""
+    t = Target("fake_cuda_bench.py", str(libdir))
+    out = {}
+    try:
+        for d in depths:
+            row = {}
+            for label, py in (("without", False), ("with", True)):
+                s = ProbeSession(t.pid, ProbeConfig(cpu_sample_hz=0, ops=False, native_stacks=False,
+                                                    python_stacks=py))
+                s.attach()
+                stop = threading.Event()
+
+                def drain():
+                    while not stop.is_set():
+                        s.poll(50)
+
+                th = threading.Thread(target=drain)
+                th.start()
+                row[label] = median_of(t, f"deep {d} {n}", reps) / n * 1e6
+                stop.set()
+                th.join()
+                s.poll(0)
+                st = s.stats()
+                s.detach()
+                if py:
+                    row["py_stacks_symbolized"] = st["py_stacks_symbolized"]
+                    row["py_stack_errors"] = st["py_stack_errors"]
+            row["added_us_per_hit"] = row["with"] - row["without"]
+            out[f"depth {d} (+1 <module>)"] = row
+    finally:
+        t.kill()
+    return {"launches_per_loop": n, "us_per_launch": out}
+
+
 def bench_ops(steps: int, reps: int) -> dict:
     t = Target("torch_mlp.py")
     try:
@@ -202,6 +239,8 @@ def main() -> None:
            "python": sys.version.split()[0]}
     res["launch"] = bench_launch(libdir, 100_000 if a.quick else 300_000, reps)
     print(json.dumps(res["launch"], indent=1), flush=True)
+    res["pystack"] = bench_pystack_at_probes(libdir, 50_000 if a.quick else 200_000, reps)
+    print(json.dumps(res["pystack"], indent=1), flush=True)
     res["ops"] = bench_ops(300 if a.quick else 1000, reps)
     print(json.dumps(res["ops"], indent=1), flush=True)
     secs = 2 if a.quick else 4

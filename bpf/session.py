@@ -543,6 +543,9 @@ class ProbeSession:
             table = self._bpf[b"counters"]
             for i, name in enumerate(COUNTERS):
                 out[name] = int(sum(table[table.Key(i)]))
+        if self._bpf is not None and self.config.ops:
+            # counted per op path in op_counts (the op probe keeps no separate per-hit counter)
+            out["op_calls"] = int(sum(v.value for v in self._bpf[b"op_counts"].values()))
         out["unwind_errors"] = out["stack_errors"] + self._user["stack_lookup_failures"]
         out.update(self._user)
         out["links"] = len(self._links)

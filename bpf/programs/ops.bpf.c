@@ -19,7 +19,8 @@ static __always_inline int sl_op_entry(struct pt_regs *ctx, u32 op)
 {
     if (!sl_is_target())
         return 0;
-    sl_count(SL_C_OP_CALLS);
+    /* no per-hit counter: op calls are the sum of op_counts (user space, stats()) — one map
+     * lookup less on the hottest probe */
     u32 tid = (u32)bpf_get_current_pid_tgid();
     struct sl_shadow *s = shadow.lookup(&tid);
     if (!s) {

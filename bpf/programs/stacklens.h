@@ -91,7 +91,7 @@ static __always_inline u32 sl_op_idx(u32 i)
 #define SL_C_DROPS 1           /* ring buffer full: event lost */
 #define SL_C_STACK_ERR 2       /* bpf_get_stackid failed (collision, fault) */
 #define SL_C_OP_OVERFLOW 3     /* op shadow stack deeper than SL_OP_DEPTH */
-#define SL_C_OP_CALLS 4        /* op entries seen */
+#define SL_C_OP_CALLS 4        /* unused: op calls = sum of op_counts (stats()) */
 #define SL_C_OPPATH_FULL 5     /* op-path map full */
 #define SL_C_PENDING_MISS 6    /* return probe without its entry (attached mid-call) */
 #define SL_C_SAMPLES 7         /* cpu samples of the target */
