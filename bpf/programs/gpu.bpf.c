@@ -72,25 +72,30 @@ static __always_inline int sl_api_entry(struct pt_regs *ctx, u32 idx)
     struct sl_spec *sp = specs.lookup(&idx);
     if (!sp)
         return 0;
-    if (sp->flags & SL_F_RETURN) {
-        /* fill a scratch event; the return probe completes and submits it */
+    /* one call site of sl_fill_entry (it inlines the Python walk: one copy compiles faster):
+     * return-probed calls fill a scratch event that the return probe completes and submits */
+    int ret_probe = sp->flags & SL_F_RETURN;
+    struct sl_event *ev;
+    if (ret_probe) {
         u32 zero = 0;
-        struct sl_event *ev = event_scratch.lookup(&zero);
+        ev = event_scratch.lookup(&zero);
         if (!ev)
             return 0;
-        sl_fill_entry(ctx, sp, idx, ev);
+    } else {
+        ev = events.ringbuf_reserve(sizeof(struct sl_event));
+        if (!ev) {
+#pragma unroll
+            for (int i = 0; i < SL_BENCH_FANOUT; i++)
+                sl_count(SL_C_DROPS);
+            return 0;
+        }
+    }
+    sl_fill_entry(ctx, sp, idx, ev);
+    if (ret_probe) {
         u64 key = ((u64)idx << 32) | (u32)bpf_get_current_pid_tgid();
         pending.update(&key, ev);
         return 0;
     }
-    struct sl_event *ev = events.ringbuf_reserve(sizeof(struct sl_event));
-    if (!ev) {
-#pragma unroll
-        for (int i = 0; i < SL_BENCH_FANOUT; i++)
-            sl_count(SL_C_DROPS);
-        return 0;
-    }
-    sl_fill_entry(ctx, sp, idx, ev);
 #if SL_BENCH_FANOUT > 1
     /* benchmarks/bench_probes.py only: SL_BENCH_FANOUT - 1 copies of each event, to measure
      * how many events/s the user-space loader sustains beyond what one uprobe hit rate gives */
