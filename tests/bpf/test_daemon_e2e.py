@@ -69,6 +69,7 @@ def cli(sock, *args, check=True) -> subprocess.CompletedProcess:
     return r
 
 
+@pytest.mark.timeout(900)  # 8 attaches, each a BCC compile (~2-3 s idle, far more on a loaded 2-core VM)
 def test_eight_targets_each_with_its_own_tree(daemon):
     names = [f"hot_{i}" for i in range(8)]
     procs = [subprocess.Popen([sys.executable, str(TARGET), n], stdout=subprocess.PIPE, text=True) for n in names]
