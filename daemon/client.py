@@ -8,7 +8,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 from pathlib import Path
 from typing import Iterator
 
@@ -148,7 +147,3 @@ def run_client_command(args, socket_path: str) -> int:
         else:
             raise errors.InputError(f"unknown command {args.command}")
     return 0
-
-
-def socket_from_env(default: str) -> str:
-    return os.environ.get("STACKLENS_SOCKET", default)

@@ -171,7 +171,6 @@ class Joiner:
         self._by_correlation: collections.OrderedDict[int, tuple[Frame, ...]] = collections.OrderedDict()
         self._last_claim: dict[int, _Pending] = {}
         self._kernels_waiting: dict[int, list[Any]] = {}
-        self.gpu_seen = False  # a GPU library event arrived at all
         # GPU time is measured only while the agent's GPU collector runs (CUPTI/RocTracer active)
         self.gpu_collector_active = False
         self._splice_memo: dict[tuple[int, int, int], tuple] = {}
@@ -186,7 +185,6 @@ class Joiner:
             self.stats.cpu_samples += 1
             add(base, {"cpu_samples": 1})
             return
-        self.gpu_seen = True
         api = Frame.api(ev.api)
         if kind in ("launch", "graph"):
             self.stats.launches += 1

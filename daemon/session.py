@@ -185,7 +185,7 @@ class ProcessSession:
             self._serve_requests()
             if self.state != "attached":
                 self._teardown()
-                self._fail_requests()
+                self._serve_requests()
                 if self._on_close:
                     self._on_close(self)
 
@@ -201,10 +201,6 @@ class ProcessSession:
                 except Exception as e:  # noqa: BLE001
                     fut.set_exception(e)
 
-    def _fail_requests(self) -> None:
-        self._final = self.joiner.snapshot()
-        self._serve_requests()
-
     def _call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
         if self._thread is None or not self._thread.is_alive():
             return fn()  # the thread has finished: the joiner is no longer written to
@@ -217,8 +213,7 @@ class ProcessSession:
 
     # ---- reading --------------------------------------------------------------------------
     def snapshot(self, window_s: float | None = None) -> Snapshot:
-        snap = self._call(lambda: self.joiner.snapshot(window_s=window_s))
-        return snap
+        return self._call(lambda: self.joiner.snapshot(window_s=window_s))
 
     def stats(self) -> dict[str, int]:
         def collect() -> dict[str, int]:
