@@ -65,6 +65,11 @@ class RingBufReader:
             cons += (8 + ln + 7) & ~7
         return out, cons
 
+    def positions(self) -> tuple[int, int]:
+        """(consumer, producer) positions: records in [consumer, producer) are reserved, each
+        either committed, discarded or still BUSY (the reader stops at the first busy one)."""
+        return _POS.unpack_from(self._cons, 0)[0], _POS.unpack_from(self._prod, 0)[0]
+
     @property
     def data(self) -> memoryview:
         return self._data

@@ -22,11 +22,12 @@ from stacklens.errors import (AttachError, InputError, NoSuchProcess, NotApplica
 
 from . import program
 from .events import AttachReport, Event, LibraryAttach, make_event
-from .events_abi import COUNTERS, SL_EV_API, SL_EV_NAME, SL_EV_SAMPLE, SL_NAME, SL_NARGS, SlEvent, SlOpPath, SlSpec
+from .events_abi import (COUNTERS, SL_BLOB, SL_EV_API, SL_EV_NAME, SL_EV_SAMPLE, SL_NAME, SL_NARGS, SlEvent,
+                         SlOpPath, SlSpec)
 from .frames import Frame
 from .ops import LIBTORCH_RE, OpSymbol, find_op_symbols
 from .procmaps import LibraryFile, Symbolizer, find_libraries
-from .ringbuf import RingBufReader
+from .ringbuf import BUSY, DISCARD, RingBufReader
 from .spec import DEFAULT_SPEC, MEMCPY_KINDS, ProbeSpec, load_specs
 from .uprobe_multi import UprobeMultiError, attach_uprobe_multi
 
@@ -36,8 +37,16 @@ _ARGS_OFF = SlEvent.args.offset
 _BLOB_OFF = SlEvent.blob.offset
 assert _HEAD.size == _ARGS_OFF and _ARGS_OFF + _ARGS.size == _BLOB_OFF
 _NAME_HEAD = struct.Struct("<IIQQ")
+# ring record header (length | BUSY | DISCARD, page offset) + the sl_event head: one unpack per record
+_REC = struct.Struct("<II" + _HEAD.format[1:])
+_ARGS_REC = 8 + _ARGS_OFF
+_BLOB_REC = 8 + _BLOB_OFF
+COMMIT_BYTES = 1 << 20  # consumer position handed back to the producers at least this often
+_tuple_new = tuple.__new__  # Event is a tuple subclass (bpf/events.py)
+_NO_ARGS: dict = {}  # shared by every sample (Event.args is read-only by contract)
 _KIND = struct.Struct("<I")
 TRUNCATED = Frame.other("[truncated]")
+TRUNCATED_STACK = (TRUNCATED,)
 PY_LOST = (Frame.other("[python stack lost]"),)  # id evicted from the LRU map before we read it
 PY_MAX_DEPTH = 48
 PY_CACHE_MAX = 65536  # symbolized Python stacks kept by id (ids are content hashes: reusable)
@@ -135,6 +144,7 @@ class ProbeSession:
         self._attached_files: set[tuple[str, int]] = set()
         self._specs: list[ProbeSpec] = []
         self._decoders: list = []
+        self._shapes: dict[int, tuple] = {}
         self._op_names: list[str] = []
         self._names: dict[int, str] = {}
         self._unresolved_names: dict[int, str] = {}
@@ -162,6 +172,7 @@ class ProbeSession:
         cfg = self.config
         self._specs = load_specs(cfg.spec_path) if cfg.gpu else []
         self._decoders = [s.decoder() for s in self._specs]
+        self._shapes = {}
         self._notes = []
         self._libraries = []
         try:
@@ -357,40 +368,61 @@ class ProbeSession:
             except (NoSuchProcess, FileNotFoundError):
                 self._last_scan = time.monotonic()
         reader = self._reader
-        recs, pos = reader.peek(max_events)
-        if not recs and timeout_ms:
+        if timeout_ms and not reader.available():
             reader.wait(timeout_ms)
-            recs, pos = reader.peek(max_events)
-        out = self._decode(reader.data, recs)
-        reader.commit(pos)
-        return out
-
-    def _decode(self, data, recs) -> list[Event]:
         # the loop allocates only acyclic objects: pausing the cyclic GC saves ~25% per event
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            return self._decode_batch(data, recs)
+            return self._decode_ring(reader, max_events)
         finally:
             if was_enabled:
                 gc.enable()
 
-    def _decode_batch(self, data, recs) -> list[Event]:
+    def _shape(self, si: int) -> tuple:
+        """Per probe spec, what the hot loop needs: (spec, kind, symbol, slot of the kernel
+        handle or -1, kernel named from a host stub, blob copied, args decoded lazily)."""
+        spec = self._specs[si]
+        k = spec.kind
+        kslot = spec.slots.get(spec.kernel, -1) if k == "launch" and spec.kernel else -1
+        return (spec, k, spec.symbol, kslot, spec.kernel_from == "host_stub", bool(spec.struct_fields),
+                k in ("launch", "graph", "sync"))
+
+    def _decode_ring(self, reader: RingBufReader, max_events: int) -> list[Event]:
+        """Walks the mapped ring once: one struct unpack per record for its header and event
+        head, one more for the arguments of API events; each event is one tuple.__new__ (Event
+        is a tuple subclass) and launch/graph/sync arguments stay raw until `Event.args` is
+        read. The consumer position is handed back every COMMIT_BYTES, not only at the end, so
+        a long batch does not keep the producers from the space already decoded."""
         out: list[Event] = []
         append = out.append
-        head, args_s = _HEAD.unpack_from, _ARGS.unpack_from
-        specs = self._specs
+        rec, args_s = _REC.unpack_from, _ARGS.unpack_from
+        data, mask = reader.data, reader.mask
+        cons, prod = reader.positions()
+        shapes = self._shapes
         stack_cache, op_cache, py_cache = self._stack_cache, self._op_cache, self._py_cache
-        decoders = self._decoders
         names = self._names
-        for off, _ln in recs:
-            (kind, si, pid, tid, t, dur, oh, _od, sid, pyid, ret, outv, caller) = head(data, off)
+        new = _tuple_new
+        commit_at = cons + COMMIT_BYTES
+        while cons < prod:
+            off = cons & mask
+            (ln, _pg, kind, si, pid, tid, t, dur, oh, _od, sid, pyid, ret, outv, caller) = rec(data, off)
+            if ln & BUSY:
+                break
+            cons += ((ln & 0x3FFFFFFF) + 15) & ~7
+            if cons >= commit_at:
+                reader.commit(cons)
+                commit_at = cons + COMMIT_BYTES
+                if len(out) >= max_events:
+                    break
+            if ln & DISCARD:
+                continue
             if kind == SL_EV_NAME:
-                self._name_event(data, off)
+                self._name_event(data, off + 8)
                 continue
             if sid < 0:
                 # -1: not requested; other negatives: bpf_get_stackid failed (marked, not hidden)
-                stack = () if sid == -1 else (TRUNCATED,)
+                stack = () if sid == -1 else TRUNCATED_STACK
             else:
                 stack = stack_cache.get((sid, caller))
                 if stack is None:
@@ -402,35 +434,45 @@ class ProbeSession:
             if pys is None:
                 pys = self._py_stack(pyid)
             if kind == SL_EV_SAMPLE:
-                append(make_event("cpu_sample", "", pid, tid, t, 0, {}, ops, stack, pys[0], py_entries=pys[1]))
+                append(new(Event, ("cpu_sample", "", pid, tid, t, 0, _NO_ARGS, ops, stack, pys[0], "", 0, "", 0,
+                                   pys[1])))
                 continue
-            spec = specs[si]
-            a = args_s(data, off + _ARGS_OFF)
-            blob = bytes(data[off + _BLOB_OFF:off + _BLOB_OFF + 64]) if spec.struct_fields else b""
-            args = decoders[si](a, blob)
-            k = spec.kind
-            kernel = ""
+            sh = shapes.get(si)
+            if sh is None:
+                sh = shapes[si] = self._shape(si)
+            a = args_s(data, off + _ARGS_REC)
+            blob = bytes(data[off + _BLOB_REC:off + _BLOB_REC + SL_BLOB]) if sh[5] else b""
+            k = sh[1]
+            if sh[6]:  # launch / graph / sync: nothing below needs the decoded arguments
+                kernel = ""
+                h = sh[3]
+                if h >= 0:
+                    h = a[h]
+                    if sh[4]:
+                        kernel = self._symbolizer.frame(h).name if h else "unresolved:0x0"
+                    else:
+                        kernel = names.get(h) or self._unresolved(h)
+                # args: raw (spec, values, blob), decoded by Event.args on access
+                append(new(Event, (k, sh[2], pid, tid, t, dur, (sh[0], a, blob), ops, stack, pys[0], kernel, 0,
+                                   "", ret, pys[1])))
+                continue
+            spec = sh[0]
+            args = spec.decode(a, blob)
             nbytes = 0
             direction = ""
-            if k == "launch":
-                h = args.get(spec.kernel, 0)
-                if spec.kernel_from == "host_stub":
-                    kernel = self._symbolizer.frame(h).name if h else "unresolved:0x0"
-                else:
-                    kernel = names.get(h) or self._unresolved(h)
-            elif k == "alloc":
+            if k == "alloc":
                 nbytes = args.get(spec.bytes_arg, 0)
                 args["ptr"] = outv
                 if ret == 0:
                     self._allocs[outv] = nbytes
             elif k == "free":
-                p = a[0]
-                nbytes = self._allocs.pop(p, 0)
+                nbytes = self._allocs.pop(a[0], 0)
             elif k == "memcpy":
                 nbytes = args.get(spec.bytes_arg, 0)
                 direction = spec.direction or MEMCPY_KINDS.get(args.get(spec.direction_arg, -1), "unknown")
-            append(make_event(k, spec.symbol, pid, tid, t, dur, args, ops, stack, pys[0], kernel, nbytes,
+            append(make_event(k, spec.symbol, pid, tid, t, dur, args, ops, stack, pys[0], "", nbytes,
                               direction, ret, pys[1]))
+        reader.commit(cons)
         self._user["decoded"] += len(out)
         return out
 
