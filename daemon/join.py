@@ -25,7 +25,7 @@ from stacklens.cct import METRICS, Frame, Snapshot, WindowedCCT
 
 # Samples from the in-process Python sampler (all threads, wall clock): kept apart from the BPF
 # CPU samples so neither is double counted.
-DAEMON_METRICS = METRICS + ("py_samples",)
+DAEMON_METRICS = METRICS + ("py_samples", "compile_time_ns")  # compile_time_ns: JAX (daemon/jaxjoin.py)
 GPU_MEASURED = ("gpu_time_ns", "kernel_count")
 
 _INTERPRETER_LIBS = ("libpython3", "/python3", "/python")
@@ -174,6 +174,7 @@ class Joiner:
         # GPU time is measured only while the agent's GPU collector runs (CUPTI/RocTracer active)
         self.gpu_collector_active = False
         self._splice_memo: dict[tuple[int, int, int], tuple] = {}
+        self.jax = None  # daemon.jaxjoin.JaxIndex once the agent sends JAX records
 
     # ---- BPF side -------------------------------------------------------------------------
     def on_bpf(self, ev: Any) -> None:
@@ -253,6 +254,9 @@ class Joiner:
             self._charge(path, rec)
         elif kind == "AgentStats":
             self.gpu_collector_active = bool(rec.gpu.get("active")) or self.gpu_collector_active
+        elif kind in ("HloMapRecord", "CompileRecord"):
+            from stacklens.daemon.jaxjoin import on_agent_record
+            on_agent_record(self, rec)
         elif kind == "Note":
             notes = self.meta.setdefault("notes", [])
             if len(notes) < 32:
@@ -299,6 +303,13 @@ class Joiner:
             path = path + (Frame.kernel(krec.name),)
         elif path[-1].name != krec.name and path[-1].name.startswith("unresolved:"):
             path = path[:-1] + (Frame.kernel(krec.name),)
+        split = self.jax.split(path, krec) if self.jax is not None else None
+        if split is not None:  # a JAX kernel: one path per original operator (jaxjoin's rule)
+            for p, m in split:
+                self.tree.add_many(p, m)
+            self.stats.kernels_joined += 1
+            self.meta["jax"] = self.jax.meta()
+            return
         self.tree.add_many(path, {"gpu_time_ns": max(0, krec.end_ns - krec.start_ns), "kernel_count": 1})
         self.stats.kernels_joined += 1
 
@@ -315,6 +326,8 @@ class Joiner:
             out.add("py_samples")
         if not (self.agent and self.gpu_collector_active):
             out.update(GPU_MEASURED)  # no agent, or an agent without a GPU collector (CPU job)
+        if self.jax is None or not self.jax.stats["compile_events"]:
+            out.add("compile_time_ns")  # measured only for JAX targets (jax.monitoring)
         return out
 
     def snapshot(self, window_s: float | None = None) -> Snapshot:

@@ -91,4 +91,38 @@ class AgentStats:
     gpu: dict = field(default_factory=dict)
 
 
-AgentRecord = PySample | KernelRecord | ApiRecord | MemcpyRecord | SyncRecord | Note | AgentStats | AgentHello
+HloOp = tuple[str, str, int, str]       # (op_name, source_file, source_line, function); "" / 0 if unknown
+
+
+@dataclass(frozen=True)
+class HloKernel:
+    name: str                            # HLO instruction name (fusion, custom-call, ...)
+    opcode: str
+    ops: tuple[HloOp, ...]               # distinct original operators it was fused from
+
+
+@dataclass(frozen=True)
+class HloMapRecord:
+    """One part of a compiled XLA module's source map (``inject/agent/jaxmeta.py``)."""
+    module_id: str                       # executable fingerprint (or an agent-local id)
+    module: str                          # HLO module name, e.g. "jit_step"
+    platform: str                        # "cpu" | "cuda" | "rocm" | "" (unknown)
+    part: int
+    parts: int
+    site: tuple[PyFrame, ...]            # Python call site that compiled it (empty: before attach)
+    kernels: tuple[HloKernel, ...]       # in schedule order
+
+
+@dataclass(frozen=True)
+class CompileRecord:
+    """A ``jax.monitoring`` compile duration event on the thread that compiled."""
+    event: str                           # "/jax/core/compile/backend_compile_duration", ...
+    fun_name: str                        # "jit(step)"
+    t_ns: int
+    duration_ns: int
+    tid: int
+    frames: tuple[PyFrame, ...]          # user call site, outermost first (JAX frames cut)
+
+
+AgentRecord = (PySample | KernelRecord | ApiRecord | MemcpyRecord | SyncRecord | Note | AgentStats | AgentHello
+               | HloMapRecord | CompileRecord)

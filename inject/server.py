@@ -25,8 +25,8 @@ from pathlib import Path
 
 from ..errors import AlreadyAttached, InputError, NoSuchProcess
 from .agent import wire
-from .records import (AgentHello, AgentStats, ApiRecord, KernelRecord, MemcpyRecord, Note,
-                      PySample, SyncRecord)
+from .records import (AgentHello, AgentStats, ApiRecord, CompileRecord, HloKernel, HloMapRecord,
+                      KernelRecord, MemcpyRecord, Note, PySample, SyncRecord)
 
 AGENT_SRC = Path(__file__).parent / "agent"
 MAX_STR = 8192
@@ -36,6 +36,8 @@ LEVELS = ("info", "warning", "error")
 MEMCPY_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "memset", "other")
 SYNC_TYPES = ("event", "stream", "context", "stream_wait_event", "other")
 API_DOMAINS = ("runtime", "driver", "hip")
+MAX_HLO_PARTS = 4096
+MAX_HLO_OPS = 64
 
 # servers by socket path, so inject_agent(pid, socket_path=srv.path) can wait for the hello
 _REGISTRY: dict[str, "AgentServer"] = {}
@@ -80,6 +82,22 @@ def _counts(v) -> dict:
     if type(v) is not dict or len(v) > 32:
         raise ProtocolError("bad counters")
     return {_str(k, 64): (_num(x) if type(x) is float else _int(x)) for k, x in v.items()}
+
+
+def _pyframes(v, maxlen=wire.MAX_STACK_DEPTH) -> tuple:
+    return tuple((_str(f[0]), _str(f[1]), _int(f[2], 0, 1 << 31)) for f in (_row(x, 3) for x in _list(v, maxlen)))
+
+
+def _hlo(msg) -> HloMapRecord:
+    parts = _int(msg.get("parts"), 1, MAX_HLO_PARTS)
+    kernels = []
+    for k in _list(msg.get("k")):
+        name, opcode, ops = _row(k, 3)
+        kernels.append(HloKernel(_str(name, 512), _str(opcode, 64),
+                                 tuple((_str(o[0], 1024), _str(o[1]), _int(o[2], 0, 1 << 31), _str(o[3], 512))
+                                       for o in (_row(x, 4) for x in _list(ops, MAX_HLO_OPS)))))
+    return HloMapRecord(_str(msg.get("id"), 128), _str(msg.get("module"), 512), _str(msg.get("platform"), 32),
+                        _int(msg.get("part"), 0, parts - 1), parts, _pyframes(msg.get("site")), tuple(kernels))
 
 
 def parse_message(msg) -> list:
@@ -151,6 +169,17 @@ def parse_message(msg) -> list:
         gpu = msg.get("gpu", {})
         return [AgentStats(_int(msg.get("samples")), _num(msg.get("sample_hz")),
                            _num(msg.get("sample_cost_us")), _counts(msg.get("dropped", {})), _counts(gpu))]
+    if t == "hlo":
+        return [_hlo(msg)]
+    if t == "compile":
+        out = []
+        for r in _list(msg.get("r")):
+            event, fun, t_ns, dur, tid, frames = _row(r, 6)
+            if type(event) is not str or not event.startswith("/jax/"):
+                raise ProtocolError("bad compile event")
+            out.append(CompileRecord(_str(event, 128), _str(fun, 256), _int(t_ns), _int(dur), _int(tid, 0, 1 << 31),
+                                     _pyframes(frames)))
+        return out
     if t == "bye":
         return []
     raise ProtocolError(f"unknown message kind {str(t)[:32]!r}")

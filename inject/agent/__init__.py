@@ -18,7 +18,7 @@ import threading
 import time
 
 DEFAULTS = {"sample_hz": 100.0, "max_depth": 128, "max_overhead": 0.02, "flush_ms": 200,
-            "gpu": True, "max_outbox": 4 << 20, "max_gpu_queue": 100_000}
+            "gpu": True, "max_outbox": 4 << 20, "max_gpu_queue": 100_000, "jax": True}
 
 
 def _sub(name):
@@ -138,6 +138,7 @@ class Agent:
         self.ch = Channel(sock)
         self.stop_requested = False
         self.gpu = None
+        self.jax = None                 # jaxmeta.JaxWatcher once the target has imported jax
         self.gpu_queue = collections.deque()
         self.gpu_dropped = 0
         self.max_gpu_queue = DEFAULTS["max_gpu_queue"]
@@ -240,6 +241,18 @@ class Agent:
             except BaseException as e:
                 self.note("warning", f"GPU collector poll failed: {e}")
         self._send_gpu_records()
+        self._poll_jax()
+
+    def _poll_jax(self):
+        if not self.cfg["jax"] or "jax" not in sys.modules:
+            return
+        try:
+            if self.jax is None:
+                self.jax = _sub("jaxmeta").JaxWatcher(self.ch.send, self.note)
+            self.jax.poll()
+        except BaseException as e:
+            self.cfg["jax"] = False
+            self.note("warning", f"JAX support stopped: {type(e).__name__}: {e}")
 
     def _send_gpu_records(self):
         q = self.gpu_queue
@@ -259,6 +272,8 @@ class Agent:
               "sample_cost_us": round(sampler.cost_ewma * 1e6, 1),
               "dropped": {"samples": self.samples_dropped, "gpu": self.gpu_dropped,
                           "messages": self.ch.dropped_msgs}}
+        if self.jax is not None:
+            st["dropped"]["jax"] = self.jax.dropped
         if self.gpu is not None:
             try:
                 st["gpu"] = self.gpu.stats()
@@ -267,6 +282,11 @@ class Agent:
         self.ch.send(st)
 
     def _detach(self, batch, sampler):
+        if self.jax is not None:
+            try:
+                self.jax.stop()
+            except BaseException as e:
+                self.note("warning", f"JAX support stop failed: {e}")
         if self.gpu is not None:
             try:
                 self.gpu.stop()

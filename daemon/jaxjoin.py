@@ -1,0 +1,234 @@
+"""JAX: GPU kernels charged to the jitted Python source through XLA's fusion metadata.
+
+The agent (``inject/agent/jaxmeta.py``) sends, per compiled XLA module, the instructions that can
+launch kernels (in schedule order) with the original JAX operators each was fused from. XLA names
+the kernel of a fusion after its instruction (``loop_add_fusion.3`` → ``loop_add_fusion_3``), so a
+kernel record whose name matches an instruction is split over that instruction's operators:
+
+    py:<call site> … → py:<source line of the operator> → op:jit(step)/dot_general → [native/api] → kernel:<name>
+
+Rules (also written into the snapshot's ``meta["notes"]`` and ``meta["jax"]``):
+- **even split**: a kernel's ``gpu_time_ns`` is divided evenly among the distinct original
+  operators (op_name, file, line) of its instruction (remainder to the first); its ``kernel_count``
+  (1) goes to the first operator's path only, so totals stay exact.
+- **name match**: kernel name == instruction name, after replacing every character outside
+  ``[A-Za-z0-9_]`` with ``_``; a trailing ``_impl``/``_kernel`` is also tried. Among modules holding
+  the name, the one of the previous matched kernel on the same stream wins, else the newest.
+- **launch order** (library kernels — cuBLAS/cuDNN — carry the library's own names): an unmatched
+  kernel on a stream whose previous kernel matched instruction *i* of module M is charged to the
+  custom-call instructions that follow *i* in M's schedule before the next fusion. Marked in
+  ``meta["jax"]["by_order"]``; no candidate → the kernel keeps its plain path (``unmatched``).
+- Compile events (``jax.monitoring`` trace/lowering/backend compile durations) add
+  ``compile_time_ns`` to the user call site that triggered them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from stacklens.cct import Frame
+
+COMPILE_METRIC = "compile_time_ns"
+SPLIT_NOTE = ("jax: a fused kernel's gpu_time_ns is split evenly among the distinct original operators "
+              "(op_name, source line) of its XLA instruction, kernel_count to the first; kernels named "
+              "after no instruction (cuBLAS/cuDNN) are matched by launch order to the custom calls that "
+              "follow the previous matched kernel (meta jax.by_order)")
+MAX_MODULES = 4096
+_SANITIZE = re.compile(r"[^A-Za-z0-9_]")
+_SUFFIXES = ("_impl", "_kernel")
+LIBRARY_OPCODES = ("custom-call",)
+
+
+def sanitize(name: str) -> str:
+    return _SANITIZE.sub("_", name)
+
+
+@dataclass
+class _Module:
+    module_id: str
+    name: str
+    platform: str
+    site: tuple[Frame, ...]
+    entries: list            # [(instruction name, opcode, ops)] in schedule order
+    parts: dict              # part index -> kernels (until all have arrived)
+    nparts: int
+    by_name: dict            # sanitized instruction name -> entry index
+    by_instr: dict           # raw instruction name -> entry index
+
+
+class JaxIndex:
+    """Fusion maps of one process's XLA modules; owned by the aggregation thread."""
+
+    def __init__(self) -> None:
+        self.modules: dict[str, _Module] = {}
+        self._holders: dict[str, list[str]] = {}       # sanitized name -> module ids, newest last
+        self._last: dict[tuple[int, int], tuple[str, int]] = {}   # (device, stream) -> (module id, idx)
+        self.stats = {"modules": 0, "matched": 0, "by_order": 0, "unmatched": 0, "compile_events": 0}
+
+    # ---- feeding ---------------------------------------------------------------------------
+    def add_hlo(self, rec: Any) -> None:
+        m = self.modules.get(rec.module_id)
+        if m is not None and m.entries:                   # complete: the same module sent again
+            if rec.site and not m.site:
+                m.site = tuple(Frame.python(f, fn, ln) for f, fn, ln in rec.site)
+            return
+        if m is None or m.nparts != rec.parts:
+            if len(self.modules) >= MAX_MODULES:
+                self._forget(next(iter(self.modules)))
+            m = _Module(rec.module_id, rec.module, rec.platform,
+                        tuple(Frame.python(f, fn, ln) for f, fn, ln in rec.site), [], {}, rec.parts, {}, {})
+            self.modules[rec.module_id] = m
+        m.parts[rec.part] = rec.kernels
+        if rec.site and not m.site:
+            m.site = tuple(Frame.python(f, fn, ln) for f, fn, ln in rec.site)
+        if len(m.parts) == m.nparts:
+            for i in range(m.nparts):
+                for k in m.parts[i]:
+                    m.entries.append((k.name, k.opcode, tuple(k.ops)))
+            for i, (name, _opcode, _ops) in enumerate(m.entries):
+                m.by_instr.setdefault(name, i)
+                m.by_name.setdefault(sanitize(name), i)
+            for s in m.by_name:
+                holders = self._holders.setdefault(s, [])
+                if m.module_id in holders:
+                    holders.remove(m.module_id)
+                holders.append(m.module_id)
+            self.stats["modules"] = len(self.modules)
+
+    def _forget(self, mid: str) -> None:
+        m = self.modules.pop(mid, None)
+        if m is None:
+            return
+        for s in m.by_name:
+            h = self._holders.get(s)
+            if h and mid in h:
+                h.remove(mid)
+
+    def compile_charge(self, rec: Any) -> tuple[tuple[Frame, ...], dict[str, int]]:
+        """The path and metrics a CompileRecord adds: its call site, compile_time_ns."""
+        self.stats["compile_events"] += 1
+        path = tuple(Frame.python(f, fn, ln) for f, fn, ln in rec.frames)
+        if not path:
+            path = (Frame.other(f"jax compile {rec.fun_name}" if rec.fun_name else "jax compile"),)
+        return path, {COMPILE_METRIC: rec.duration_ns}
+
+    # ---- lookups ---------------------------------------------------------------------------
+    def _find(self, kernel_name: str, stream_key: tuple[int, int]) -> tuple[_Module, int] | None:
+        s = sanitize(kernel_name)
+        names = [s] + [s[: -len(x)] for x in _SUFFIXES if s.endswith(x)]
+        last = self._last.get(stream_key)
+        for n in names:
+            holders = self._holders.get(n)
+            if not holders:
+                continue
+            mid = last[0] if last is not None and last[0] in holders else holders[-1]
+            m = self.modules[mid]
+            return m, m.by_name[n]
+        return None
+
+    def resolve(self, kernel_name: str, device: int = 0, stream: int = 0):
+        """(module, [entry indices], rule) for a kernel, rule "name" or "order"; None if unknown."""
+        key = (device, stream)
+        hit = self._find(kernel_name, key)
+        if hit is not None:
+            m, i = hit
+            self._last[key] = (m.module_id, i)
+            return m, [i], "name"
+        last = self._last.get(key)
+        if last is None or last[0] not in self.modules:
+            return None
+        m = self.modules[last[0]]
+        cands = []
+        for j in range(last[1] + 1, len(m.entries)):
+            opcode = m.entries[j][1]
+            if opcode in LIBRARY_OPCODES:
+                cands.append(j)
+            elif opcode == "fusion":       # the next fusion has its own (named) kernel
+                break
+        if not cands:
+            return None
+        return m, cands, "order"
+
+    def ops_of(self, module_name: str, instruction: str) -> tuple | None:
+        """The operators of an instruction of the newest module of that name (for jax.profiler's
+        hlo_module/hlo_op stats); None if unknown."""
+        for m in reversed(list(self.modules.values())):
+            if m.name == module_name and instruction in m.by_instr:
+                return m.entries[m.by_instr[instruction]][2]
+        return None
+
+    # ---- the split -------------------------------------------------------------------------
+    def split(self, path: tuple[Frame, ...], krec: Any) -> list[tuple[tuple[Frame, ...], dict[str, int]]] | None:
+        """Paths and metrics for one kernel record charged at `path` (the launching path, ending
+        or not with its kernel frame); None if the kernel is not one of a known XLA module."""
+        r = self.resolve(krec.name, getattr(krec, "device", 0), getattr(krec, "stream", 0))
+        if r is None:
+            if self.modules:
+                self.stats["unmatched"] += 1
+            return None
+        m, idxs, rule = r
+        self.stats["matched" if rule == "name" else "by_order"] += 1
+        ops: dict = {}
+        for i in idxs:
+            for o in m.entries[i][2]:
+                ops.setdefault(tuple(o), None)
+        return split_paths(path, krec.name, max(0, krec.end_ns - krec.start_ns), tuple(ops))
+
+    def site_of(self, kernel_name: str) -> tuple[Frame, ...]:
+        """The compile call site of the newest module holding the kernel (agent-only fallback)."""
+        h = self._holders.get(sanitize(kernel_name))
+        return self.modules[h[-1]].site if h else ()
+
+    def meta(self) -> dict[str, int]:
+        return dict(self.stats)
+
+
+def split_paths(path: tuple[Frame, ...], kernel: str, gpu_ns: int,
+                ops: tuple) -> list[tuple[tuple[Frame, ...], dict[str, int]]]:
+    """The even split of one kernel over its operators.
+
+    `path`: the launching path (python frames, then native/api frames, optionally the kernel).
+    Each operator gets: leading python frames + its source line (if known) + op frame + the
+    rest of the launching path + kernel frame; gpu_time_ns // n each (remainder to the first),
+    kernel_count 1 on the first only. No operators: the plain path with everything.
+    """
+    p = tuple(path)
+    if p and p[-1].kind == "kernel":
+        p = p[:-1]
+    n_py = 0
+    while n_py < len(p) and p[n_py].kind == "python":
+        n_py += 1
+    head, tail = p[:n_py], p[n_py:]
+    kf = Frame.kernel(kernel)
+    if not ops:
+        return [(p + (kf,), {"gpu_time_ns": gpu_ns, "kernel_count": 1})]
+    n = len(ops)
+    share, rem = divmod(gpu_ns, n)
+    out = []
+    for i, (op_name, file, line, func) in enumerate(ops):
+        src = (Frame.python(file, func or "?", line),) if file else ()
+        out.append((head + src + (Frame.op(op_name),) + tail + (kf,),
+                    {"gpu_time_ns": share + (rem if i == 0 else 0), "kernel_count": 1 if i == 0 else 0}))
+    return out
+
+
+def on_agent_record(joiner: Any, rec: Any) -> bool:
+    """Feed a HloMapRecord / CompileRecord to the joiner's JaxIndex (created on first use, with
+    the split rule added to the snapshot notes). False for any other record."""
+    kind = type(rec).__name__
+    if kind not in ("HloMapRecord", "CompileRecord"):
+        return False
+    if joiner.jax is None:
+        joiner.jax = JaxIndex()
+        notes = joiner.meta.setdefault("notes", [])
+        if SPLIT_NOTE not in notes:
+            notes.append(SPLIT_NOTE)
+    if kind == "HloMapRecord":
+        joiner.jax.add_hlo(rec)
+    else:
+        path, metrics = joiner.jax.compile_charge(rec)
+        joiner.tree.add_many(path, metrics)
+    joiner.meta["jax"] = joiner.jax.meta()
+    return True

@@ -1,0 +1,534 @@
+"""JAX support of the agent: HLO source maps of compiled executables and compile times.
+
+Stdlib only. Never imports JAX: everything it touches is taken from ``sys.modules`` and only once
+the target has finished importing ``jax`` itself (a half-initialised module is left alone).
+
+What it sends (wire kinds, validated by ``stacklens.inject.server``):
+- ``hlo``: per compiled XLA module, every instruction that can launch a kernel (fusions,
+  custom calls, ...) in schedule order, with the original JAX operators it was fused from:
+  ``(op_name, source_file, source_line, function)`` from the HLO metadata (both the
+  ``source_file=/source_line=`` form and the ``stack_frame_id=`` + StackFrames table form).
+  The daemon matches GPU kernel names (XLA names a fusion's kernel after the instruction) to it.
+- ``compile``: the ``/jax/core/compile/*`` duration events of ``jax.monitoring`` (trace, lowering,
+  backend compile) with the Python stack of the thread that compiled, trimmed to the user frames
+  outside JAX (the call site that triggered the compilation). Nested events (an inner jit traced
+  inside an outer trace) are skipped so time is never counted twice.
+- a Note when the process runs JAX on CPU only: kernel attribution needs a GPU backend.
+
+Executables are found two ways: the backend-compile listener takes the ``xla_executable`` local
+of the compiling frame (``pxla._cached_compilation``) as the event fires, and one scan of
+``gc.get_objects()`` at start finds the ``MeshExecutable`` objects compiled before the attach.
+HLO text is produced and parsed on the agent thread, never on the target's compiling thread.
+"""
+
+import collections
+import gc
+import os
+import re
+import sys
+import threading
+import time
+
+COMPILE_PREFIX = "/jax/core/compile/"
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+GPU_PLATFORMS = ("cuda", "rocm", "gpu", "METAL")
+NO_KERNEL_OPCODES = frozenset(("parameter", "constant", "tuple", "get-tuple-element", "bitcast",
+                               "after-all", "partition-id", "replica-id", "iota-placeholder"))
+MAX_OPS = 64
+MAX_SITE = 64
+MAX_QUEUE = 1000
+MAX_SENT_KEYS = 20000
+MSG_BUDGET = 400_000            # characters of kernel entries per "hlo" message (frame limit 1 MiB)
+MAX_HLO_CHARS = 64 << 20        # larger HLO texts are not parsed (a note says so)
+
+_COMP_RE = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*\(.*\{\s*$")
+_INSTR_RE = re.compile(r"^\s+(?:ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
+_TABLE_ROW = re.compile(r"^\s*(\d+)\s+(.*)$")
+_KV = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s}]+)')
+
+
+def jax_ready():
+    """The jax package, if the target imported it completely; else None."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    spec = getattr(jax, "__spec__", None)
+    if spec is not None and getattr(spec, "_initializing", False):
+        return None
+    if "jax._src.monitoring" not in sys.modules or not hasattr(jax, "jit"):
+        return None
+    return jax
+
+
+# ---- HLO text parsing ---------------------------------------------------------------------------
+
+def _unquote(s):
+    if len(s) >= 2 and s[0] == '"' and s[-1] == '"':
+        s = s[1:-1]
+        if "\\" in s:
+            s = re.sub(r"\\(.)", r"\1", s)
+    return s
+
+
+def _braced(text, start):
+    """Index just past the '}' matching the '{' at text[start] (quotes respected)."""
+    depth, i, n, q = 0, start, len(text), False
+    while i < n:
+        c = text[i]
+        if q:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                q = False
+        elif c == '"':
+            q = True
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return n
+
+
+def _split_type(rest):
+    """'f32[2]{0} add(%a, %b), ...' -> ('add', '(%a, %b), ...'). Tuple types are skipped too."""
+    i = 0
+    if rest.startswith("("):
+        depth = 0
+        for i, c in enumerate(rest):
+            if c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+                if depth == 0:
+                    i += 1
+                    break
+    else:
+        i = rest.find(" ")
+        if i < 0:
+            return "", ""
+    rest = rest[i:].lstrip()
+    j = rest.find("(")
+    if j < 0:
+        return rest.split(",")[0].strip(), ""
+    return rest[:j].strip(), rest[j:]
+
+
+def _attr_refs(body, key):
+    """Computation names referenced by `key=%c` or `key={%a, %b}` in an instruction's text."""
+    out = []
+    for m in re.finditer(r"[\s,]" + key + r"=(\{[^}]*\}|%?[^\s,}]+)", body):
+        v = m.group(1)
+        if v.startswith("{"):
+            out.extend(x.strip().lstrip("%") for x in v[1:-1].split(",") if x.strip())
+        else:
+            out.append(v.lstrip("%"))
+    return out
+
+
+def _metadata(body):
+    i = body.find("metadata={")
+    if i < 0:
+        return None
+    j = i + len("metadata=")
+    inner = body[j + 1:_braced(body, j) - 1]
+    return {k: _unquote(v) for k, v in _KV.findall(inner)}
+
+
+def parse_hlo_text(text):
+    """HLO module text -> (module name, kernel entries).
+
+    Entries, in schedule order of the computations that run kernels (ENTRY, then while bodies,
+    conditions and conditional branches reachable from it): ``[name, opcode, ops]`` where ops
+    are the distinct ``(op_name, file, line, function)`` of the original operators: those of the
+    instructions inside a fusion's called computations (nested fusions included), else the
+    instruction's own metadata.
+    """
+    lines = text.splitlines()
+    module = ""
+    tables = {"FileNames": {}, "FunctionNames": {}, "FileLocations": {}, "StackFrames": {}}
+    comps = {}
+    entry = None
+    cur = None
+    table = None
+    for line in lines:
+        if cur is not None:
+            if line.startswith("}"):
+                cur = None
+                continue
+            m = _INSTR_RE.match(line)
+            if m:
+                name, rest = m.group(1), m.group(2)
+                opcode, body = _split_type(rest)
+                cur.append((name, opcode, body))
+            continue
+        if line.startswith("HloModule "):
+            module = line[10:].split(",")[0].strip()
+            continue
+        s = line.strip()
+        if s in tables:
+            table = tables[s]
+            continue
+        if not s:
+            table = None
+            continue
+        if table is not None:
+            m = _TABLE_ROW.match(line)
+            if m:
+                table[int(m.group(1))] = m.group(2)
+                continue
+            table = None
+        m = _COMP_RE.match(line)
+        if m:
+            cur = comps.setdefault(m.group(2), [])
+            if m.group(1):
+                entry = m.group(2)
+    files = {k: _unquote(v) for k, v in tables["FileNames"].items()}
+    funcs = {k: _unquote(v) for k, v in tables["FunctionNames"].items()}
+    locs = {}
+    for k, v in tables["FileLocations"].items():
+        d = dict(_KV.findall(v))
+        try:
+            locs[k] = (files.get(int(d.get("file_name_id", 0)), ""),
+                       int(d.get("line", 0)), funcs.get(int(d.get("function_name_id", 0)), ""))
+        except ValueError:
+            pass
+    frames = {}
+    for k, v in tables["StackFrames"].items():
+        d = dict(_KV.findall(v))
+        try:
+            frames[k] = locs.get(int(d.get("file_location_id", 0)))
+        except ValueError:
+            pass
+
+    def op_of(body):
+        md = _metadata(body)
+        if not md or not md.get("op_name"):
+            return None
+        f, line, fn = "", 0, ""
+        if md.get("source_file"):
+            f = md["source_file"]
+            try:
+                line = int(md.get("source_line", 0))
+            except ValueError:
+                line = 0
+        elif md.get("stack_frame_id"):
+            try:
+                loc = frames.get(int(md["stack_frame_id"]))
+            except ValueError:
+                loc = None
+            if loc:
+                f, line, fn = loc
+        return (md["op_name"], f, max(0, line), fn)
+
+    def fused_ops(comp, seen, out):
+        if comp in seen or comp not in comps:
+            return
+        seen.add(comp)
+        for name, opcode, body in comps[comp]:
+            if opcode == "parameter":
+                continue
+            for c in _attr_refs(body, "calls"):
+                fused_ops(c, seen, out)
+            op = op_of(body)
+            if op is not None and op not in out:
+                out[op] = None
+
+    if entry is None:
+        return module, []
+    order, queue, seen_c = [], [entry], set()
+    while queue:
+        c = queue.pop(0)
+        if c in seen_c or c not in comps:
+            continue
+        seen_c.add(c)
+        order.append(c)
+        for _name, _opcode, body in comps[c]:
+            for key in ("body", "condition", "branch_computations", "true_computation",
+                        "false_computation"):
+                queue.extend(_attr_refs(body, key))
+    entries = []
+    for c in order:
+        for name, opcode, body in comps[c]:
+            if opcode in NO_KERNEL_OPCODES or opcode in ("while", "conditional"):
+                continue
+            ops = {}
+            for callee in _attr_refs(body, "calls"):
+                fused_ops(callee, set(), ops)
+            if not ops:
+                op = op_of(body)
+                if op is not None:
+                    ops[op] = None
+            entries.append([name, opcode, [list(o) for o in list(ops)[:MAX_OPS]]])
+    return module, entries
+
+
+# ---- call sites ---------------------------------------------------------------------------------
+
+def _jax_dirs():
+    dirs = []
+    for name in ("jax", "jaxlib"):
+        mod = sys.modules.get(name)
+        f = getattr(mod, "__file__", None)
+        if f:
+            dirs.append(os.path.dirname(f) + os.sep)
+    return tuple(dirs)
+
+
+def call_site(frame, jax_dirs, max_depth=MAX_SITE):
+    """Frames outermost first, from the outermost one down to (excluding) the first frame in JAX."""
+    stack = []
+    f = frame
+    while f is not None and len(stack) < 512:
+        stack.append(f)
+        f = f.f_back
+    stack.reverse()
+    out = []
+    for f in stack:
+        co = f.f_code
+        if co.co_filename.startswith(jax_dirs):
+            break
+        out.append((co.co_filename, getattr(co, "co_qualname", co.co_name), f.f_lineno or 0))
+    return out[-max_depth:]
+
+
+def _nested(frame, emitter):
+    """True if `emitter`'s code object is also running further up: an event inside another."""
+    f = frame
+    while f is not None:
+        if f.f_code is emitter:
+            return True
+        f = f.f_back
+    return False
+
+
+# ---- the watcher --------------------------------------------------------------------------------
+
+class JaxWatcher:
+    """Started by the agent when the target has imported jax; runs on the agent thread except for
+    the monitoring listener, which only appends to a bounded deque."""
+
+    def __init__(self, send, note, scan_existing=True):
+        self.send = send                  # send(msg) -> bool (False: outbox full)
+        self.note = note
+        self.scan_existing = scan_existing
+        self.started = False
+        self.stopped = False
+        self.queue = collections.deque()  # ("compile", row) | ("exe", executable, site)
+        self.pending = collections.deque()  # messages the outbox refused, retried next poll
+        self.sent_keys = set()
+        self.dropped = 0
+        self.compile_events = 0
+        self.nested_skipped = 0
+        self.modules_sent = 0
+        self.platforms_noted = False
+        self._listener = None
+        self._monitoring = None
+        self._jax_dirs = ()
+        self._next_id = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def poll(self):
+        if self.stopped:
+            return
+        if not self.started:
+            if jax_ready() is None:
+                return
+            self._start()
+        self._check_platforms()
+        self._drain()
+
+    def _start(self):
+        self.started = True
+        self._jax_dirs = _jax_dirs()
+        mon = sys.modules.get("jax._src.monitoring")
+        q = self.queue
+        jax_dirs = self._jax_dirs
+        getframe = sys._getframe
+        counters = self
+
+        def listener(event, duration, **kw):
+            # runs on the target's thread that compiles: append and return, never raise
+            try:
+                if not event.startswith(COMPILE_PREFIX):
+                    return
+                if len(q) >= MAX_QUEUE:
+                    counters.dropped += 1
+                    return
+                f = getframe(1)                    # record_event_duration_secs
+                ex_frame = f.f_back                # LogElapsedTimeContextManager.__exit__
+                emitter_frame = ex_frame.f_back if ex_frame is not None else None
+                if emitter_frame is not None and _nested(emitter_frame.f_back, emitter_frame.f_code):
+                    counters.nested_skipped += 1
+                    return
+                site = call_site(f, jax_dirs)
+                now = time.monotonic_ns()
+                dur = max(0, int(float(duration) * 1e9))
+                fun = str(kw.get("fun_name", ""))[:256]
+                q.append(("compile", [event[:128], fun, now, dur, threading.get_native_id(), site]))
+                if event == BACKEND_COMPILE_EVENT:
+                    g = emitter_frame
+                    for _ in range(4):
+                        if g is None:
+                            break
+                        ex = g.f_locals.get("xla_executable") if "xla_executable" in g.f_code.co_varnames else None
+                        if ex is not None:
+                            q.append(("exe", ex, site))
+                            break
+                        g = g.f_back
+            except BaseException:
+                counters.dropped += 1
+
+        if mon is not None:
+            try:
+                mon.register_event_duration_secs_listener(listener)
+                self._listener = listener
+                self._monitoring = mon
+            except BaseException as e:
+                self.note("warning", f"jax: could not register a jax.monitoring listener ({e}); "
+                                     "compile times unavailable")
+        if self.scan_existing:
+            self._scan_existing()
+
+    def stop(self):
+        if self.stopped:
+            return
+        self.stopped = True
+        mon, lis = self._monitoring, self._listener
+        self._listener = self._monitoring = None
+        if mon is not None and lis is not None:
+            try:
+                unreg = getattr(mon, "unregister_event_duration_listener", None)
+                if unreg is not None:
+                    unreg(lis)
+                else:
+                    mon._event_duration_secs_listeners.remove(lis)
+            except BaseException:
+                try:
+                    mon._event_duration_secs_listeners.remove(lis)
+                except BaseException:
+                    pass
+        try:
+            self._drain()
+        except BaseException:
+            pass
+        self.queue.clear()
+
+    def stats(self):
+        return {"jax_modules": self.modules_sent, "jax_compile_events": self.compile_events,
+                "jax_dropped": self.dropped, "jax_nested_skipped": self.nested_skipped}
+
+    # -- work on the agent thread -----------------------------------------------------------
+    def _scan_existing(self):
+        pxla = sys.modules.get("jax._src.interpreters.pxla")
+        cls = getattr(pxla, "MeshExecutable", None)
+        if cls is None:
+            return
+        found = 0
+        try:
+            for o in gc.get_objects():
+                if type(o) is cls:
+                    ex = getattr(o, "xla_executable", None)
+                    if ex is not None and len(self.queue) < MAX_QUEUE:
+                        self.queue.append(("exe", ex, []))
+                        found += 1
+        except BaseException as e:
+            self.note("warning", f"jax: scan for executables compiled before attach failed: {e}")
+
+    def _check_platforms(self):
+        if self.platforms_noted:
+            return
+        xb = sys.modules.get("jax._src.xla_bridge")
+        backends = getattr(xb, "_backends", None)
+        if not backends:
+            return
+        plats = sorted(str(p) for p in list(backends))
+        self.platforms_noted = True
+        if not any(p in GPU_PLATFORMS for p in plats):
+            self.note("info", "JAX runs on CPU only (backends: " + ", ".join(plats) + "): kernel "
+                      "attribution through XLA fusion metadata needs a GPU backend (CUDA or ROCm). "
+                      "Reported here: Python samples, compile times per call site, HLO source maps.")
+
+    def _drain(self):
+        while self.pending:
+            if not self.send(self.pending[0]):
+                return
+            self.pending.popleft()
+        rows = []
+        q = self.queue
+        budget = 200                      # executables parsed per poll: bounded work per flush
+        while q:
+            item = q.popleft()
+            if item[0] == "compile":
+                rows.append(item[1])
+                self.compile_events += 1
+            elif budget > 0:
+                budget -= 1
+                try:
+                    self._executable(item[1], item[2])
+                except BaseException as e:
+                    self.note("warning", f"jax: HLO of an executable unreadable: {type(e).__name__}: {e}")
+            else:
+                q.appendleft(item)
+                break
+        for i in range(0, len(rows), 2000):
+            self._send({"t": "compile", "r": rows[i:i + 2000]})
+
+    def _send(self, msg):
+        if self.pending or not self.send(msg):
+            if len(self.pending) < 256:
+                self.pending.append(msg)
+            else:
+                self.dropped += 1
+
+    def _executable(self, ex, site):
+        fp = None
+        try:
+            fp = ex.fingerprint
+        except BaseException:
+            pass
+        if isinstance(fp, bytes):
+            fp = fp.decode("ascii", "replace")
+        key = fp if fp else "id-%x" % id(ex)
+        if key in self.sent_keys:
+            return
+        if len(self.sent_keys) >= MAX_SENT_KEYS:
+            self.sent_keys.clear()
+        self.sent_keys.add(key)
+        platform = ""
+        try:
+            platform = str(ex.client.platform)
+        except BaseException:
+            pass
+        texts = []
+        try:
+            texts = [m.to_string() for m in ex.hlo_modules()]
+        except BaseException:
+            try:
+                texts = [ex.get_hlo_text()]
+            except BaseException:
+                texts = []
+        for i, text in enumerate(texts):
+            if len(text) > MAX_HLO_CHARS:
+                self.note("warning", f"jax: HLO module of {len(text)} characters not parsed")
+                continue
+            module, entries = parse_hlo_text(text)
+            mid = (key if len(texts) == 1 else f"{key}/{i}")[:128]
+            self._send_module(mid, module, platform, site, entries)
+
+    def _send_module(self, mid, module, platform, site, entries):
+        parts, cur, size = [], [], 0
+        for e in entries:
+            n = len(e[0]) + len(e[1]) + 16 + sum(len(o[0]) + len(o[1]) + len(o[3]) + 24 for o in e[2])
+            if cur and size + n > MSG_BUDGET:
+                parts.append(cur)
+                cur, size = [], 0
+            cur.append(e)
+            size += n
+        parts.append(cur)
+        for i, p in enumerate(parts):
+            self._send({"t": "hlo", "id": mid, "module": module[:512], "platform": platform[:32],
+                        "part": i, "parts": len(parts), "site": [list(f) for f in site], "k": p})
+        self.modules_sent += 1

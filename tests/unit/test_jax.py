@@ -1,0 +1,322 @@
+"""JAX (issue 10): HLO source maps, fusion split, compile time on the call site — no GPU.
+
+The HLO and compile tests run real CPU JAX in this process (skipped without jax); the split and
+join tests use synthetic records.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stacklens.cct import Frame
+from stacklens.daemon.jaxjoin import JaxIndex, sanitize, split_paths
+from stacklens.daemon.join import Joiner
+from stacklens.inject.agent.jaxmeta import JaxWatcher, parse_hlo_text
+from stacklens.inject.records import ApiRecord, CompileRecord, HloKernel, HloMapRecord, KernelRecord
+from stacklens.inject.server import ProtocolError, parse_message
+from tests.fakes.sources import FakeEvent, py
+
+TARGETS = Path(__file__).resolve().parents[1] / "targets"
+
+
+def marker_line(file: str, marker: str) -> int:
+    for i, line in enumerate((TARGETS / file).read_text().splitlines(), 1):
+        if marker in line:
+            return i
+    raise AssertionError(marker)
+
+
+# ---- HLO text parsing (synthetic: the older inline source_file/source_line metadata) ----------
+
+OLD_HLO = """HloModule jit_train, is_scheduled=true
+
+%fused_inner (p0: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  ROOT %neg.1 = f32[4]{0} negate(%p0), metadata={op_name="jit(train)/neg" source_file="/m/a.py" source_line=7}
+}
+
+%fused_computation.2 (param_0: f32[4], param_1: f32[4]) -> f32[4] {
+  %param_0 = f32[4]{0} parameter(0)
+  %param_1 = f32[4]{0} parameter(1)
+  %inner = f32[4]{0} fusion(%param_0), kind=kLoop, calls=%fused_inner
+  %add.3 = f32[4]{0} add(%inner, %param_1), metadata={op_name="jit(train)/add" source_file="/m/a.py" source_line=8}
+  ROOT %mul.4 = f32[4]{0} multiply(%add.3, %add.3), metadata={op_name="jit(train)/mul" source_file="/m/a.py" source_line=8}
+}
+
+%body (t: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %t = (s32[], f32[4]{0}) parameter(0)
+  %x = f32[4]{0} get-tuple-element(%t), index=1
+  %loop_sin_fusion = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused_inner, metadata={op_name="jit(train)/while/body/sin" source_file="/m/b.py" source_line=3}
+  %i = s32[] get-tuple-element(%t), index=0
+  ROOT %r = (s32[], f32[4]{0}) tuple(%i, %loop_sin_fusion)
+}
+
+%cond (t.1: (s32[], f32[4])) -> pred[] {
+  %t.1 = (s32[], f32[4]{0}) parameter(0)
+  %i.1 = s32[] get-tuple-element(%t.1), index=0
+  %c = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i.1, %c), direction=LT
+}
+
+ENTRY %main.9 (a: f32[4], b: f32[4]) -> f32[4] {
+  %a = f32[4]{0} parameter(0), metadata={op_name="a"}
+  %b = f32[4]{0} parameter(1), metadata={op_name="b"}
+  %loop_add_fusion.2 = f32[4]{0} fusion(%a, %b), kind=kLoop, calls=%fused_computation.2, metadata={op_name="jit(train)/add" source_file="/m/a.py" source_line=8}
+  %cublas-gemm.1 = (f32[4]{0}, s8[0]{0}) custom-call(%loop_add_fusion.2, %b), custom_call_target="__cublas$gemm", metadata={op_name="jit(train)/dot_general" source_file="/m/a.py" source_line=9}
+  %w = (s32[], f32[4]{0}) while(%cublas-gemm.1), condition=%cond, body=%body
+  ROOT %out = f32[4]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_parse_inline_metadata_nested_fusions_and_while_bodies():
+    module, entries = parse_hlo_text(OLD_HLO)
+    assert module == "jit_train"
+    by = {e[0]: e for e in entries}
+    # the fusion's ops are those of the instructions inside it, nested fusion included, in order
+    assert [tuple(o) for o in by["loop_add_fusion.2"][2]] == [
+        ("jit(train)/neg", "/m/a.py", 7, ""), ("jit(train)/add", "/m/a.py", 8, ""), ("jit(train)/mul", "/m/a.py", 8, "")]
+    assert by["cublas-gemm.1"][1] == "custom-call"
+    assert [tuple(o) for o in by["cublas-gemm.1"][2]] == [("jit(train)/dot_general", "/m/a.py", 9, "")]
+    assert "loop_sin_fusion" in by                   # kernels of a while body are indexed too
+    # nothing that launches no kernel; schedule order kept (entry first)
+    assert [e[0] for e in entries][:2] == ["loop_add_fusion.2", "cublas-gemm.1"]
+    assert not {"a", "b", "out", "t", "x", "r"} & set(by)
+
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+
+@pytest.fixture(scope="module")
+def model():
+    from tests.targets import jax_step
+    return jax_step
+
+
+def test_hlo_map_of_real_cpu_jax_names_both_source_files(model):
+    p = model.params(32)
+    x = jnp.ones((8, 32))
+    exe = model.step.lower(p, x).compile().runtime_executable()
+    module, entries = parse_hlo_text(exe.hlo_modules()[0].to_string())
+    assert module == "jit_step"
+    ops = {(o[0].rsplit("/", 1)[-1], Path(o[1]).name, o[2]) for e in entries for o in e[2]}
+    dense = TARGETS / "jax_dense.py"
+    attn = TARGETS / "jax_attention.py"
+    assert ("dot_general", dense.name, marker_line(dense.name, "DENSE_MATMUL")) in ops, sorted(ops)
+    assert ("max", dense.name, marker_line(dense.name, "DENSE_ACT")) in ops, sorted(ops)
+    assert ("dot_general", attn.name, marker_line(attn.name, "ATTN_PROJ")) in ops, sorted(ops)
+    assert ("dot_general", attn.name, marker_line(attn.name, "ATTN_VALUES")) in ops, sorted(ops)
+    assert ("exp", attn.name, marker_line(attn.name, "ATTN_SOFTMAX")) in ops, sorted(ops)
+    # every operator with a location points into one of the two files, with its function
+    for e in entries:
+        for op_name, f, line, func in e[2]:
+            assert op_name.startswith("jit(step)/")
+            if f:
+                assert f in (str(dense), str(attn), str(TARGETS / "jax_step.py")) and line > 0 and func
+
+
+def _watch():
+    msgs, notes = [], []
+
+    def send(m):
+        msgs.append(json.loads(json.dumps(m)))   # through JSON, as on the wire
+        return True
+    w = JaxWatcher(send, lambda level, m: notes.append((level, m)), scan_existing=False)
+    return w, msgs, notes
+
+
+def _records(msgs):
+    out = []
+    for m in msgs:
+        out.extend(parse_message(m))
+    return out
+
+
+def test_recompilation_charges_compile_time_to_the_triggering_call_site(model):
+    w, msgs, notes = _watch()
+    w.poll()                                            # starts: listeners registered
+    try:
+        p = model.params(16)
+        model.run_step(p, jnp.ones((5, 16)))            # compile #1 at STEP_CALL
+        model.grow(p, 7)                                # new shape: compile #2 at GROW_CALL
+        model.grow(p, 7)                                # cached: no compile
+        w.poll()
+    finally:
+        w.stop()
+    recs = _records(msgs)
+    comp = [r for r in recs if isinstance(r, CompileRecord) and r.fun_name in ("step", "jit(step)")]
+    sites = {(r.frames[-1][1], r.frames[-1][2]) for r in comp}
+    assert sites == {("run_step", marker_line("jax_step.py", "STEP_CALL")),
+                     ("grow", marker_line("jax_step.py", "GROW_CALL"))}, sites
+    backend = [r for r in comp if r.event.endswith("backend_compile_duration")]
+    assert len(backend) == 2 and all(r.duration_ns > 0 for r in backend)
+    assert all(not any("/jax/" in f[0] or "/jaxlib/" in f[0] for f in r.frames) for r in comp)
+    # the executables were captured with their call sites
+    hlo = [r for r in recs if isinstance(r, HloMapRecord) and r.module == "jit_step"]
+    assert {r.site[-1][1] for r in hlo} == {"run_step", "grow"}
+    assert all(r.platform == "cpu" for r in hlo)
+    # CPU-only JAX: the note says kernel attribution needs a GPU
+    assert any("needs a GPU" in m for _lvl, m in notes), notes
+    # the listener is gone after stop: later compiles are not seen
+    n = len(msgs)
+    model.grow(p, 9)
+    assert len(msgs) == n
+
+    # daemon side: compile_time_ns lands on the two call sites
+    j = Joiner(1, agent=True)
+    for r in recs:
+        j.on_agent(r)
+    snap = j.snapshot()
+    assert "compile_time_ns" not in snap.unavailable
+    by_leaf = {}
+    for path, m in snap.iter_paths():
+        if m.get("compile_time_ns"):
+            by_leaf[(path[-1].name, path[-1].line)] = by_leaf.get((path[-1].name, path[-1].line), 0) + m["compile_time_ns"]
+    assert set(by_leaf) >= {("run_step", marker_line("jax_step.py", "STEP_CALL")),
+                            ("grow", marker_line("jax_step.py", "GROW_CALL"))}
+    assert sum(by_leaf.values()) == sum(r.duration_ns for r in recs if isinstance(r, CompileRecord))
+
+
+def test_scan_finds_executables_compiled_before_the_watcher(model):
+    p = model.params(12)
+    model.run_step(p, jnp.ones((3, 12)))
+    msgs, notes = [], []
+    w = JaxWatcher(lambda m: msgs.append(m) or True, lambda *a: notes.append(a))
+    w.poll()
+    w.stop()
+    hlo = [r for r in _records(msgs) if isinstance(r, HloMapRecord) and r.module == "jit_step"]
+    assert hlo and all(r.site == () for r in hlo)
+
+
+# ---- wire schema -------------------------------------------------------------------------------
+
+def test_server_schema_accepts_hlo_and_compile_and_rejects_malformed():
+    good = {"t": "hlo", "id": "fp1", "module": "jit_f", "platform": "cuda", "part": 0, "parts": 1,
+            "site": [["/a.py", "main", 3]], "k": [["fusion.1", "fusion", [["jit(f)/add", "/a.py", 4, "f"]]]]}
+    (r,) = parse_message(good)
+    assert r == HloMapRecord("fp1", "jit_f", "cuda", 0, 1, (("/a.py", "main", 3),),
+                             (HloKernel("fusion.1", "fusion", (("jit(f)/add", "/a.py", 4, "f"),)),))
+    for bad in ({**good, "part": 1}, {**good, "parts": 0}, {**good, "k": [["x", "fusion"]]},
+                {**good, "k": [["x", "fusion", [["op", "/a.py", -1, ""]]]]}, {**good, "id": 5},
+                {**good, "k": [["x", "fusion", [["op", "/a.py", 1, ""]] * 65]]}):
+        with pytest.raises((ProtocolError, TypeError, ValueError)):
+            parse_message(bad)
+    c = {"t": "compile", "r": [["/jax/core/compile/backend_compile_duration", "jit(f)", 10, 5, 7, [["/a.py", "m", 1]]]]}
+    (cr,) = parse_message(c)
+    assert cr == CompileRecord("/jax/core/compile/backend_compile_duration", "jit(f)", 10, 5, 7, (("/a.py", "m", 1),))
+    for bad in ({"t": "compile", "r": [["/torch/x", "f", 1, 1, 1, []]]},
+                {"t": "compile", "r": [["/jax/x", "f", 1, -1, 1, []]]},
+                {"t": "compile", "r": [["/jax/x", "f", 1, 1, 1, [["/a.py", "m"]]]]}):
+        with pytest.raises((ProtocolError, TypeError, ValueError)):
+            parse_message(bad)
+
+
+# ---- the split (synthetic records) -----------------------------------------------------------
+
+DOT = ("jit(step)/dot_general", "/m/dense.py", 7, "dense")
+ACT = ("jit(step)/max", "/m/dense.py", 8, "dense")
+QK = ("jit(step)/dot_general", "/m/attn.py", 8, "attention")
+EXP = ("jit(step)/exp", "/m/attn.py", 9, "attention")
+SITE = (("/m/train.py", "main", 20), ("/m/train.py", "run_step", 12))
+
+
+def hlo_record(mid="fp", module="jit_step", kernels=None, part=0, parts=1):
+    kernels = kernels if kernels is not None else [
+        HloKernel("loop_maximum_fusion.1", "fusion", (DOT, ACT)),
+        HloKernel("cublas-gemm.2", "custom-call", (QK,)),
+        HloKernel("input_exp_reduce_fusion", "fusion", (EXP,)),
+    ]
+    return HloMapRecord(mid, module, "cuda", part, parts, SITE, tuple(kernels))
+
+
+def krec(name, dur, corr=1, stream=7, start=1000):
+    return KernelRecord(name=name, start_ns=start, end_ns=start + dur, device=0, stream=stream, correlation_id=corr)
+
+
+def test_split_paths_even_with_remainder_and_count_on_first():
+    head = (py("main", 20), py("run_step", 12))
+    tail = (Frame.native("libjax.so", "Execute"), Frame.api("cuLaunchKernel"))
+    out = split_paths(head + tail + (Frame.kernel("k"),), "k", 1001, (DOT, ACT, ("jit(step)/x", "", 0, "")))
+    assert [m for _p, m in out] == [{"gpu_time_ns": 335, "kernel_count": 1},
+                                    {"gpu_time_ns": 333, "kernel_count": 0},
+                                    {"gpu_time_ns": 333, "kernel_count": 0}]
+    assert out[0][0] == head + (Frame.python("/m/dense.py", "dense", 7), Frame.op(DOT[0])) + tail + (Frame.kernel("k"),)
+    assert out[2][0] == head + (Frame.op("jit(step)/x"),) + tail + (Frame.kernel("k"),)   # no source known
+    assert split_paths(head, "k", 10, ()) == [(head + (Frame.kernel("k"),), {"gpu_time_ns": 10, "kernel_count": 1})]
+
+
+def test_index_matches_sanitized_names_order_rule_and_parts():
+    ix = JaxIndex()
+    recs = [hlo_record(part=0, parts=2, kernels=[HloKernel("loop_maximum_fusion.1", "fusion", (DOT, ACT))]),
+            hlo_record(part=1, parts=2, kernels=[HloKernel("cublas-gemm.2", "custom-call", (QK,)),
+                                                 HloKernel("input_exp_reduce_fusion", "fusion", (EXP,))])]
+    ix.add_hlo(recs[1])
+    assert ix.resolve("loop_maximum_fusion_1") is None          # incomplete module: not used yet
+    ix.add_hlo(recs[0])
+    site = tuple(Frame.python(*f) for f in SITE)
+    a = ix.split(site, krec("loop_maximum_fusion_1", 100))
+    assert [p[-3:] for p, _m in a] == [
+        (Frame.python("/m/dense.py", "dense", 7), Frame.op(DOT[0]), Frame.kernel("loop_maximum_fusion_1")),
+        (Frame.python("/m/dense.py", "dense", 8), Frame.op(ACT[0]), Frame.kernel("loop_maximum_fusion_1"))]
+    assert [m["gpu_time_ns"] for _p, m in a] == [50, 50]
+    # a cuBLAS kernel right after: charged by launch order to the custom call that follows
+    b = ix.split(site, krec("sm90_xmma_gemm_f32f32_tn", 40))
+    assert len(b) == 1 and b[0][0][-3:-1] == (Frame.python("/m/attn.py", "attention", 8), Frame.op(QK[0]))
+    # on another stream with no previous match: unknown, left alone
+    assert ix.split(site, krec("sm90_xmma_gemm_f32f32_tn", 40, stream=9)) is None
+    assert ix.split(site, krec("input_exp_reduce_fusion", 30))[0][1] == {"gpu_time_ns": 30, "kernel_count": 1}
+    assert ix.split(site, krec("input_exp_reduce_fusion_impl", 30)) is not None
+    assert ix.stats["matched"] == 3 and ix.stats["by_order"] == 1 and ix.stats["unmatched"] == 1
+    assert sanitize("wrapped_reduce-window.3") == "wrapped_reduce_window_3"
+    assert ix.ops_of("jit_step", "cublas-gemm.2") == (QK,)
+
+
+def test_same_name_in_two_modules_prefers_the_module_running_on_the_stream():
+    ix = JaxIndex()
+    ix.add_hlo(hlo_record("m1", "jit_a", [HloKernel("fusion.1", "fusion", (DOT,)), HloKernel("loop_x", "fusion", (ACT,))]))
+    ix.add_hlo(hlo_record("m2", "jit_b", [HloKernel("fusion.1", "fusion", (EXP,))]))
+    assert ix.resolve("fusion_1")[0].module_id == "m2"           # newest by default
+    ix.resolve("loop_x")                                          # stream 0/0 now runs jit_a
+    assert ix.resolve("fusion_1")[0].module_id == "m1"
+
+
+def test_joiner_charges_fused_kernels_per_operator_under_the_launch_path():
+    j = Joiner(1, agent=True)
+    stack = (py("main", 20), py("run_step", 12))
+    j.on_agent(hlo_record())
+    j.on_bpf(FakeEvent(kind="launch", tid=5, ktime_ns=1_000_000, api="cuLaunchKernel", op_path=(), py_stack=stack,
+                       kernel_name="loop_maximum_fusion_1"))
+    j.on_agent(ApiRecord("driver", "cuLaunchKernel", 5, 900_000, 1_100_000, 42))
+    j.on_agent(krec("loop_maximum_fusion_1", 1000, corr=42))
+    snap = j.snapshot()
+    base = [f.label() for f in stack]
+    n1 = snap.find(base + ["py:/m/dense.py:dense:7", "op:jit(step)/dot_general", "api:cuLaunchKernel",
+                           "kernel:loop_maximum_fusion_1"])
+    n2 = snap.find(base + ["py:/m/dense.py:dense:8", "op:jit(step)/max", "api:cuLaunchKernel",
+                           "kernel:loop_maximum_fusion_1"])
+    assert n1 is not None and n2 is not None
+    assert snap.inclusive(n1, "gpu_time_ns") == 500 and snap.inclusive(n2, "gpu_time_ns") == 500
+    assert snap.total("gpu_time_ns") == 1000 and snap.total("kernel_count") == 1
+    assert any("split evenly" in n for n in snap.meta["notes"])
+    assert snap.meta["jax"]["matched"] == 1
+    assert "compile_time_ns" in snap.unavailable                  # no compile event seen
+    # a kernel of no JAX module keeps the plain path
+    j.on_bpf(FakeEvent(kind="launch", tid=5, ktime_ns=2_000_000, api="cuLaunchKernel", op_path=(), py_stack=stack))
+    j.on_agent(ApiRecord("driver", "cuLaunchKernel", 5, 1_900_000, 2_100_000, 43))
+    j.on_agent(krec("my_custom_kernel", 70, corr=43, stream=99))
+    snap = j.snapshot()
+    assert snap.find(base + ["api:cuLaunchKernel", "kernel:my_custom_kernel"]) is not None
+
+
+def test_joiner_compile_time_on_call_site():
+    j = Joiner(1, agent=True)
+    j.on_agent(CompileRecord("/jax/core/compile/backend_compile_duration", "jit(step)", 5, 2_000_000, 9, SITE))
+    j.on_agent(CompileRecord("/jax/core/compile/jaxpr_trace_duration", "step", 6, 300, 9, SITE))
+    snap = j.snapshot()
+    n = snap.find([Frame.python(*f).label() for f in SITE])
+    assert snap.exclusive(n, "compile_time_ns") == 2_000_300
+    assert "compile_time_ns" not in snap.unavailable
