@@ -13,7 +13,8 @@ Rules (also written into the snapshot's ``meta["notes"]`` and ``meta["jax"]``):
   (1) goes to the first operator's path only, so totals stay exact.
 - **name match**: kernel name == instruction name, after replacing every character outside
   ``[A-Za-z0-9_]`` with ``_``; a trailing ``_impl``/``_kernel`` is also tried. Among modules holding
-  the name, the one of the previous matched kernel on the same stream wins, else the newest.
+  the name: the module of the previous matched kernel on the same stream if the name comes later
+  in its schedule, else the module with the most kernels matched so far (newest on a tie).
 - **launch order** (library kernels — cuBLAS/cuDNN — carry the library's own names): an unmatched
   kernel on a stream whose previous kernel matched instruction *i* of module M is charged to the
   custom-call instructions that follow *i* in M's schedule before the next fusion. Marked in
@@ -24,6 +25,7 @@ Rules (also written into the snapshot's ``meta["notes"]`` and ``meta["jax"]``):
 
 from __future__ import annotations
 
+import collections
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +67,7 @@ class JaxIndex:
         self.modules: dict[str, _Module] = {}
         self._holders: dict[str, list[str]] = {}       # sanitized name -> module ids, newest last
         self._last: dict[tuple[int, int], tuple[str, int]] = {}   # (device, stream) -> (module id, idx)
+        self._hits: collections.Counter = collections.Counter()    # module id -> kernels matched by name
         self.stats = {"modules": 0, "matched": 0, "by_order": 0, "unmatched": 0, "compile_events": 0}
 
     # ---- feeding ---------------------------------------------------------------------------
@@ -99,6 +102,7 @@ class JaxIndex:
 
     def _forget(self, mid: str) -> None:
         m = self.modules.pop(mid, None)
+        self._hits.pop(mid, None)
         if m is None:
             return
         for s in m.by_name:
@@ -123,7 +127,13 @@ class JaxIndex:
             holders = self._holders.get(n)
             if not holders:
                 continue
-            mid = last[0] if last is not None and last[0] in holders else holders[-1]
+            if len(holders) == 1:
+                mid = holders[0]
+            elif last is not None and last[0] in holders and self.modules[last[0]].by_name[n] > last[1]:
+                mid = last[0]           # the module running on this stream, moving forward in it
+            else:                       # the executable that ran most so far; newest on a tie
+                hits = self._hits
+                mid = max(enumerate(holders), key=lambda x: (hits.get(x[1], 0), x[0]))[1]
             m = self.modules[mid]
             return m, m.by_name[n]
         return None
@@ -135,6 +145,7 @@ class JaxIndex:
         if hit is not None:
             m, i = hit
             self._last[key] = (m.module_id, i)
+            self._hits[m.module_id] += 1
             return m, [i], "name"
         last = self._last.get(key)
         if last is None or last[0] not in self.modules:

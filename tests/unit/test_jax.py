@@ -277,11 +277,17 @@ def test_index_matches_sanitized_names_order_rule_and_parts():
 
 def test_same_name_in_two_modules_prefers_the_module_running_on_the_stream():
     ix = JaxIndex()
-    ix.add_hlo(hlo_record("m1", "jit_a", [HloKernel("fusion.1", "fusion", (DOT,)), HloKernel("loop_x", "fusion", (ACT,))]))
+    ix.add_hlo(hlo_record("m1", "jit_a", [HloKernel("loop_x", "fusion", (ACT,)), HloKernel("fusion.1", "fusion", (DOT,))]))
     ix.add_hlo(hlo_record("m2", "jit_b", [HloKernel("fusion.1", "fusion", (EXP,))]))
-    assert ix.resolve("fusion_1")[0].module_id == "m2"           # newest by default
-    ix.resolve("loop_x")                                          # stream 0/0 now runs jit_a
-    assert ix.resolve("fusion_1")[0].module_id == "m1"
+    assert ix.resolve("fusion_1")[0].module_id == "m2"           # nothing ran yet: the newest
+    ix.resolve("loop_x")                                          # stream 0/0 now runs jit_a ...
+    assert ix.resolve("fusion_1")[0].module_id == "m1"           # ... and fusion.1 comes next in it
+    # a new run of jit_a starts on another stream: the module with the most matches (m1: 2, m2: 1)
+    assert ix.resolve("fusion_1", stream=3)[0].module_id == "m1"
+    # jit_b runs many times elsewhere: it becomes the hot one for a stream that restarts
+    for _ in range(5):
+        ix._hits["m2"] += 1
+    assert ix.resolve("fusion_1", stream=5)[0].module_id == "m2"
 
 
 def test_joiner_charges_fused_kernels_per_operator_under_the_launch_path():
