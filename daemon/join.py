@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from stacklens.cct import METRICS, Frame, Snapshot, WindowedCCT
+from stacklens.demangle import kernel_display_name
 
 # Samples from the in-process Python sampler (all threads, wall clock): kept apart from the BPF
 # CPU samples so neither is double counted.
@@ -37,6 +38,7 @@ PENDING_MAX_AGE_NS = 30_000_000_000
 CLAIM_SLACK_NS = 2_000
 CLAIM_EARLY_NS = 1_000_000
 PENDING_MAX_PER_THREAD = 65_536
+HANDLE_NAMES_MAX = 65_536
 
 
 def trim_native(frames: Iterable[Frame]) -> tuple[Frame, ...]:
@@ -175,6 +177,7 @@ class Joiner:
         self.gpu_collector_active = False
         self._splice_memo: dict[tuple[int, int, int], tuple] = {}
         self.jax = None  # daemon.jaxjoin.JaxIndex once the agent sends JAX records
+        self._handle_names: dict[str, str] = {}  # "unresolved:0x…" (a CUfunction) → CUPTI's kernel name
 
     # ---- BPF side -------------------------------------------------------------------------
     def on_bpf(self, ev: Any) -> None:
@@ -190,6 +193,8 @@ class Joiner:
         if kind in ("launch", "graph"):
             self.stats.launches += 1
             name = getattr(ev, "kernel_name", "") or ""
+            if name.startswith("unresolved:"):  # CUPTI named this handle before: use the name
+                name = self._handle_names.get(name, name)
             path = base + (api, Frame.kernel(name)) if name else base + (api,)
             add(path, {"launch_count": 1})
             if self.agent:
@@ -299,10 +304,14 @@ class Joiner:
 
     def _charge(self, path: tuple[Frame, ...], krec: Any) -> None:
         self.gpu_collector_active = True
+        kname = kernel_display_name(krec.name)
         if path[-1].kind != "kernel":
-            path = path + (Frame.kernel(krec.name),)
-        elif path[-1].name != krec.name and path[-1].name.startswith("unresolved:"):
-            path = path[:-1] + (Frame.kernel(krec.name),)
+            path = path + (Frame.kernel(kname),)
+        elif path[-1].name != kname and path[-1].name.startswith("unresolved:"):
+            # the handle's name, learnt from CUPTI: later launches of it land on the named node
+            if len(self._handle_names) < HANDLE_NAMES_MAX and not getattr(krec, "graph_id", 0):
+                self._handle_names[path[-1].name] = kname
+            path = path[:-1] + (Frame.kernel(kname),)
         split = self.jax.split(path, krec) if self.jax is not None else None
         if split is not None:  # a JAX kernel: one path per original operator (jaxjoin's rule)
             for p, m in split:

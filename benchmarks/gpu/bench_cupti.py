@@ -14,10 +14,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
-from stacklens.inject import AgentServer, KernelRecord, Note, inject_agent
+from stacklens.demangle import demangle
+from stacklens.inject import AgentServer, AgentStats, KernelRecord, Note, inject_agent
 
 TARGET = Path(__file__).resolve().parents[2] / "tests" / "targets" / "inject_cuda.py"
 
@@ -65,14 +66,21 @@ def run() -> dict:
             t1 = time.monotonic_ns()
             time.sleep(1.0)
             recs = srv.poll()
-            srv.stop_agent(10)
+            report["stop_agent_ok"] = srv.stop_agent(10)
             recs += srv.poll()
         # the kernels of the sequence, by time: this also checks the CUPTI -> CLOCK_MONOTONIC calibration
         kernels = [r for r in recs if isinstance(r, KernelRecord) and t0 <= r.start_ns <= t1]
-        report["kernels_outside_window"] = sum(isinstance(r, KernelRecord) for r in recs) - len(kernels)
+        all_k = [r for r in recs if isinstance(r, KernelRecord)]
+        report["kernels_outside_window"] = len(all_k) - len(kernels)
+        report["records_by_type"] = dict(Counter(type(r).__name__ for r in recs))
+        report["window_ns"] = [t0, t1]
+        report["kernel_start_range_ns"] = [min((r.start_ns for r in all_k), default=None),
+                                           max((r.start_ns for r in all_k), default=None)]
+        report["agent_stats"] = [r.gpu for r in recs if isinstance(r, AgentStats)][-1:]
+        report["late_notes"] = [r.message for r in recs if isinstance(r, Note)]
         ours: dict[str, list[int]] = defaultdict(list)
         for k in kernels:
-            ours[k.name].append(k.duration_ns)
+            ours[demangle(k.name)].append(k.duration_ns)   # CUPTI names are mangled; torch.profiler's are not
         prof = json.loads(job.cmd("prof").split(" ", 1)[1])
         compare = {}
         for name, (count, mean_ns) in prof.items():

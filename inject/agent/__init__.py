@@ -293,6 +293,10 @@ class Agent:
             except BaseException as e:
                 self.note("warning", f"GPU collector stop failed: {e}")
         self._flush(batch)
+        end = time.monotonic() + 2.0
+        while self.gpu_queue and time.monotonic() < end:   # the final forced flush can exceed one batch
+            self._send_gpu_records()
+            self.ch.pump(0.01)
         self._send_stats(sampler)
         self.ch.send({"t": "bye"})
         self.ch.drain(2.0)

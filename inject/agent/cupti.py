@@ -57,6 +57,7 @@ class CuptiCollector:
         self._system_tids = False
         self._unknown_tids = set()
         self._next_check_ns = 0
+        self._codes = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, sink):
@@ -246,50 +247,87 @@ class CuptiCollector:
             self._names[key] = n
         return n
 
+    def _kind_codes(self):
+        """ActivityKind members as plain ints, looked up once (enum attribute access per record
+        costs more than the record's own fields)."""
+        codes = self._codes
+        if codes is None:
+            K = self._lib.ActivityKind
+            def code(name):
+                m = getattr(K, name, None)
+                return int(m) if m is not None else -1
+            codes = self._codes = {
+                "kernel": {code("CONCURRENT_KERNEL"), code("KERNEL")} - {-1},
+                "runtime": code("RUNTIME"), "driver": code("DRIVER"), "memcpy": code("MEMCPY"),
+                "memset": code("MEMSET"), "sync": code("SYNCHRONIZATION"),
+            }
+        return codes
+
     def convert(self, activities):
-        """Activity objects -> (kind, wire row). Pure apart from name/thread caches."""
+        """Activity objects -> (kind, wire row). Pure apart from name/thread caches.
+
+        The hot loop of the collector (one pass per record, on CUPTI's thread holding the GIL the
+        target's own threads want): plain-int kind codes, bound locals, one attribute read per field."""
         lib = self._lib
-        K = lib.ActivityKind
-        to = self.clock.to_mono
-        for r in activities:
-            k = r.kind
-            if k in (K.CONCURRENT_KERNEL, K.KERNEL):
-                if not r.end or r.end < r.start:
-                    self.counts["unknown"] += 1
-                    continue
-                self.counts["kernel"] += 1
-                yield "kernel", [str(r.name)[:8192], to(r.start), to(r.end), int(r.device_id),
-                                 int(r.stream_id), int(r.correlation_id), int(r.grid_x), int(r.grid_y),
-                                 int(r.grid_z), int(r.block_x), int(r.block_y), int(r.block_z),
-                                 int(getattr(r, "graph_id", 0) or 0)]
-            elif k in (K.RUNTIME, K.DRIVER):
-                self.counts["api"] += 1
-                domain = "runtime" if k == K.RUNTIME else "driver"
-                cbdom = lib.CallbackDomain.RUNTIME_API if k == K.RUNTIME else lib.CallbackDomain.DRIVER_API
-                yield "api", [domain, self._api_name(cbdom, int(r.cbid))[:256], self._tid(int(r.thread_id)),
-                              to(r.start), to(max(r.end, r.start)), int(r.correlation_id), int(r.cbid)]
-            elif k == K.MEMCPY:
-                self.counts["memcpy"] += 1
-                try:
-                    kind = _MEMCPY.get(lib.ActivityMemcpyKind(r.copy_kind).name, "other")
-                except Exception:
-                    kind = "other"
-                yield "memcpy", [kind, int(r.bytes), to(r.start), to(max(r.end, r.start)), int(r.device_id),
-                                 int(r.stream_id), int(r.correlation_id)]
-            elif k == K.MEMSET:
-                self.counts["memcpy"] += 1
-                yield "memcpy", ["memset", int(r.bytes), to(r.start), to(max(r.end, r.start)),
-                                 int(r.device_id), int(r.stream_id), int(r.correlation_id)]
-            elif k == K.SYNCHRONIZATION:
-                self.counts["sync"] += 1
-                try:
-                    typ = _SYNC.get(lib.ActivitySynchronizationType(r.type).name, "other")
-                except Exception:
-                    typ = "other"
-                yield "sync", [typ, to(r.start), to(max(r.end, r.start)), int(r.stream_id) & ((1 << 63) - 1),
-                               int(r.correlation_id)]
-            else:
-                self.counts["unknown"] += 1
+        codes = self._kind_codes()
+        kernel_kinds, rt, drv = codes["kernel"], codes["runtime"], codes["driver"]
+        mc, ms, sy = codes["memcpy"], codes["memset"], codes["sync"]
+        off = self.clock.offset_ns
+        counts = self.counts
+        n_kernel = n_api = 0
+        api_names = self._names
+        system = self._system_tids
+        tid_of = self._tid
+        try:
+            for r in activities:
+                k = int(r.kind)
+                if k in kernel_kinds:
+                    start, end = r.start, r.end
+                    if not end or end < start:
+                        counts["unknown"] += 1
+                        continue
+                    n_kernel += 1
+                    yield "kernel", [str(r.name)[:8192], max(0, start + off), max(0, end + off), r.device_id,
+                                     r.stream_id, r.correlation_id, r.grid_x, r.grid_y, r.grid_z,
+                                     r.block_x, r.block_y, r.block_z, getattr(r, "graph_id", 0) or 0]
+                elif k == rt or k == drv:
+                    n_api += 1
+                    cbid = r.cbid
+                    key = (k, cbid)
+                    name = api_names.get(key)
+                    if name is None:
+                        cbdom = lib.CallbackDomain.RUNTIME_API if k == rt else lib.CallbackDomain.DRIVER_API
+                        name = self._api_name(cbdom, int(cbid))[:256]
+                        api_names[key] = name
+                    start, end = r.start, r.end
+                    tid = (r.thread_id & 0x7FFFFFFF) if system else tid_of(int(r.thread_id))
+                    yield "api", ["runtime" if k == rt else "driver", name, tid, max(0, start + off),
+                                  max(0, (end if end > start else start) + off), r.correlation_id, cbid]
+                elif k == mc:
+                    counts["memcpy"] += 1
+                    try:
+                        kind = _MEMCPY.get(lib.ActivityMemcpyKind(r.copy_kind).name, "other")
+                    except Exception:
+                        kind = "other"
+                    yield "memcpy", [kind, int(r.bytes), max(0, r.start + off), max(0, max(r.end, r.start) + off),
+                                     int(r.device_id), int(r.stream_id), int(r.correlation_id)]
+                elif k == ms:
+                    counts["memcpy"] += 1
+                    yield "memcpy", ["memset", int(r.bytes), max(0, r.start + off), max(0, max(r.end, r.start) + off),
+                                     int(r.device_id), int(r.stream_id), int(r.correlation_id)]
+                elif k == sy:
+                    counts["sync"] += 1
+                    try:
+                        typ = _SYNC.get(lib.ActivitySynchronizationType(r.type).name, "other")
+                    except Exception:
+                        typ = "other"
+                    yield "sync", [typ, max(0, r.start + off), max(0, max(r.end, r.start) + off),
+                                   int(r.stream_id) & ((1 << 63) - 1), int(r.correlation_id)]
+                else:
+                    counts["unknown"] += 1
+        finally:
+            counts["kernel"] += n_kernel
+            counts["api"] += n_api
 
 
 def _sibling(name):

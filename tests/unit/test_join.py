@@ -166,3 +166,26 @@ def test_agent_without_a_gpu_collector_leaves_gpu_time_unavailable():
     assert "py_samples" not in j.snapshot().unavailable
     j.on_agent(AgentStats(samples=10, sample_hz=100.0, sample_cost_us=5.0, gpu={"active": 1}))
     assert not ({"gpu_time_ns", "kernel_count"} & j.snapshot().unavailable)
+
+
+def test_cupti_names_an_unresolved_handle_for_later_launches():
+    """A driver launch of a CUfunction whose name BPF never saw shows as `unresolved:0x…`; once a
+    CUPTI kernel record names it, its GPU time goes to the named node and so do later launches, so
+    launch counts and GPU time meet on one node."""
+    j = Joiner(1, agent=True)
+    j.on_bpf(launch(1, 1_000_000, STEP_A, kernel="unresolved:0xabc"))
+    j.on_agent(ApiRecord(1, "cuLaunchKernel", 900_000, 1_100_000, 7))
+    mangled = "_ZN2at6native3fooEv"
+    j.on_agent(KernelRecord(mangled, 10_000, 10_400, correlation_id=7))
+    j.on_bpf(launch(1, 2_000_000, STEP_A, kernel="unresolved:0xabc"))
+    j.on_agent(ApiRecord(1, "cuLaunchKernel", 1_900_000, 2_100_000, 8))
+    j.on_agent(KernelRecord(mangled, 20_000, 20_500, correlation_id=8))
+    snap = j.snapshot()
+    base = [f.label() for f in STEP_A] + ["op:aten::add", "api:cuLaunchKernel"]
+    named = snap.find(base + ["kernel:at::native::foo()"])   # demangled, like torch.profiler shows it
+    assert named is not None
+    assert snap.inclusive(named, "gpu_time_ns") == 400 + 500
+    assert snap.inclusive(named, "kernel_count") == 2
+    assert snap.inclusive(named, "launch_count") == 1          # the second launch, after the name was learnt
+    first = snap.find(base + ["kernel:unresolved:0xabc"])
+    assert snap.inclusive(first, "launch_count") == 1 and snap.inclusive(first, "gpu_time_ns") == 0

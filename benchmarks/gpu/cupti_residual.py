@@ -1,0 +1,131 @@
+"""Which CUPTI activity kinds slow a launch-bound torch loop during and *after* collection?
+
+Each configuration runs in a fresh process (CUPTI state is per process): the launch loop is timed
+before, while the kinds are enabled, and after they are disabled and flushed (immediately and
+after 2 s). It also counts the records of a known kernel sequence that come back from the forced
+flush (synchronously, and after a short wait). Run on the GPU machine with cupti-python:
+
+    python benchmarks/gpu/cupti_residual.py [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+CONFIGS = {
+    "callbacks_only": [],
+    "kernel": ["CONCURRENT_KERNEL"],
+    "kernel_memcpy": ["CONCURRENT_KERNEL", "MEMCPY", "MEMSET"],
+    "runtime_launch": ["RUNTIME"],
+    "driver_launch": ["DRIVER"],
+    "all_launch": ["CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "RUNTIME", "DRIVER"],
+    "runtime_all_cbids": ["RUNTIME*"],
+}
+
+
+def child(kinds: list[str]) -> dict:
+    import torch
+    from cupti import cupti
+
+    x = torch.zeros(16, device="cuda")
+    w = torch.randn(512, 512, device="cuda")
+
+    def bench(steps=5000, reps=5):
+        best = 1e9
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                x.add_(1.0)
+                x.mul_(0.5)
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - t0) / steps * 1e6)
+        return round(best, 3)
+
+    def seq():
+        for _ in range(200):
+            x.add_(1.0)
+        for _ in range(50):
+            torch.mm(w, w)
+        torch.cuda.synchronize()
+
+    seq()
+    out = {"before": bench()}
+    got = {"kernel": 0, "api": 0, "other": 0, "buffers": 0}
+
+    def requested():
+        return 1 << 20, 0
+
+    def completed(acts):
+        got["buffers"] += 1
+        for r in acts:
+            if r.kind == cupti.ActivityKind.CONCURRENT_KERNEL:
+                got["kernel"] += 1
+            elif r.kind in (cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER):
+                got["api"] += 1
+            else:
+                got["other"] += 1
+
+    cupti.activity_register_callbacks(requested, completed)
+    enabled = []
+    for k in kinds:
+        name = k.rstrip("*")
+        kind = getattr(cupti.ActivityKind, name)
+        cupti.activity_enable(kind)
+        enabled.append(kind)
+        if name in ("RUNTIME", "DRIVER") and not k.endswith("*"):
+            en = cupti.activity_enable_runtime_api if name == "RUNTIME" else cupti.activity_enable_driver_api
+            dom = cupti.CallbackDomain.RUNTIME_API if name == "RUNTIME" else cupti.CallbackDomain.DRIVER_API
+            for cbid in range(1, 2048):
+                try:
+                    nm = str(cupti.get_callback_name(dom, cbid))
+                except Exception:
+                    continue
+                en(cbid, 1 if "Launch" in nm else 0)
+    out["during"] = bench()
+    cupti.activity_flush_all(1)
+    base = dict(got)
+    seq()
+    for kind in enabled:
+        cupti.activity_disable(kind)
+    cupti.activity_flush_all(1)
+    out["seq_kernels_sync"] = got["kernel"] - base["kernel"]
+    time.sleep(0.5)
+    out["seq_kernels_0.5s"] = got["kernel"] - base["kernel"]
+    out["after"] = bench()
+    time.sleep(2.0)
+    out["after_2s"] = bench()
+    out["records"] = got
+    return out
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        print("RESULT " + json.dumps(child(json.loads(sys.argv[2]))), flush=True)
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    res = {}
+    for name, kinds in CONFIGS.items():
+        p = subprocess.run([sys.executable, __file__, "--child", json.dumps(kinds)], capture_output=True,
+                           text=True, timeout=120)
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        res[name] = json.loads(line[0][7:]) if line else {"error": p.stderr[-800:]}
+        r = res[name]
+        if "before" in r:
+            r["during_x"] = round(r["during"] / r["before"], 3)
+            r["after_x"] = round(r["after"] / r["before"], 3)
+            r["after_2s_x"] = round(r["after_2s"] / r["before"], 3)
+        print(name, json.dumps(r), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
