@@ -85,6 +85,10 @@ class SlOpPath(ct.Structure):
     _fields_ = [("depth", ct.c_uint32), ("ops", ct.c_uint32 * SL_OP_DEPTH)]
 
 
+class SlOpSlot(ct.Structure):
+    _fields_ = [("hash", ct.c_uint64), ("count", ct.c_uint64)]
+
+
 ABI_STRUCTS = {
     "sl_spec": SlSpec,
     "sl_event": SlEvent,
@@ -92,4 +96,5 @@ ABI_STRUCTS = {
     "sl_op_entry": SlOpEntry,
     "sl_shadow": SlShadow,
     "sl_op_path": SlOpPath,
+    "sl_op_slot": SlOpSlot,
 }

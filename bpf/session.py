@@ -145,6 +145,7 @@ class ProbeSession:
         self._specs: list[ProbeSpec] = []
         self._decoders: list = []
         self._shapes: dict[int, tuple] = {}
+        self._op_slots = None      # (mmap, memoryview as u64) of the op_slots array, when read
         self._op_names: list[str] = []
         self._names: dict[int, str] = {}
         self._unresolved_names: dict[int, str] = {}
@@ -566,10 +567,28 @@ class ProbeSession:
         if self._bpf is None or not self.config.ops:
             return {}
         out: dict[tuple[str, ...], int] = {}
-        for k, v in self._bpf[b"op_counts"].items():
-            path = self._op_cache.get(k.value) or self._op_path(k.value)
-            out[path] = out.get(path, 0) + v.value
+        for h, n in self._op_hash_counts():
+            path = self._op_cache.get(h) or self._op_path(h)
+            out[path] = out.get(path, 0) + n
         return out
+
+    def _op_hash_counts(self) -> list[tuple[int, int]]:
+        """(path hash, calls): the mmapped op_slots array, then the op_counts overflow map."""
+        slots = self._op_slots_view()
+        hashes, counts = slots[0::2], slots[1::2]
+        out = [(h, n) for h, n in zip(hashes, counts) if h and n]
+        out += [(k.value, v.value) for k, v in self._bpf[b"op_counts"].items()]
+        return out
+
+    def _op_slots_view(self) -> memoryview:
+        if self._op_slots is None:
+            import mmap
+
+            table = self._bpf[b"op_slots"]
+            size = table.max_entries * ct.sizeof(table.Leaf)
+            mm = mmap.mmap(table.map_fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+            self._op_slots = (mm, memoryview(mm).cast("Q"))
+        return self._op_slots[1]
 
     @property
     def libraries(self) -> tuple[LibraryAttach, ...]:
@@ -586,8 +605,9 @@ class ProbeSession:
             for i, name in enumerate(COUNTERS):
                 out[name] = int(sum(table[table.Key(i)]))
         if self._bpf is not None and self.config.ops:
-            # counted per op path in op_counts (the op probe keeps no separate per-hit counter)
-            out["op_calls"] = int(sum(v.value for v in self._bpf[b"op_counts"].values()))
+            # counted per op path (the op probe keeps no separate per-hit counter)
+            out["op_calls"] = sum(self._op_slots_view()[1::2]) + int(
+                sum(v.value for v in self._bpf[b"op_counts"].values()))
         out["unwind_errors"] = out["stack_errors"] + self._user["stack_lookup_failures"]
         out.update(self._user)
         out["links"] = len(self._links)
@@ -618,6 +638,13 @@ class ProbeSession:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        slots, self._op_slots = self._op_slots, None
+        if slots is not None:
+            try:
+                slots[1].release()
+                slots[0].close()
+            except (BufferError, ValueError):
+                pass
         bpf, self._bpf = self._bpf, None
         if bpf is not None:
             try:

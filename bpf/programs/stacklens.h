@@ -7,7 +7,8 @@
  *   SL_STACK_ENTRIES     entries of the native stack-trace map
  *   SL_OP_DEPTH          depth of the per-thread operator shadow stack (a power of two:
  *                        indices are masked with SL_OP_DEPTH - 1 for the verifier)
- *   SL_OP_PATHS          entries of the op-path / op-count maps
+ *   SL_OP_PATHS          entries of the op-path map and of the op-count overflow map
+ *   SL_OP_SLOTS          entries of the direct-mapped op-count array (power of two)
  *   SL_WAKEUP_EVERY      wake the reader on every Nth event per CPU only (power of two; the
  *                        reader also polls on a short timer): a wakeup per event cost more
  *                        than the probe itself on the Firecracker VM
@@ -55,6 +56,10 @@ typedef uint64_t u64;
 #ifndef SL_OP_PATHS
 #define SL_OP_PATHS 65536
 #endif
+#ifndef SL_OP_SLOTS
+#define SL_OP_SLOTS 32768
+#endif
+#define SL_OP_SLOT_SHIFT (64 - __builtin_ctz(SL_OP_SLOTS))
 
 #ifndef SL_WAKEUP_EVERY
 #define SL_WAKEUP_EVERY 512
@@ -161,14 +166,25 @@ struct sl_op_path {
     u32 ops[SL_OP_DEPTH];
 };
 
+/* op_slots[top bits of the path hash]: calls of that path, claimed by the first path that lands
+ * there (hash 0 = free); paths colliding with a claimed slot are counted in op_counts. */
+struct sl_op_slot {
+    u64 hash;
+    u64 count;
+};
+
 #ifndef SL_ABI_ONLY
 BPF_RINGBUF_OUTPUT(events, SL_RINGBUF_PAGES);
 BPF_STACK_TRACE(stacks, SL_STACK_ENTRIES);
 BPF_PERCPU_ARRAY(counters, u64, SL_NCOUNTERS);
-BPF_TABLE("lru_hash", u32, struct sl_shadow, shadow, 8192);
+/* the operator shadow stack lives in the thread's task storage: one pointer chase from the
+ * task (no hash, no LRU list), created at the thread's first op, freed with the thread */
+BPF_TASK_STORAGE(shadow, struct sl_shadow);
 BPF_HASH(op_paths, u64, struct sl_op_path, SL_OP_PATHS);
 BPF_HASH(op_counts, u64, u64, SL_OP_PATHS);
-BPF_PERCPU_ARRAY(shadow_zero, struct sl_shadow, 1);
+/* array lookups are inlined by the verifier (a hash lookup cost ~50 ns per op hit);
+ * mmapable so user space sums it without a syscall per entry */
+BPF_F_TABLE("array", u32, struct sl_op_slot, op_slots, SL_OP_SLOTS, BPF_F_MMAPABLE);
 BPF_PERCPU_ARRAY(path_scratch, struct sl_op_path, 1);
 
 static __always_inline void sl_count(u32 idx)
@@ -218,10 +234,14 @@ static __always_inline u32 sl_shadow_live_depth(struct sl_shadow *s, u64 sp)
     return d;
 }
 
+static __always_inline struct sl_shadow *sl_shadow_get(u64 flags)
+{
+    return shadow.task_storage_get(bpf_get_current_task_btf(), 0, flags);
+}
+
 static __always_inline void sl_op_context(u64 sp, u32 *depth, u64 *hash)
 {
-    u32 tid = (u32)bpf_get_current_pid_tgid();
-    struct sl_shadow *s = shadow.lookup(&tid);
+    struct sl_shadow *s = sl_shadow_get(0);
     *depth = 0;
     *hash = 0;
     if (!s)
