@@ -43,6 +43,14 @@ STEPS = {"resnet50": 40, "gpt2": 30, "vit": 40, "launch": 50, "jax": 100}
 T0 = time.monotonic()
 
 
+# probe variants (ProbeConfig fields): which part of the probes costs what on a workload
+PROBE_VARIANTS = {
+    "probes_no_pystacks": {"python_stacks": False},
+    "probes_no_native": {"native_stacks": False},
+    "probes_no_ops": {"ops": False},
+}
+
+
 def log(msg: str) -> None:
     ts = datetime.datetime.now().strftime("%H:%M:%S")
     print(f"[{ts} +{time.monotonic() - T0:6.1f}s] {msg}", flush=True)
@@ -69,10 +77,17 @@ def totals(snap) -> dict:
 class Attached:
     """ProcessSession attach/detach with timings; start() runs under a watchdog."""
 
-    def __init__(self, pid: int, agent: bool, timeout_s: float = 120.0) -> None:
+    def __init__(self, pid: int, agent: bool, timeout_s: float = 120.0, probe_kw: dict | None = None) -> None:
         from stacklens.daemon.session import ProcessSession
 
-        self.session = ProcessSession(pid, agent=agent)
+        kw = {}
+        if probe_kw:  # a variant of the probes (which part costs what): ProbeConfig fields
+            from stacklens.bpf import ProbeConfig, ProbeSession
+
+            def factory(pid, *, cpu_hz, ops):
+                return ProbeSession(pid, ProbeConfig(**{"cpu_sample_hz": cpu_hz, "ops": ops, **probe_kw}))
+            kw["probe_factory"] = factory
+        self.session = ProcessSession(pid, agent=agent, **kw)
         box: dict = {}
 
         def go():
@@ -188,9 +203,9 @@ class Runner:
         def plain():
             return self.run_steps(t, n, per_step)
 
-        def attached(agent: bool):
+        def attached(agent: bool, probe_kw: dict | None = None):
             def fn():
-                att = Attached(t.pid, agent=agent)
+                att = Attached(t.pid, agent=agent, probe_kw=probe_kw)
                 r: dict = {"attach_s": round(att.attach_s, 3), "notes": att.notes}
                 try:
                     r.update(self.run_steps(t, n, per_step))
@@ -212,6 +227,9 @@ class Runner:
         phase("unprofiled", plain)
         phase("probes", attached(False))
         phase("after_detach", plain)
+        if name in a.probe_variants.split(","):
+            for vkey, kw in PROBE_VARIANTS.items():
+                phase(vkey, attached(False, kw))
         if not is_jax or a.jax_agent:
             phase("agent", attached(True))
             phase("after_detach_agent", plain)
@@ -370,6 +388,15 @@ def markdown(results: dict) -> str:
                      f"{fmt_ratio(ph.get('probes'))} | {fmt_ratio(ph.get('after_detach'))} | "
                      f"{fmt_ratio(ph.get('agent'))} | {fmt_ratio(ph.get('after_detach_agent'))} | "
                      f"{fmt_ratio(ph.get('torchprof'))} | {fmt_ratio(ph.get('torchprof_stack'))} |")
+    variants = [w for w in results["workloads"] if any(k in w.get("phases", {}) for k in PROBE_VARIANTS)]
+    if variants:
+        lines += ["", "Probe variants (probes only, one part switched off; same process, same run):", "",
+                  "| workload | all probes | " + " | ".join(PROBE_VARIANTS) + " |",
+                  "|---|---|" + "---|" * len(PROBE_VARIANTS)]
+        for w in variants:
+            ph = w["phases"]
+            lines.append(f"| {w['workload']} | {fmt_ratio(ph.get('probes'))} | "
+                         + " | ".join(fmt_ratio(ph.get(k)) for k in PROBE_VARIANTS) + " |")
     lines += ["", "Ratios are median step time over the unprofiled median, same process, same run.", "",
               "| workload | RSS start MiB | RSS end MiB | stacklens profile probes (gz KiB) | "
               "stacklens profile agent (gz KiB) | torch.profiler trace MiB | trace + stack MiB | "
@@ -454,6 +481,8 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-interval-s", type=float, default=10.0)
     ap.add_argument("--memory-workload", default="resnet50")
     ap.add_argument("--memory-probes-only", action="store_true", help="memory phase without the agent")
+    ap.add_argument("--probe-variants", default="",
+                    help="workloads (comma list) that also run the probe variants " + ", ".join(PROBE_VARIANTS))
     ap.add_argument("--jax-agent", action="store_true", help="also run the agent phase on JAX")
     ap.add_argument("--deadline-s", type=float, default=3600.0, help="skip phases that would start after this")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU sizes (harness test without a GPU)")

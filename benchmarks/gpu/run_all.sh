@@ -7,6 +7,8 @@
 # Options / environment: --cpu (alias --dry-run); BUDGET_S (total seconds, default 480);
 # MEM_S (memory phase seconds, default 75; the issue asks 600: run with MEM_S=540 BUDGET_S=590 alone);
 # WORKLOADS (default resnet50,gpt2,vit,launch,jax); STEPS (per phase; default per workload);
+# PROBE_VARIANTS (workloads that also run probes without Python stacks / native stacks / ops;
+# default vit,launch); JAX_CHECK=0 skips benchmarks/gpu/check_jax.py (JAX_TIMEOUT, default 120);
 # GT_STEPS (ground-truth steps, default 100); PY (python to use).
 # Every step is timestamped; a failing step is reported and the next one still runs.
 set -uo pipefail
@@ -132,6 +134,14 @@ print("ground truth plumbing ok: attach %.1fs, counts %s -> %s" % (rec["attach_s
 PYEOF
 fi
 
+# ---- 2b. JAX: GPU time per source line vs jax.profiler (issue 10), skipped with JAX_CHECK=0 ----
+if [ "${JAX_CHECK:-1}" = 1 ]; then
+  say "jax check (timeout ${JAX_TIMEOUT:-120}s): benchmarks/gpu/check_jax.py"
+  timeout -k 10 "${JAX_TIMEOUT:-120}" "$PY" benchmarks/gpu/check_jax.py --out "$OUT/jax" \
+    $([ "$CPU" = 1 ] && echo --cpu) 2>&1 | tail -60 | tee "$OUT/check_jax.log"
+  say "jax check finished: rc=${PIPESTATUS[0]}"
+fi
+
 # ---- 3. overhead benchmark ------------------------------------------------------------------
 T_BENCH=$(( $(left) - 10 ))
 if [ "$T_BENCH" -lt 60 ]; then T_BENCH=60; fi
@@ -139,7 +149,8 @@ STEPS_ARG=(); [ -n "${STEPS:-}" ] && STEPS_ARG=(--steps "$STEPS")
 say "overhead benchmark (deadline ${T_BENCH}s, memory phase ${MEM_S}s): $WORKLOADS"
 timeout -k 15 $(( T_BENCH + 30 )) "$PY" benchmarks/gpu/bench_overhead.py --out "$OUT/overhead" \
   --workloads "$WORKLOADS" --memory-s "$MEM_S" --memory-interval-s $([ "$CPU" = 1 ] && echo 5 || echo 10) \
-  --deadline-s "$((T_BENCH - 15))" $SMOKE "${STEPS_ARG[@]}" 2>&1 | tee "$OUT/bench_overhead.log"
+  --deadline-s "$((T_BENCH - 15))" --probe-variants "${PROBE_VARIANTS-vit,launch}" \
+  $SMOKE "${STEPS_ARG[@]}" 2>&1 | tee "$OUT/bench_overhead.log"
 rc_b=${PIPESTATUS[0]}
 say "overhead benchmark finished: rc=$rc_b"
 [ -f "$OUT/overhead/overhead.md" ] && cp "$OUT/overhead/overhead.md" "$OUT/overhead.md"
