@@ -39,7 +39,8 @@ sys.path.insert(0, str(REPO / "tests" / "targets"))
 from gpu_control import Target, TargetError, rss_bytes  # noqa: E402
 
 ALL = ("resnet50", "gpt2", "vit", "launch", "jax")
-STEPS = {"resnet50": 40, "gpt2": 30, "vit": 40, "launch": 50, "jax": 100}
+STEPS = {"resnet50": 40, "gpt2": 30, "vit": 120, "launch": 120, "jax": 100}  # ~1 s+ per phase
+PLAIN = ("unprofiled", "after_detach", "after_detach_agent")  # + "plain_after_<phase>"
 T0 = time.monotonic()
 
 
@@ -230,6 +231,7 @@ class Runner:
         if name in a.probe_variants.split(","):
             for vkey, kw in PROBE_VARIANTS.items():
                 phase(vkey, attached(False, kw))
+                phase("plain_after_" + vkey, plain)
         if not is_jax or a.jax_agent:
             phase("agent", attached(True))
             phase("after_detach_agent", plain)
@@ -239,7 +241,9 @@ class Runner:
             phase("memory", lambda: self.memory(t, per_step), min_left=40.0)
         if not is_jax:
             phase("torchprof", torchprof(False))
+            phase("plain_after_torchprof", plain)
             phase("torchprof_stack", torchprof(True))
+            phase("plain_after_torchprof_stack", plain)
         else:
             ph["torchprof"] = ph["torchprof_stack"] = {"status": "n/a: torch.profiler does not profile JAX"}
         rc = t.close(timeout=5.0 if dead else 30.0)
@@ -249,6 +253,19 @@ class Runner:
         for key, r in ph.items():
             if base and r.get("median_s"):
                 r["ratio"] = r["median_s"] / base
+        # drift-corrected ratio: against the mean of the unprofiled phases right before and after
+        keys = list(ph)
+        is_plain = [k in PLAIN or k.startswith("plain_after_") for k in keys]
+        for i, key in enumerate(keys):
+            r = ph[key]
+            if is_plain[i] or not r.get("median_s"):
+                continue
+            around = [ph[keys[j]].get("median_s") for j in
+                      (next((j for j in range(i - 1, -1, -1) if is_plain[j]), None),
+                       next((j for j in range(i + 1, len(keys)) if is_plain[j]), None)) if j is not None]
+            around = [m for m in around if m]
+            if around:
+                r["ratio_local"] = r["median_s"] / (sum(around) / len(around))
         mem = ph.get("memory", {})
         tp = ph.get("torchprof", {})
         if mem.get("steps") and tp.get("trace_bytes") and tp.get("n"):
@@ -354,6 +371,8 @@ def fmt_ratio(r: dict | None) -> str:
     if not r:
         return "—"
     if r.get("ratio"):
+        if r.get("ratio_local"):  # drift-corrected (unprofiled phases right before/after) first
+            return f"{r['ratio_local']:.3f}× ({r['ratio']:.3f}×)"
         return f"{r['ratio']:.3f}×"
     st = r.get("status", "")
     if st.startswith("n/a"):
@@ -397,7 +416,9 @@ def markdown(results: dict) -> str:
             ph = w["phases"]
             lines.append(f"| {w['workload']} | {fmt_ratio(ph.get('probes'))} | "
                          + " | ".join(fmt_ratio(ph.get(k)) for k in PROBE_VARIANTS) + " |")
-    lines += ["", "Ratios are median step time over the unprofiled median, same process, same run.", "",
+    lines += ["", "Ratios are median step time over the unprofiled median, same process, same run; for "
+              "attached phases the first number is against the mean of the unprofiled phases right before "
+              "and after it (drift-corrected), the one in parentheses against the first unprofiled phase.", "",
               "| workload | RSS start MiB | RSS end MiB | stacklens profile probes (gz KiB) | "
               "stacklens profile agent (gz KiB) | torch.profiler trace MiB | trace + stack MiB | "
               "attach s (probes/agent) | detach s (probes/agent) |",
