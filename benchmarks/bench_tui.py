@@ -4,8 +4,7 @@ changes every second.
 No privilege. Runs the real app headless (Textual's pilot, which still lays out and renders every
 frame) against a source that hands out a new 100,000-node snapshot each second, either prebuilt
 (`--mode objects`) or decoded from the daemon's wire format each time like `DaemonSnapshotSource`
-(`--mode wire`: gzip JSON → `from_json`, ~0.8 s of CPU per second in the worker thread, competing
-with the UI thread for the GIL). Key latency = time from handing the key event to the app (as
+(`--mode wire`, see below), competing with the UI thread for the GIL. Key latency = time from handing the key event to the app (as
 the terminal driver does) until the end of the first frame composited after the last change
 the key caused, rendered to terminal bytes. Memory = RSS after a gc, sampled every 5 s.
 
@@ -27,7 +26,7 @@ import time
 
 from textual import events
 
-from stacklens.cct.export import from_json, to_json
+from stacklens.cct.export import decode_profile, encode_profile, to_json
 from stacklens.tui.app import StacklensApp
 from stacklens.tui.source import Fetched
 from stacklens.tui.testing import synthetic_snapshot
@@ -68,6 +67,9 @@ class ChangingSource:
         snaps = [synthetic_snapshot(n_nodes, seed=i) for i in range(variants)]
         self.nodes = snaps[0].node_count
         if mode == "wire":
+            self.blobs = [encode_profile(s) for s in snaps]
+            self.snaps = []
+        elif mode == "wire-json":
             self.blobs = [gzip.compress(json.dumps(to_json(s)).encode(), 1) for s in snaps]
             self.snaps = []
         else:
@@ -78,8 +80,8 @@ class ChangingSource:
     def fetch(self, window_s, diff=False):
         t0 = time.perf_counter()
         self.i += 1
-        if self.mode == "wire":
-            snap = from_json(json.loads(gzip.decompress(self.blobs[self.i % len(self.blobs)])))
+        if self.mode != "objects":
+            snap = decode_profile(self.blobs[self.i % len(self.blobs)])
         else:
             snap = self.snaps[self.i % len(self.snaps)]
         self.fetch_s.append(time.perf_counter() - t0)
@@ -97,6 +99,7 @@ class TimedApp(StacklensApp):
     """
 
     frames: list[float]
+    frame_cpu: dict[float, float]  # frame end -> the UI thread's CPU time then
     actions: list[float]
     effects: list[float]
 
@@ -105,6 +108,7 @@ class TimedApp(StacklensApp):
             renderable.render_segments(self.console)
         super()._display(screen, renderable)
         self.frames.append(time.perf_counter())
+        self.frame_cpu[self.frames[-1]] = time.thread_time()
 
     async def _dispatch_action(self, namespace, action_name, params) -> bool:
         try:
@@ -137,13 +141,17 @@ def record_effects(app) -> None:
             setattr(cls, name, timed)
 
 
-async def press_and_time(app, key: str, timeout: float = 5.0, settle: float = 0.5) -> float | None:
+async def press_and_time(app, key: str, timeout: float = 5.0, settle: float = 0.5) -> tuple[float, float] | None:
     """Seconds from sending `key` to the end of the first frame drawn after the last change it
-    caused (its action, and the screen updates that action led to). All ends are recorded
-    inside the app, synchronously: a poller in the same event loop would see them late. None:
-    the action did not run within `timeout`.
+    caused (its action, and the screen updates that action led to), and the UI thread's CPU
+    seconds in that time (the benchmark runs in the UI thread; on a loaded machine the wall
+    time also counts waiting for a CPU and for the GIL). All ends are recorded inside the app,
+    synchronously: a poller in the same event loop would see them late. None: the action did
+    not run within `timeout`.
     """
     app.actions.clear()
+    app.frame_cpu.clear()
+    cpu0 = time.thread_time()
     t0 = time.perf_counter()
     event = events.Key(key, key if len(key) == 1 else None)
     event.set_sender(app)
@@ -158,9 +166,9 @@ async def press_and_time(app, key: str, timeout: float = 5.0, settle: float = 0.
         last_change = max([app.actions[0]] + [t for t in app.effects if t0 <= t <= t0 + settle])
         frame = next((t for t in app.frames if t >= last_change), None)
         if frame is not None:
-            return frame - t0
+            return frame - t0, app.frame_cpu.get(frame, cpu0) - cpu0
         if time.perf_counter() - last_change > settle:
-            return last_change - t0
+            return last_change - t0, 0.0
         await asyncio.sleep(0.001)
 
 
@@ -168,10 +176,12 @@ async def run(args) -> dict:
     src = ChangingSource(args.nodes, args.mode)
     app = TimedApp(source=src, interval_s=1.0)
     app.frames = []
+    app.frame_cpu = {}
     app.actions = []
     app.effects = []
     record_effects(app)
     lat: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
     missed: dict[str, int] = {}
     rss: list[tuple[float, float]] = []
     async with app.run_test(size=(args.width, args.height)) as pilot:
@@ -187,11 +197,12 @@ async def run(args) -> dict:
         while time.monotonic() - t_start < args.seconds:
             key, what = KEYS[k % len(KEYS)]
             k += 1
-            dt = await press_and_time(app, key)
-            if dt is None:
+            timed = await press_and_time(app, key)
+            if timed is None:
                 missed[what] = missed.get(what, 0) + 1
             else:
-                lat.setdefault(what, []).append(dt)
+                lat.setdefault(what, []).append(timed[0])
+                cpu.setdefault(what, []).append(timed[1])
             del app.frames[:-1]
             app.effects.clear()
             now = time.monotonic() - t_start
@@ -203,7 +214,7 @@ async def run(args) -> dict:
         snaps_seen = src.i
         lines = view.visible_lines()
     allv = [v for vs in lat.values() for v in vs]
-    return {"latency": lat, "missed": missed, "all": allv, "rss": rss, "fetches": snaps_seen, "fetch_s": src.fetch_s, "nodes": src.nodes, "lines": lines}
+    return {"latency": lat, "cpu": cpu, "all_cpu": [v for vs in cpu.values() for v in vs], "missed": missed, "all": allv, "rss": rss, "fetches": snaps_seen, "fetch_s": src.fetch_s, "nodes": src.nodes, "lines": lines}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -215,7 +226,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=100_000)
     p.add_argument("--seconds", type=float, default=60.0)
-    p.add_argument("--mode", choices=("objects", "wire"), default="wire")
+    p.add_argument("--mode", choices=("objects", "wire", "wire-json"), default="wire")
     p.add_argument("--gap", type=float, default=0.2, help="seconds between key presses")
     p.add_argument("--width", type=int, default=160)
     p.add_argument("--height", type=int, default=50)
@@ -225,11 +236,15 @@ def main() -> int:
     print(f"# stacklens top benchmark: {r['nodes']:,} nodes, mode={args.mode}, {args.seconds:g} s, {args.width}x{args.height}")
     print(f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.platform()}")
     print(f"snapshots received: {r['fetches']} (fetch+decode median {ms(statistics.median(r['fetch_s']))} ms)")
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print(f"key presses: {len(r['all'])}, latency ms: median {ms(statistics.median(r['all']))}, p95 {ms(pct(r['all'], 0.95))}, p99 {ms(pct(r['all'], 0.99))}, max {ms(max(r['all']))}")
-    print("| key | n | median ms | p95 ms | max ms |")
-    print("|---|---|---|---|---|")
+    c = r["all_cpu"]
+    print(f"UI-thread CPU per key, ms: median {ms(statistics.median(c))}, p95 {ms(pct(c, 0.95))}, p99 {ms(pct(c, 0.99))}, max {ms(max(c))}")
+    print("| key | n | median ms | p95 ms | max ms | UI CPU median ms | UI CPU p95 ms |")
+    print("|---|---|---|---|---|---|---|")
     for what, vs in r["latency"].items():
-        print(f"| {what} | {len(vs)} | {ms(statistics.median(vs))} | {ms(pct(vs, 0.95))} | {ms(max(vs))} |")
+        cs = r["cpu"][what]
+        print(f"| {what} | {len(vs)} | {ms(statistics.median(vs))} | {ms(pct(vs, 0.95))} | {ms(max(vs))} | {ms(statistics.median(cs))} | {ms(pct(cs, 0.95))} |")
     if r["missed"]:
         print(f"keys without a visible effect within 5 s (not counted): {r['missed']}")
     print("RSS MiB over time: " + ", ".join(f"{t:.0f}s={m:.0f}" for t, m in r["rss"]))

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import copy
 import heapq
-from itertools import accumulate
+import operator
+from itertools import accumulate, islice
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -67,9 +68,13 @@ class Snapshot:
 
         # Children as one array grouped by parent plus offsets, rather than a list per node:
         # allocating 100k small containers would set off several full garbage collections.
-        by_parent = sorted(range(1, n_nodes), key=parents.__getitem__)  # stable: ids ascend
+        # Breadth-first numbering (what `export.from_columnar` reads) is already grouped: no sort.
+        if all(map(operator.le, parents, islice(parents, 1, None))):
+            by_parent: Sequence[int] = range(1, n_nodes)
+        else:
+            by_parent = sorted(range(1, n_nodes), key=parents.__getitem__)  # stable: ids ascend
         counts = [0] * (n_nodes + 1)
-        for parent in parents[1:]:
+        for parent in islice(parents, 1, None):
             counts[parent + 1] += 1
 
         incl: dict[str, tuple[int, ...]] = {}
@@ -78,8 +83,10 @@ class Snapshot:
                 incl[m] = col
                 continue
             acc = list(col)
-            for node in range(n_nodes - 1, 0, -1):
-                acc[parents[node]] += acc[node]
+            # children have larger ids than their parents: one reverse pass adds every node to
+            # its parent after its own children were added to it
+            for parent, value in zip(reversed(parents), islice(reversed(acc), max(0, n_nodes - 1))):
+                acc[parent] += value
             incl[m] = tuple(acc)
 
         setattr_ = object.__setattr__

@@ -5,8 +5,6 @@ gRPC status codes come back as the matching `stacklens.errors` class, so callers
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 from pathlib import Path
 from typing import Iterator
@@ -15,7 +13,7 @@ import grpc
 
 from stacklens import errors
 from stacklens.cct import Snapshot
-from stacklens.cct.export import from_json
+from stacklens.cct.export import decode_profile as _decode_profile
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon import stacklens_pb2_grpc as pbg
 
@@ -41,7 +39,9 @@ def _translate(e: grpc.RpcError, socket_path: str) -> errors.StacklensError:
 
 
 def decode_profile(data: bytes) -> Snapshot:
-    return from_json(json.loads(gzip.decompress(data)))
+    """`SnapshotResponse.profile` as a Snapshot: gzip of the columnar form (cct/export.py) or,
+    from older daemons, of stacklens JSON. InputError for anything else."""
+    return _decode_profile(data)
 
 
 class DaemonClient:

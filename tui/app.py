@@ -51,6 +51,9 @@ KEY_HELP = (
 GC_FULL_EVERY = 1000  # young-generation collections between full ones (Python's default: 10)  # the advice panel re-asks this often while it is open
 
 
+_UNSET = object()
+
+
 class SnapshotFetched(Message):
     def __init__(self, fetched: Fetched, generation: int) -> None:
         super().__init__()
@@ -132,6 +135,7 @@ class ProfileScreen(Screen):
         self._advice_paths: list[tuple[str, ...]] = []
         self._hotspot_nodes: list[int] = []
         self._advice_at = -1e9
+        self._shown: dict[str, Any] = {}  # what each Static was last given (see _put)
 
     # ---- layout ------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -267,10 +271,19 @@ class ProfileScreen(Screen):
             self.load_advice()
         self._update_status()
 
+    def _put(self, selector: str, content: Any, *, layout: bool = False, display: bool | None = None) -> None:
+        """Update a Static only if what it shows changed. `layout=False` (the default) is for the
+        one-line bars, whose size never changes: a layout pass re-renders the whole screen, which
+        cost ~60 ms per status update in docs/benchmarks/tui.md."""
+        widget = self.query_one(selector, Static)
+        if self._shown.get(selector, _UNSET) != content:
+            self._shown[selector] = content
+            widget.update(content, layout=layout)
+        if display is not None and widget.display != display:
+            widget.display = display
+
     def _show_message(self, text: str) -> None:
-        empty = self.query_one("#tree-empty", Static)
-        empty.update(text)
-        empty.display = bool(text)
+        self._put("#tree-empty", text, layout=True, display=bool(text))
 
     def _empty_message(self) -> str:
         if self.snap is None:
@@ -302,7 +315,7 @@ class ProfileScreen(Screen):
 
     def _refresh_header(self) -> None:
         width = self.query_one(CCTView).size.width or self.app.size.width
-        self.query_one("#tree-header", Static).update(header_text(self.metric, self.sort, width))
+        self._put("#tree-header", header_text(self.metric, self.sort, width))
 
     def on_resize(self) -> None:
         self.call_after_refresh(self._refresh_header)
@@ -313,12 +326,12 @@ class ProfileScreen(Screen):
         self._flame_detail(icicle.selected)
 
     def _flame_detail(self, block: Any) -> None:
-        detail = self.query_one("#flame-detail", Static)
         if block is None or self.snap is None:
-            detail.update(self._empty_message() or "")
+            self._put("#flame-detail", self._empty_message() or "")
             return
         total = self.snap.total(self.metric)
-        detail.update(
+        self._put(
+            "#flame-detail",
             f"{block.frame.label()}  {model.fmt_value(self.metric, block.value, signed=self.diff)}"
             f"  {model.fmt_share(abs(block.value), abs(total)).strip()}  (enter: zoom, backspace: out)"
         )
@@ -334,7 +347,7 @@ class ProfileScreen(Screen):
         for c, w in zip(cols, widths):
             head.append(model.metric_label(c).rjust(w) + "  ")
         head.append("frame".ljust(frame_w) + "  context")
-        self.query_one("#hot-header", Static).update(head)
+        self._put("#hot-header", head)
         lines = []
         for h in spots:
             t = Text(no_wrap=True)
@@ -407,10 +420,8 @@ class ProfileScreen(Screen):
             unavailable=unavailable,
             message=self.note,
         )
-        self.query_one("#status", Static).update(model.status_text(status))
-        banner = self.query_one("#banner", Static)
-        banner.update(self.error)
-        banner.display = bool(self.error)
+        self._put("#status", model.status_text(status))
+        self._put("#banner", self.error, layout=True, display=bool(self.error))
 
     # ---- actions -----------------------------------------------------------------------------
     def action_view(self, view: str) -> None:

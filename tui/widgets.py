@@ -12,7 +12,7 @@ from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -87,8 +87,37 @@ def header_text(metric: str, sort: str, width: int) -> Text:
     return t
 
 
+STRIP_CACHE = 512  # rendered lines kept per view (a few screens)
+
+
+class _LineCache:
+    """Rendered lines keyed by what they show; cleared when the keys' meaning changes.
+
+    Rendering one line (Rich text → segments → Strip) costs ~0.5 ms: a full 50-line view is
+    ~25 ms, so a cursor move or a page down re-renders only lines not seen before.
+    """
+
+    def __init__(self, size: int = STRIP_CACHE) -> None:
+        self.size = size
+        self.context: tuple = ()
+        self.lines: dict[Any, Strip] = {}
+
+    def get(self, context: tuple, key: Any) -> Strip | None:
+        if context != self.context:
+            self.context = context
+            self.lines.clear()
+            return None
+        return self.lines.get(key)
+
+    def put(self, key: Any, strip: Strip) -> None:
+        if len(self.lines) >= self.size:
+            self.lines.clear()
+        self.lines[key] = strip
+
+
 class CCTView(ScrollView, can_focus=True):
-    """The calling context tree as lines; only the lines in view are rendered."""
+    """The calling context tree as lines; only the lines in view are rendered, and a line is
+    rendered again only when what it shows changed (see `_LineCache`)."""
 
     BINDINGS = [
         Binding("up,k", "cursor(-1)", "up", show=False),
@@ -134,6 +163,8 @@ class CCTView(ScrollView, can_focus=True):
         self.metric = ""
         self.total = 0
         self.signed = False
+        self._lines = _LineCache()
+        self._styles: tuple = ()  # (base, cursor) rich styles, looked up once per frame
 
     # ---- data ------------------------------------------------------------------------------
     def set_rows(self, rows: list[Row], metric: str, total: int, *, signed: bool = False, cursor: int | None = None) -> None:
@@ -144,9 +175,30 @@ class CCTView(ScrollView, can_focus=True):
         if cursor is not None:
             self.cursor = cursor
         self.cursor = max(0, min(self.cursor, len(rows) - 1))
-        self.virtual_size = Size(self.size.width, len(rows))
+        self._set_virtual_height(len(rows))
         self._scroll_cursor_visible()
         self.refresh()
+
+    def _set_virtual_height(self, height: int) -> None:
+        """Set the scrollable height without a layout pass when the scrollbar stays as it is.
+
+        Assigning `virtual_size` asks the whole screen for a layout, which re-renders every
+        widget: ~50 ms for each expand, collapse or metric switch that changes the row count.
+        Only showing or hiding the scrollbar needs one; otherwise updating the scrollbar's
+        dimensions is enough (what the layout pass would do for this widget).
+        """
+        new = Size(self.size.width, height)
+        old = self.virtual_size
+        if new == old:
+            return
+        visible = self.container_size.height
+        if visible and old.width == new.width and (old.height > visible) == (height > visible):
+            self.set_reactive(CCTView.virtual_size, new)
+            self._scroll_update(new)
+            if self.scroll_offset.y > self.max_scroll_y:
+                self.scroll_to(y=self.max_scroll_y, animate=False, immediate=True)
+        else:
+            self.virtual_size = new
 
     @property
     def current(self) -> Row | None:
@@ -159,18 +211,32 @@ class CCTView(ScrollView, can_focus=True):
         return [row_text(r, self.metric, self.total, width, signed=self.signed).plain for r in self.rows[top : top + max(self.size.height, 1)]]
 
     # ---- rendering -------------------------------------------------------------------------
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # `rich_style` walks every ancestor's styles (~0.25 ms): once per frame, not per line
+        self._styles = (self.rich_style, self.get_component_rich_style("cctview--cursor"))
+        return super().render_lines(crop)
+
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         idx = int(self.scroll_offset.y) + y
-        base = self.rich_style
+        base, cursor_style = self._styles or (self.rich_style, self.get_component_rich_style("cctview--cursor"))
         if idx >= len(self.rows):
             return Strip.blank(width, base)
-        text = row_text(self.rows[idx], self.metric, self.total, width, signed=self.signed)
-        if idx == self.cursor:
-            text.stylize(self.get_component_rich_style("cctview--cursor"))
+        row = self.rows[idx]
+        is_cursor = idx == self.cursor
+        context = (self.metric, self.total, self.signed, width, base, cursor_style)
+        strip = self._lines.get(context, (row, is_cursor))
+        if strip is not None:
+            return strip
+        text = row_text(row, self.metric, self.total, width, signed=self.signed)
+        if is_cursor:
+            text.stylize(cursor_style)
         segments = list(text.render(self.app.console))
         strip = Strip(segments).adjust_cell_length(width, base)
-        return strip.apply_style(base) if base else strip
+        if base:
+            strip = strip.apply_style(base)
+        self._lines.put((row, is_cursor), strip)
+        return strip
 
     def on_resize(self, event: events.Resize) -> None:
         self.virtual_size = Size(event.size.width, len(self.rows))
@@ -188,9 +254,16 @@ class CCTView(ScrollView, can_focus=True):
     def move_to(self, index: int) -> None:
         if not self.rows:
             return
+        old = self.cursor
         self.cursor = max(0, min(index, len(self.rows) - 1))
+        top = self.scroll_offset.y
         self._scroll_cursor_visible()
-        self.refresh()
+        if self.scroll_offset.y == top:
+            # only the two lines whose cursor highlight changed
+            self.refresh_line(old)
+            self.refresh_line(self.cursor)
+        else:
+            self.refresh()
         self.post_message(self.Moved(self.current))
 
     def action_cursor(self, step: int) -> None:
@@ -280,10 +353,14 @@ class IcicleView(Widget, can_focus=True):
         self.index = 0
         self._levels: list[list[Block]] = []
         self._cache_key: tuple = ()
+        self._lines = _LineCache()
+        self._generation = 0  # of `_levels`: keys the line cache
+        self._shown: tuple = (-1, -1)  # (generation, level) of the last selection change
 
     def set_data(self, snap: Any, metric: str) -> None:
         self.snap = snap
         self.metric = metric
+        self._shown = (-1, -1)
         self.refresh()
 
     def _root(self) -> int:
@@ -296,6 +373,7 @@ class IcicleView(Widget, can_focus=True):
         key = (id(self.snap), self.metric, self.zoom, self.size.width, self.size.height)
         if key != self._cache_key:
             self._cache_key = key
+            self._generation += 1
             if self.snap is None:
                 self._levels = []
             else:
@@ -312,29 +390,55 @@ class IcicleView(Widget, can_focus=True):
         self.index = max(0, min(self.index, len(row) - 1))
         return row[self.index]
 
+    def _level_text(self, li: int, level: list[Block], sel: Block | None, width: int) -> Text:
+        out = Text(no_wrap=True)
+        x = 0
+        for b in level:
+            if b.start > x:
+                out.append(" " * (b.start - x))
+            label = (" " + frame_text(b.frame)).ljust(b.width)[: b.width]
+            style = Style(bgcolor=self._BG.get(b.frame.kind, "#3a3a3a"), color="white")
+            if b is sel:
+                style = Style(bgcolor="white", color="black", bold=True)
+            out.append(label, style=style)
+            x = b.start + b.width
+        if x < width:
+            out.append(" " * (width - x))
+        return out
+
     def render(self) -> Text:
         levels = self.levels()
         width = self.size.width
         if not levels:
             return Text("nothing to draw for this metric", style="dim")
         sel = self.selected
-        out = Text(no_wrap=True)
-        for li, level in enumerate(levels):
-            x = 0
-            for b in level:
-                if b.start > x:
-                    out.append(" " * (b.start - x))
-                label = (" " + frame_text(b.frame)).ljust(b.width)[: b.width]
-                style = Style(bgcolor=self._BG.get(b.frame.kind, "#3a3a3a"), color="white")
-                if b is sel:
-                    style = Style(bgcolor="white", color="black", bold=True)
-                out.append(label, style=style)
-                x = b.start + b.width
-            if x < width:
-                out.append(" " * (width - x))
-            if li < len(levels) - 1:
-                out.append("\n")
-        return out
+        return Text("\n", no_wrap=True).join(self._level_text(li, level, sel, width) for li, level in enumerate(levels))
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._base = self.rich_style  # once per frame (it walks every ancestor's styles)
+        return super().render_lines(crop)
+
+    def render_line(self, y: int) -> Strip:
+        """One level per line (Line API), cached: moving the selection re-renders two lines,
+        not the whole graph (~20 ms at 160x50)."""
+        levels = self.levels()
+        if not levels:
+            return super().render_line(y)
+        width = self.size.width
+        base = getattr(self, "_base", None) or self.rich_style
+        if y >= len(levels):
+            return Strip.blank(width, base)
+        sel = self.selected
+        picked = self.index if self.level == y else -1
+        key = (y, picked)
+        strip = self._lines.get((self._generation, width, base), key)
+        if strip is None:
+            text = self._level_text(y, levels[y], sel, width)
+            strip = Strip(list(text.render(self.app.console))).adjust_cell_length(width, base)
+            if base:
+                strip = strip.apply_style(base)
+            self._lines.put(key, strip)
+        return strip
 
     def visible_lines(self) -> list[str]:
         return self.render().plain.split("\n")
@@ -371,8 +475,15 @@ class IcicleView(Widget, can_focus=True):
             self._changed()
 
     def _changed(self) -> None:
-        self.refresh()
-        self.post_message(self.Selected(self.selected))
+        sel = self.selected  # clamps level and index (and recomputes the levels if needed)
+        generation, old_level = self._shown
+        if generation == self._generation:
+            # same graph: only the levels whose highlight moved
+            self.refresh(Region(0, old_level, self.size.width, 1), Region(0, self.level, self.size.width, 1))
+        else:
+            self.refresh()
+        self._shown = (self._generation, self.level)
+        self.post_message(self.Selected(sel))
 
     def on_click(self, event: events.Click) -> None:
         levels = self.levels()
@@ -424,6 +535,7 @@ class LineTable(ScrollView, can_focus=True):
         super().__init__(**kw)
         self.lines: list[Text] = []
         self.cursor = 0
+        self._styles: tuple = ()
 
     def set_lines(self, lines: list[Text]) -> None:
         self.lines = lines
@@ -434,22 +546,27 @@ class LineTable(ScrollView, can_focus=True):
     def plain_lines(self) -> list[str]:
         return [ln.plain for ln in self.lines]
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._styles = (self.rich_style, self.get_component_rich_style("linetable--cursor"))
+        return super().render_lines(crop)
+
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         idx = int(self.scroll_offset.y) + y
-        base = self.rich_style
+        base, cursor_style = self._styles or (self.rich_style, self.get_component_rich_style("linetable--cursor"))
         if idx >= len(self.lines):
             return Strip.blank(width, base)
         text = self.lines[idx].copy()
         text.no_wrap = True
         if idx == self.cursor:
-            text.stylize(self.get_component_rich_style("linetable--cursor"))
+            text.stylize(cursor_style)
         strip = Strip(list(text.render(self.app.console))).crop(int(self.scroll_offset.x), int(self.scroll_offset.x) + width)
         return strip.adjust_cell_length(width, base)
 
     def action_cursor(self, step: int) -> None:
         if not self.lines:
             return
+        old = self.cursor
         self.cursor = max(0, min(self.cursor + step, len(self.lines) - 1))
         height = max(1, self.size.height)
         top = int(self.scroll_offset.y)
@@ -457,7 +574,11 @@ class LineTable(ScrollView, can_focus=True):
             self.scroll_to(y=self.cursor, animate=False, immediate=True)
         elif self.cursor >= top + height:
             self.scroll_to(y=self.cursor - height + 1, animate=False, immediate=True)
-        self.refresh()
+        if int(self.scroll_offset.y) == top:
+            self.refresh_line(old)
+            self.refresh_line(self.cursor)
+        else:
+            self.refresh()
 
     def action_page(self, step: int) -> None:
         self.action_cursor(step * max(1, self.size.height - 1))
