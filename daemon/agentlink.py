@@ -10,11 +10,13 @@ from stacklens.errors import StacklensError
 
 
 class AgentLink:
-    def __init__(self, pid: int, *, sample_hz: int = 100, timeout_s: float = 5.0) -> None:
+    def __init__(self, pid: int, *, sample_hz: int = 100, timeout_s: float = 5.0,
+                 gpu_api_records: bool = True) -> None:
         from stacklens.inject import AgentServer, inject_agent
 
         self.pid = pid
-        self.server = AgentServer(pid, config={"sample_hz": sample_hz, "gpu": True})
+        self.server = AgentServer(pid, config={"sample_hz": sample_hz, "gpu": True,
+                                               "gpu_api_records": gpu_api_records})
         try:
             self.result = inject_agent(pid, socket_path=self.server.path, timeout_s=timeout_s)
         except BaseException:
@@ -41,5 +43,5 @@ class AgentLink:
             self.server.close()
 
 
-def start_agent(pid: int, *, sample_hz: int = 100) -> AgentLink:
-    return AgentLink(pid, sample_hz=sample_hz)
+def start_agent(pid: int, *, sample_hz: int = 100, gpu_api_records: bool = True) -> AgentLink:
+    return AgentLink(pid, sample_hz=sample_hz, gpu_api_records=gpu_api_records)

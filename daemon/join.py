@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from stacklens.cct import METRICS, Frame, Snapshot, WindowedCCT
+from stacklens.daemon.orderjoin import OrderJoin, launch_sig
 from stacklens.demangle import kernel_display_name
 
 # Samples from the in-process Python sampler (all threads, wall clock): kept apart from the BPF
@@ -160,9 +161,13 @@ class Joiner:
         bucket_s: float = 1.0,
         horizon_s: float = 120.0,
         clock=time.monotonic,
+        api_records: bool = True,
     ) -> None:
         self.pid = pid
         self.agent = agent
+        self._clock = clock
+        # without CUPTI API records (agent config gpu_api_records=False) kernels join by launch order
+        self.order = OrderJoin() if (agent and not api_records) else None
         self.tree = WindowedCCT(
             metrics=DAEMON_METRICS, bucket_s=bucket_s, horizon_s=horizon_s, max_nodes=max_nodes, clock=clock
         )
@@ -197,7 +202,10 @@ class Joiner:
                 name = self._handle_names.get(name, name)
             path = base + (api, Frame.kernel(name)) if name else base + (api,)
             add(path, {"launch_count": 1})
-            if self.agent:
+            if self.order is not None:
+                self.order.on_launch(ev.ktime_ns, path,
+                                     launch_sig(getattr(ev, "args", None)) if kind == "launch" else None)
+            elif self.agent:
                 q = self._pending[ev.tid]
                 if q and ev.ktime_ns < q[-1].ktime_ns:  # out of order: keep the queue sorted
                     i = len(q)
@@ -248,6 +256,9 @@ class Joiner:
             if "Launch" in rec.name:
                 self._claim(rec)
         elif kind == "KernelRecord":
+            if self.order is not None:
+                self.order.on_kernel(rec, int(self._clock() * 1e9))
+                return
             path = self._by_correlation.get(rec.correlation_id)
             if path is None:
                 waiting = self._kernels_waiting.setdefault(rec.correlation_id, [])
@@ -259,6 +270,8 @@ class Joiner:
             self._charge(path, rec)
         elif kind == "AgentStats":
             self.gpu_collector_active = bool(rec.gpu.get("active")) or self.gpu_collector_active
+            if self.order is not None and rec.gpu.get("enabled_at_ns"):
+                self.order.enabled_at_ns = max(self.order.enabled_at_ns, int(rec.gpu["enabled_at_ns"]))
         elif kind in ("HloMapRecord", "CompileRecord"):
             from stacklens.daemon.jaxjoin import on_agent_record
             on_agent_record(self, rec)
@@ -322,7 +335,23 @@ class Joiner:
         self.tree.add_many(path, {"gpu_time_ns": max(0, krec.end_ns - krec.start_ns), "kernel_count": 1})
         self.stats.kernels_joined += 1
 
+    def _charge_ordered(self, path: tuple[Frame, ...] | None, krec: Any) -> None:
+        if path is None:
+            self.stats.kernels_unmatched += 1
+            self.stats.kernels_joined -= 1     # _charge counts it; it was charged, not joined
+            path = (Frame.other("[launch not seen]"),)
+        self._charge(path, krec)
+
+    def finish(self) -> None:
+        """At detach: join what is still waiting (the order join's unsettled kernel groups)."""
+        if self.order is not None:
+            self.order.drain(0, self._charge_ordered, force=True)
+            self.stats.extra.update(self.order.stats)
+
     def expire(self, now_ns: int) -> None:
+        if self.order is not None:
+            self.order.drain(int(self._clock() * 1e9), self._charge_ordered)
+            self.stats.extra.update(self.order.stats)
         for q in self._pending.values():
             while q and now_ns - q[0].ktime_ns > PENDING_MAX_AGE_NS:
                 q.popleft()

@@ -54,10 +54,16 @@ def default_probe_factory(pid: int, *, cpu_hz: int, ops: bool) -> EventSource:
     return ProbeSession(pid, ProbeConfig(cpu_sample_hz=cpu_hz, ops=ops))
 
 
-def default_agent_factory(pid: int, *, sample_hz: int) -> AgentSource:
+def default_agent_factory(pid: int, *, sample_hz: int, gpu_api_records: bool = True) -> AgentSource:
     from stacklens.daemon.agentlink import start_agent
 
-    return start_agent(pid, sample_hz=sample_hz)
+    return start_agent(pid, sample_hz=sample_hz, gpu_api_records=gpu_api_records)
+
+
+def _env_api_records() -> bool:
+    """STACKLENS_GPU_API_RECORDS=0: the agent collects no CUPTI API records and kernels join to
+    launches by order (daemon/orderjoin.py). Default 1: exact join through API records."""
+    return os.environ.get("STACKLENS_GPU_API_RECORDS", "1").strip() not in ("0", "false", "no", "off")
 
 
 class ProcessSession:
@@ -72,6 +78,7 @@ class ProcessSession:
         probe_factory: Callable[..., EventSource] = default_probe_factory,
         agent_factory: Callable[..., AgentSource] = default_agent_factory,
         on_close: Callable[["ProcessSession"], None] | None = None,
+        gpu_api_records: bool | None = None,
     ) -> None:
         if not pid_alive(pid):
             raise NoSuchProcess(f"no process {pid}: check the PID with `stacklens ps` or `ps -p {pid}`")
@@ -82,7 +89,8 @@ class ProcessSession:
         self._probe_factory = probe_factory
         self._agent_factory = agent_factory
         self._on_close = on_close
-        self.joiner = Joiner(pid, agent=agent, max_nodes=max_nodes)
+        self.gpu_api_records = _env_api_records() if gpu_api_records is None else gpu_api_records
+        self.joiner = Joiner(pid, agent=agent, max_nodes=max_nodes, api_records=self.gpu_api_records)
         self.probes: EventSource | None = None
         self.agent: AgentSource | None = None
         self.notes: list[str] = []
@@ -107,7 +115,8 @@ class ProcessSession:
             report = self.probes.attach()
             self.notes.extend(getattr(report, "notes", []) or [])
             if self.want_agent:
-                self.agent = self._agent_factory(self.pid, sample_hz=100)
+                kw = {} if self.gpu_api_records else {"gpu_api_records": False}
+                self.agent = self._agent_factory(self.pid, sample_hz=100, **kw)
                 self.notes.append("agent: injected (Python sampler; GPU collector if CUDA/ROCm is present)")
         except BaseException:
             self._teardown()
@@ -140,6 +149,7 @@ class ProcessSession:
             if self.probes is not None:
                 for ev in self.probes.poll(0):
                     self.joiner.on_bpf(ev)
+            self.joiner.finish()
         except Exception as e:  # noqa: BLE001 — detach goes on
             self.notes.append(f"final drain: {e}")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -49,7 +50,9 @@ def run() -> dict:
     report: dict = {}
     try:
         report["us_per_step_before"] = job.bench()
-        with AgentServer(job.p.pid, Path(tempfile.mkdtemp()) / "agents") as srv:
+        api = os.environ.get("STACKLENS_GPU_API_RECORDS", "1") != "0"
+        report["gpu_api_records"] = api
+        with AgentServer(job.p.pid, Path(tempfile.mkdtemp()) / "agents", config={"gpu_api_records": api}) as srv:
             res = inject_agent(job.p.pid, srv.path, timeout_s=30)
             report["attach_latency_s"] = res.latency_s
             deadline = time.monotonic() + 60

@@ -78,7 +78,8 @@ def totals(snap) -> dict:
 class Attached:
     """ProcessSession attach/detach with timings; start() runs under a watchdog."""
 
-    def __init__(self, pid: int, agent: bool, timeout_s: float = 120.0, probe_kw: dict | None = None) -> None:
+    def __init__(self, pid: int, agent: bool, timeout_s: float = 120.0, probe_kw: dict | None = None,
+                 gpu_api_records: bool | None = None) -> None:
         from stacklens.daemon.session import ProcessSession
 
         kw = {}
@@ -88,7 +89,7 @@ class Attached:
             def factory(pid, *, cpu_hz, ops):
                 return ProbeSession(pid, ProbeConfig(**{"cpu_sample_hz": cpu_hz, "ops": ops, **probe_kw}))
             kw["probe_factory"] = factory
-        self.session = ProcessSession(pid, agent=agent, **kw)
+        self.session = ProcessSession(pid, agent=agent, gpu_api_records=gpu_api_records, **kw)
         box: dict = {}
 
         def go():
@@ -204,9 +205,9 @@ class Runner:
         def plain():
             return self.run_steps(t, n, per_step)
 
-        def attached(agent: bool, probe_kw: dict | None = None):
+        def attached(agent: bool, probe_kw: dict | None = None, api_records: bool | None = None):
             def fn():
-                att = Attached(t.pid, agent=agent, probe_kw=probe_kw)
+                att = Attached(t.pid, agent=agent, probe_kw=probe_kw, gpu_api_records=api_records)
                 r: dict = {"attach_s": round(att.attach_s, 3), "notes": att.notes}
                 try:
                     r.update(self.run_steps(t, n, per_step))
@@ -235,6 +236,9 @@ class Runner:
         if not is_jax or a.jax_agent:
             phase("agent", attached(True))
             phase("after_detach_agent", plain)
+            if name in a.probe_variants.split(","):  # the agent without CUPTI API records (order join)
+                phase("agent_order_join", attached(True, api_records=False))
+                phase("plain_after_agent_order_join", plain)
         else:
             ph["agent"] = {"status": "n/a: JAX is measured with probes only"}
         if name == a.memory_workload and a.memory_s > 0:
@@ -410,12 +414,13 @@ def markdown(results: dict) -> str:
     variants = [w for w in results["workloads"] if any(k in w.get("phases", {}) for k in PROBE_VARIANTS)]
     if variants:
         lines += ["", "Probe variants (probes only, one part switched off; same process, same run):", "",
-                  "| workload | all probes | " + " | ".join(PROBE_VARIANTS) + " |",
-                  "|---|---|" + "---|" * len(PROBE_VARIANTS)]
+                  "| workload | all probes | " + " | ".join(PROBE_VARIANTS) + " | agent | agent, no API records |",
+                  "|---|---|" + "---|" * (len(PROBE_VARIANTS) + 2)]
         for w in variants:
             ph = w["phases"]
             lines.append(f"| {w['workload']} | {fmt_ratio(ph.get('probes'))} | "
-                         + " | ".join(fmt_ratio(ph.get(k)) for k in PROBE_VARIANTS) + " |")
+                         + " | ".join(fmt_ratio(ph.get(k)) for k in PROBE_VARIANTS)
+                         + f" | {fmt_ratio(ph.get('agent'))} | {fmt_ratio(ph.get('agent_order_join'))} |")
     lines += ["", "Ratios are median step time over the unprofiled median, same process, same run; for "
               "attached phases the first number is against the mean of the unprofiled phases right before "
               "and after it (drift-corrected), the one in parentheses against the first unprofiled phase.", "",

@@ -123,6 +123,14 @@ else
   fi
 fi
 say "gpu tests finished: rc=$rc (124 = timed out)"
+if [ "$CPU" = 0 ] && [ "${ORDER_JOIN_TESTS:-1}" = 1 ] && "$PY" -c "import pytest" 2>/dev/null; then
+  say "gpu tests again without CUPTI API records (STACKLENS_GPU_API_RECORDS=0: kernels join by launch order)"
+  mkdir -p "$OUT/attribution_order"
+  STACKLENS_GPU_API_RECORDS=0 STACKLENS_GPU_OUT="$OUT/attribution_order" timeout -k 10 150 "$PY" -m pytest -m gpu \
+    tests/gpu/test_attribution.py tests/gpu/test_cupti_collector.py -v -rA -p no:cacheprovider -o addopts="" 2>&1 \
+    | tee "$OUT/pytest_gpu_order.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -20
+  say "gpu tests (order join) finished: rc=${PIPESTATUS[0]}"
+fi
 if [ "$CPU" = 1 ]; then
   say "cpu mode: ground-truth plumbing with probes only (no kernels on a CPU)"
   timeout -k 10 120 "$PY" - <<PYEOF 2>&1 | tee -a "$LOG"

@@ -18,7 +18,8 @@ import threading
 import time
 
 DEFAULTS = {"sample_hz": 100.0, "max_depth": 128, "max_overhead": 0.02, "flush_ms": 200,
-            "gpu": True, "max_outbox": 4 << 20, "max_gpu_queue": 100_000, "jax": True}
+            "gpu": True, "max_outbox": 4 << 20, "max_gpu_queue": 100_000, "jax": True,
+            "gpu_api_records": True}
 
 
 def _sub(name):
@@ -224,6 +225,8 @@ class Agent:
         try:
             gpu_mod = _sub("gpu")
             self.gpu = gpu_mod.select_collector(_sub, self.note)
+            if self.gpu is not None and hasattr(self.gpu, "api_records"):
+                self.gpu.api_records = bool(self.cfg["gpu_api_records"])
             if self.gpu is not None and not self.gpu.start(self.gpu_sink):
                 self.gpu = None
         except BaseException as e:  # a collector must never take the agent (or target) down

@@ -58,6 +58,8 @@ class CuptiCollector:
         self._unknown_tids = set()
         self._next_check_ns = 0
         self._codes = None
+        self.api_records = True          # False: kernel/copy activity only (the daemon joins by order)
+        self.enabled_at_ns = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, sink):
@@ -93,20 +95,23 @@ class CuptiCollector:
         lib.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
         K = lib.ActivityKind
         self.enabled_kinds = []
-        for kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.RUNTIME, K.DRIVER):
+        self.enabled_at_ns = time.monotonic_ns()   # launches BPF saw before this have no records
+        kinds = (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET) + ((K.RUNTIME, K.DRIVER) if self.api_records else ())
+        for kind in kinds:
             try:
                 lib.activity_enable(kind)
                 self.enabled_kinds.append(kind)
             except Exception as e:
                 self.note("warning", f"CUPTI activity {getattr(kind, 'name', kind)} not enabled: {e}")
-        kept = self._restrict_api_records()
+        kept = self._restrict_api_records() if self.api_records else 0
         try:
             lib.activity_flush_period(FLUSH_PERIOD_MS)
         except Exception:
             pass
         self.active = bool(self.enabled_kinds)
         if self.active:
-            self.note("info", f"CUPTI activity collection on ({len(self.enabled_kinds)} kinds, {kept} launch APIs, "
+            self.note("info", f"CUPTI activity collection on ({len(self.enabled_kinds)} kinds, "
+                              f"{f'{kept} launch APIs' if self.api_records else 'no API records: join by launch order'}, "
                               f"{'system' if self._system_tids else 'pthread'} thread ids, "
                               f"clock offset {self.clock.offset_ns} ns +- {self.clock.uncertainty_ns} ns)")
         return self.active
@@ -206,6 +211,8 @@ class CuptiCollector:
     def stats(self):
         st = dict(self.counts)
         st["active"] = 1 if self.active else 0
+        st["api_records"] = 1 if self.api_records else 0
+        st["enabled_at_ns"] = self.enabled_at_ns
         if self.clock is not None:
             st["clock_offset_ns"] = self.clock.offset_ns
             st["clock_uncertainty_ns"] = self.clock.uncertainty_ns

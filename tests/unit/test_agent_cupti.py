@@ -237,3 +237,17 @@ def test_clock_calibration(skew):
     cal = gpu_mod.ClockCalibration(lambda: time.monotonic_ns() + skew)
     assert abs(cal.offset_ns + skew) < 1_000_000
     assert cal.to_mono(time.monotonic_ns() + skew) == pytest.approx(time.monotonic_ns(), abs=2_000_000)
+
+
+def test_without_api_records_only_kernel_and_copy_activity_and_the_enable_time_is_reported():
+    c, lib, notes, rows = make()
+    c.api_records = False
+    assert c.start(lambda k, r: rows.append((k, r)))
+    K = ActivityKind
+    assert lib.enabled == {K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET}
+    assert not any(lib.api_on.values())
+    st = c.stats()
+    assert st["api_records"] == 0 and st["enabled_at_ns"] > 0
+    assert any("join by launch order" in m for _, m in notes)
+    c.stop()
+    assert lib.enabled == set()
