@@ -136,9 +136,23 @@ def record_effects(app) -> None:
                 try:
                     return __original(self, *a, **kw)
                 finally:
-                    app.effects.append(time.perf_counter())
+                    if not app.refreshing:
+                        app.effects.append(time.perf_counter())
 
             setattr(cls, name, timed)
+
+    # Redraws for a new snapshot are not a key's effect: counting them charged a key that
+    # changes nothing (enter on a leaf row) with the next periodic refresh, up to `settle` later.
+    original_watch = ProfileScreen.watch_fetched
+
+    def watch_fetched(self, fetched):
+        app.refreshing = True
+        try:
+            return original_watch(self, fetched)
+        finally:
+            app.refreshing = False
+
+    ProfileScreen.watch_fetched = watch_fetched
 
 
 async def press_and_time(app, key: str, timeout: float = 5.0, settle: float = 0.5) -> tuple[float, float] | None:
@@ -177,6 +191,7 @@ async def run(args) -> dict:
     app = TimedApp(source=src, interval_s=1.0)
     app.frames = []
     app.frame_cpu = {}
+    app.refreshing = False
     app.actions = []
     app.effects = []
     record_effects(app)
