@@ -13,12 +13,17 @@ Rules (also written into the snapshot's ``meta["notes"]`` and ``meta["jax"]``):
   (1) goes to the first operator's path only, so totals stay exact.
 - **name match**: kernel name == instruction name, after replacing every character outside
   ``[A-Za-z0-9_]`` with ``_``; a trailing ``_impl``/``_kernel`` is also tried. Among modules holding
-  the name: the module of the previous matched kernel on the same stream if the name comes later
-  in its schedule, else the module with the most kernels matched so far (newest on a tie).
+  the name: for a kernel of a CUDA graph (XLA command buffer, ``graph_id`` != 0) the module that
+  graph's kernels matched before; else the module of the previous matched kernel on the same stream
+  (same graph) if the name comes later in its schedule; else the module with the most kernels
+  matched so far (on a tie the larger module, then the newest).
 - **launch order** (library kernels — cuBLAS/cuDNN — carry the library's own names): an unmatched
-  kernel on a stream whose previous kernel matched instruction *i* of module M is charged to the
-  custom-call instructions that follow *i* in M's schedule before the next fusion. Marked in
-  ``meta["jax"]["by_order"]``; no candidate → the kernel keeps its plain path (``unmatched``).
+  kernel on a stream (a graph's kernels: in that graph) whose previous kernel matched instruction
+  *i* of module M is charged to the custom-call instructions that follow *i* in M's schedule
+  before the next fusion: split evenly over them, or, once the previous run of library kernels
+  after *i* (up to the next named kernel) had exactly as many kernels as there are such custom
+  calls, the k-th kernel to the k-th custom call. Marked in ``meta["jax"]["by_order"]``; no
+  candidate → the kernel keeps its plain path (``unmatched``).
 - Compile events (``jax.monitoring`` trace/lowering/backend compile durations) add
   ``compile_time_ns`` to the user call site that triggered them.
 """
@@ -38,6 +43,8 @@ SPLIT_NOTE = ("jax: a fused kernel's gpu_time_ns is split evenly among the disti
               "after no instruction (cuBLAS/cuDNN) are matched by launch order to the custom calls that "
               "follow the previous matched kernel (meta jax.by_order)")
 MAX_MODULES = 4096
+MAX_GRAPHS = 4096
+MAX_RUNS = 1 << 16
 _SANITIZE = re.compile(r"[^A-Za-z0-9_]")
 _SUFFIXES = ("_impl", "_kernel")
 LIBRARY_OPCODES = ("custom-call",)
@@ -66,7 +73,11 @@ class JaxIndex:
     def __init__(self) -> None:
         self.modules: dict[str, _Module] = {}
         self._holders: dict[str, list[str]] = {}       # sanitized name -> module ids, newest last
-        self._last: dict[tuple[int, int], tuple[str, int]] = {}   # (device, stream) -> (module id, idx)
+        # (device, stream) or ("g", device, graph) -> [module id, idx of the last named kernel,
+        # library kernels seen since]
+        self._last: dict[tuple, list] = {}
+        self._runlen: dict[tuple[str, int], int] = {}  # (module id, idx) -> library kernels that followed it last time
+        self._graph_module: dict[tuple[int, int], str] = {}  # (device, graph id) -> module id of its kernels
         self._hits: collections.Counter = collections.Counter()    # module id -> kernels matched by name
         self.stats = {"modules": 0, "matched": 0, "by_order": 0, "unmatched": 0, "compile_events": 0}
 
@@ -103,6 +114,8 @@ class JaxIndex:
     def _forget(self, mid: str) -> None:
         m = self.modules.pop(mid, None)
         self._hits.pop(mid, None)
+        for g in [g for g, v in self._graph_module.items() if v == mid]:
+            del self._graph_module[g]
         if m is None:
             return
         for s in m.by_name:
@@ -119,33 +132,55 @@ class JaxIndex:
         return path, {COMPILE_METRIC: rec.duration_ns}
 
     # ---- lookups ---------------------------------------------------------------------------
-    def _find(self, kernel_name: str, stream_key: tuple[int, int]) -> tuple[_Module, int] | None:
+    def _find(self, kernel_name: str, key: tuple, graph: tuple[int, int] | None) -> tuple[_Module, int, bool] | None:
+        """(module, entry index, certain) of a kernel name; certain: one module holds it, or the
+        graph's module does."""
         s = sanitize(kernel_name)
         names = [s] + [s[: -len(x)] for x in _SUFFIXES if s.endswith(x)]
-        last = self._last.get(stream_key)
+        last = self._last.get(key)
+        gmod = self._graph_module.get(graph) if graph is not None else None
         for n in names:
             holders = self._holders.get(n)
             if not holders:
                 continue
+            certain = True
             if len(holders) == 1:
                 mid = holders[0]
+            elif gmod is not None and gmod in holders:
+                mid = gmod              # a graph's kernels are all of one executable
             elif last is not None and last[0] in holders and self.modules[last[0]].by_name[n] > last[1]:
-                mid = last[0]           # the module running on this stream, moving forward in it
-            else:                       # the executable that ran most so far; newest on a tie
-                hits = self._hits
-                mid = max(enumerate(holders), key=lambda x: (hits.get(x[1], 0), x[0]))[1]
+                mid, certain = last[0], False   # the module running on this stream, moving forward in it
+            else:                       # the executable that ran most so far; larger, then newest on a tie
+                hits, mods = self._hits, self.modules
+                mid = max(enumerate(holders),
+                          key=lambda x: (hits.get(x[1], 0), len(mods[x[1]].entries), x[0]))[1]
+                certain = False
             m = self.modules[mid]
-            return m, m.by_name[n]
+            return m, m.by_name[n], certain
         return None
 
-    def resolve(self, kernel_name: str, device: int = 0, stream: int = 0):
-        """(module, [entry indices], rule) for a kernel, rule "name" or "order"; None if unknown."""
-        key = (device, stream)
-        hit = self._find(kernel_name, key)
+    def resolve(self, kernel_name: str, device: int = 0, stream: int = 0, graph_id: int = 0):
+        """(module, [entry indices], rule) for a kernel, rule "name" or "order"; None if unknown.
+        A kernel launched from a CUDA graph (``graph_id`` != 0: XLA command buffers) is resolved
+        within its graph: the graph's module, the previous kernel of the same graph."""
+        graph = (device, graph_id) if graph_id else None
+        key = ("g", device, graph_id) if graph_id else (device, stream)
+        hit = self._find(kernel_name, key, graph)
         if hit is not None:
-            m, i = hit
-            self._last[key] = (m.module_id, i)
+            m, i, certain = hit
+            prev = self._last.get(key)
+            if prev is not None and prev[2]:
+                if len(self._runlen) >= MAX_RUNS:
+                    self._runlen.clear()
+                self._runlen[(prev[0], prev[1])] = prev[2]
+            elif prev is None and len(self._last) >= 2 * MAX_GRAPHS:
+                self._last.pop(next(iter(self._last)))
+            self._last[key] = [m.module_id, i, 0]
             self._hits[m.module_id] += 1
+            if graph is not None and (certain or graph not in self._graph_module):
+                if graph not in self._graph_module and len(self._graph_module) >= MAX_GRAPHS:
+                    self._graph_module.pop(next(iter(self._graph_module)))
+                self._graph_module[graph] = m.module_id
             return m, [i], "name"
         last = self._last.get(key)
         if last is None or last[0] not in self.modules:
@@ -160,21 +195,29 @@ class JaxIndex:
                 break
         if not cands:
             return None
+        k = last[2]
+        last[2] += 1
+        if len(cands) > 1 and k < len(cands) and self._runlen.get((last[0], last[1])) == len(cands):
+            return m, [cands[k]], "order"   # as many library kernels as custom calls last time: one each
         return m, cands, "order"
 
     def ops_of(self, module_name: str, instruction: str) -> tuple | None:
-        """The operators of an instruction of the newest module of that name (for jax.profiler's
-        hlo_module/hlo_op stats); None if unknown."""
-        for m in reversed(list(self.modules.values())):
+        """The operators of an instruction (for jax.profiler's hlo_module/hlo_op stats) in the
+        module of that name that ran most (newest on a tie); None if unknown."""
+        best = None
+        for pos, m in enumerate(self.modules.values()):
             if m.name == module_name and instruction in m.by_instr:
-                return m.entries[m.by_instr[instruction]][2]
-        return None
+                k = (self._hits.get(m.module_id, 0), pos)
+                if best is None or k > best[0]:
+                    best = (k, m)
+        return best[1].entries[best[1].by_instr[instruction]][2] if best else None
 
     # ---- the split -------------------------------------------------------------------------
     def split(self, path: tuple[Frame, ...], krec: Any) -> list[tuple[tuple[Frame, ...], dict[str, int]]] | None:
         """Paths and metrics for one kernel record charged at `path` (the launching path, ending
         or not with its kernel frame); None if the kernel is not one of a known XLA module."""
-        r = self.resolve(krec.name, getattr(krec, "device", 0), getattr(krec, "stream", 0))
+        r = self.resolve(krec.name, getattr(krec, "device", 0), getattr(krec, "stream", 0),
+                         getattr(krec, "graph_id", 0) or 0)
         if r is None:
             if self.modules:
                 self.stats["unmatched"] += 1

@@ -38,6 +38,11 @@ SYNC_TYPES = ("event", "stream", "context", "stream_wait_event", "other")
 API_DOMAINS = ("runtime", "driver", "hip")
 MAX_HLO_PARTS = 4096
 MAX_HLO_OPS = 64
+# string limits of the JAX records; the agent cuts to the same (inject/agent/jaxmeta.py LIMITS)
+HLO_LIMITS = {"id": 128, "module": 512, "platform": 32, "instr": 1024, "opcode": 64, "op_name": 2048,
+              "file": MAX_STR, "func": 1024, "event": 128, "fun_name": 256}
+
+KNOWN_KINDS = ("samples", "kernel", "api", "memcpy", "sync", "note", "stats", "hlo", "compile", "bye")
 
 # servers by socket path, so inject_agent(pid, socket_path=srv.path) can wait for the hello
 _REGISTRY: dict[str, "AgentServer"] = {}
@@ -79,9 +84,11 @@ def _row(v, n) -> list:
 
 
 def _counts(v) -> dict:
+    """Counters/gauges of a stats message: bounded keys, finite numbers; ints may be negative
+    (e.g. the CUPTI collector's clock_offset_ns, CLOCK_MONOTONIC minus the CUPTI clock)."""
     if type(v) is not dict or len(v) > 32:
         raise ProtocolError("bad counters")
-    return {_str(k, 64): (_num(x) if type(x) is float else _int(x)) for k, x in v.items()}
+    return {_str(k, 64): (_num(x) if type(x) is float else _int(x, -MAX_INT)) for k, x in v.items()}
 
 
 def _pyframes(v, maxlen=wire.MAX_STACK_DEPTH) -> tuple:
@@ -91,13 +98,16 @@ def _pyframes(v, maxlen=wire.MAX_STACK_DEPTH) -> tuple:
 def _hlo(msg) -> HloMapRecord:
     parts = _int(msg.get("parts"), 1, MAX_HLO_PARTS)
     kernels = []
+    L = HLO_LIMITS
     for k in _list(msg.get("k")):
         name, opcode, ops = _row(k, 3)
-        kernels.append(HloKernel(_str(name, 512), _str(opcode, 64),
-                                 tuple((_str(o[0], 1024), _str(o[1]), _int(o[2], 0, 1 << 31), _str(o[3], 512))
+        kernels.append(HloKernel(_str(name, L["instr"]), _str(opcode, L["opcode"]),
+                                 tuple((_str(o[0], L["op_name"]), _str(o[1], L["file"]), _int(o[2], 0, 1 << 31),
+                                        _str(o[3], L["func"]))
                                        for o in (_row(x, 4) for x in _list(ops, MAX_HLO_OPS)))))
-    return HloMapRecord(_str(msg.get("id"), 128), _str(msg.get("module"), 512), _str(msg.get("platform"), 32),
-                        _int(msg.get("part"), 0, parts - 1), parts, _pyframes(msg.get("site")), tuple(kernels))
+    return HloMapRecord(_str(msg.get("id"), L["id"]), _str(msg.get("module"), L["module"]),
+                        _str(msg.get("platform"), L["platform"]), _int(msg.get("part"), 0, parts - 1), parts,
+                        _pyframes(msg.get("site")), tuple(kernels))
 
 
 def parse_message(msg) -> list:
@@ -177,7 +187,8 @@ def parse_message(msg) -> list:
             event, fun, t_ns, dur, tid, frames = _row(r, 6)
             if type(event) is not str or not event.startswith("/jax/"):
                 raise ProtocolError("bad compile event")
-            out.append(CompileRecord(_str(event, 128), _str(fun, 256), _int(t_ns), _int(dur), _int(tid, 0, 1 << 31),
+            out.append(CompileRecord(_str(event, HLO_LIMITS["event"]), _str(fun, HLO_LIMITS["fun_name"]), _int(t_ns),
+                                     _int(dur), _int(tid, 0, 1 << 31),
                                      _pyframes(frames)))
         return out
     if t == "bye":
@@ -363,6 +374,8 @@ class AgentServer:
                         recs = parse_message(msg)
                     except (ProtocolError, TypeError, IndexError, KeyError, RecursionError):
                         self._stats["rejected_message"] += 1
+                        kind = msg.get("t") if type(msg) is dict else None
+                        self._stats["rejected_message:" + (kind if kind in KNOWN_KINDS else "other")] += 1
                         continue
                     self._push(recs)
                 if len(buf) > wire.MAX_FRAME + 4:

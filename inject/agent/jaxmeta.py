@@ -23,6 +23,7 @@ HLO text is produced and parsed on the agent thread, never on the target's compi
 
 import collections
 import gc
+import json
 import os
 import re
 import sys
@@ -38,8 +39,16 @@ MAX_OPS = 64
 MAX_SITE = 64
 MAX_QUEUE = 1000
 MAX_SENT_KEYS = 20000
-MSG_BUDGET = 400_000            # characters of kernel entries per "hlo" message (frame limit 1 MiB)
+MSG_BUDGET = 400_000            # bytes of entries/rows per message (a part of a module; compile rows)
+FRAME_BUDGET = 1_000_000        # bytes of one encoded message, hard (wire.MAX_FRAME is 1 MiB): a message
+                                # the channel cannot take must never wait in `pending` forever
+MAX_ROWS = 10_000               # entries/rows per message (the daemon takes <= 20000)
 MAX_HLO_CHARS = 64 << 20        # larger HLO texts are not parsed (a note says so)
+# string limits of the daemon's schema (stacklens.inject.server.HLO_LIMITS; site frames: MAX_STR 8192,
+# cut shorter here): longer strings are cut before sending, so real data is never rejected
+LIMITS = {"id": 128, "module": 512, "platform": 32, "instr": 1024, "opcode": 64, "op_name": 2048,
+          "file": 8192, "func": 1024, "event": 128, "fun_name": 256, "site_str": 1024}
+MAX_LINE = 1 << 31
 
 _COMP_RE = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*\(.*\{\s*$")
 _INSTR_RE = re.compile(r"^\s+(?:ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
@@ -140,8 +149,9 @@ def _metadata(body):
 def parse_hlo_text(text):
     """HLO module text -> (module name, kernel entries).
 
-    Entries, in schedule order of the computations that run kernels (ENTRY, then while bodies,
-    conditions and conditional branches reachable from it): ``[name, opcode, ops]`` where ops
+    Entries, in schedule order of the computations that run kernels (ENTRY with the computations
+    of its ``call`` instructions inlined — XLA:GPU command buffers —, then while bodies, conditions
+    and conditional branches reachable from it): ``[name, opcode, ops]`` where ops
     are the distinct ``(op_name, file, line, function)`` of the original operators: those of the
     instructions inside a fusion's called computations (nested fusions included), else the
     instruction's own metadata.
@@ -238,20 +248,24 @@ def parse_hlo_text(text):
 
     if entry is None:
         return module, []
-    order, queue, seen_c = [], [entry], set()
-    while queue:
-        c = queue.pop(0)
-        if c in seen_c or c not in comps:
-            continue
+    entries = []
+    queue, seen_c = [entry], set()
+
+    def walk(c, depth):
+        # a computation's kernels in schedule order; a `call` (e.g. an XLA:GPU command buffer,
+        # `call(...), to_apply=%command_buffer`) is inlined where it runs; while bodies and
+        # conditional branches are queued and listed after
+        if c in seen_c or c not in comps or depth > 64:
+            return
         seen_c.add(c)
-        order.append(c)
-        for _name, _opcode, body in comps[c]:
+        for name, opcode, body in comps[c]:
+            if opcode == "call":
+                for callee in _attr_refs(body, "to_apply"):
+                    walk(callee, depth + 1)
+                continue
             for key in ("body", "condition", "branch_computations", "true_computation",
                         "false_computation"):
                 queue.extend(_attr_refs(body, key))
-    entries = []
-    for c in order:
-        for name, opcode, body in comps[c]:
             if opcode in NO_KERNEL_OPCODES or opcode in ("while", "conditional"):
                 continue
             ops = {}
@@ -262,6 +276,9 @@ def parse_hlo_text(text):
                 if op is not None:
                     ops[op] = None
             entries.append([name, opcode, [list(o) for o in list(ops)[:MAX_OPS]]])
+
+    while queue:
+        walk(queue.pop(0), 0)
     return module, entries
 
 
@@ -302,6 +319,50 @@ def _nested(frame, emitter):
             return True
         f = f.f_back
     return False
+
+
+# ---- fitting messages to the daemon's schema ------------------------------------------------------
+
+def _line(v):
+    return v if type(v) is int and 0 <= v <= MAX_LINE else 0
+
+
+def fit_site(site):
+    n = LIMITS["site_str"]
+    return [[str(f)[:n], str(fn)[:n], _line(ln)] for f, fn, ln in list(site)[-MAX_SITE:]]
+
+
+def fit_entry(e):
+    """[instr, opcode, ops] cut to the schema's limits."""
+    name, opcode, ops = e
+    return [str(name)[:LIMITS["instr"]], str(opcode)[:LIMITS["opcode"]],
+            [[str(o[0])[:LIMITS["op_name"]], str(o[1])[:LIMITS["file"]], _line(o[2]), str(o[3])[:LIMITS["func"]]]
+             for o in list(ops)[:MAX_OPS]]]
+
+
+def encoded_size(obj):
+    """Bytes of obj as the wire encodes it (compact JSON, UTF-8)."""
+    return len(json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "replace"))
+
+
+def chunk_by_size(items, base, budget=MSG_BUDGET, max_rows=MAX_ROWS):
+    """Split items into lists whose message (base bytes of envelope + items) stays within budget
+    (an item larger than that goes alone); items that cannot fit a frame at all are dropped.
+    Returns (chunks, dropped)."""
+    chunks, cur, size, dropped = [], [], base, 0
+    for it in items:
+        n = encoded_size(it) + 1
+        if base + n > FRAME_BUDGET:
+            dropped += 1
+            continue
+        if cur and (size + n > budget or len(cur) >= max_rows):
+            chunks.append(cur)
+            cur, size = [], base
+        cur.append(it)
+        size += n
+    if cur or not chunks:
+        chunks.append(cur)
+    return chunks, dropped
 
 
 # ---- the watcher --------------------------------------------------------------------------------
@@ -473,10 +534,20 @@ class JaxWatcher:
             else:
                 q.appendleft(item)
                 break
-        for i in range(0, len(rows), 2000):
-            self._send({"t": "compile", "r": rows[i:i + 2000]})
+        if rows:
+            rows = [[str(ev)[:LIMITS["event"]], str(fun)[:LIMITS["fun_name"]], max(0, int(t)), max(0, int(d)),
+                     tid if type(tid) is int and 0 <= tid <= MAX_LINE else 0, fit_site(site)]
+                    for ev, fun, t, d, tid, site in rows]
+            chunks, dropped = chunk_by_size(rows, encoded_size({"t": "compile", "r": []}))
+            self.dropped += dropped
+            for c in chunks:
+                if c:
+                    self._send({"t": "compile", "r": c})
 
     def _send(self, msg):
+        if encoded_size(msg) > FRAME_BUDGET:   # never fits a frame: drop rather than block `pending`
+            self.dropped += 1
+            return
         if self.pending or not self.send(msg):
             if len(self.pending) < 256:
                 self.pending.append(msg)
@@ -519,16 +590,11 @@ class JaxWatcher:
             self._send_module(mid, module, platform, site, entries)
 
     def _send_module(self, mid, module, platform, site, entries):
-        parts, cur, size = [], [], 0
-        for e in entries:
-            n = len(e[0]) + len(e[1]) + 16 + sum(len(o[0]) + len(o[1]) + len(o[3]) + 24 for o in e[2])
-            if cur and size + n > MSG_BUDGET:
-                parts.append(cur)
-                cur, size = [], 0
-            cur.append(e)
-            size += n
-        parts.append(cur)
+        head = {"t": "hlo", "id": str(mid)[:LIMITS["id"]], "module": str(module)[:LIMITS["module"]],
+                "platform": str(platform)[:LIMITS["platform"]], "part": 0, "parts": 1, "site": fit_site(site),
+                "k": []}
+        parts, dropped = chunk_by_size([fit_entry(e) for e in entries], encoded_size(head) + 8)
+        self.dropped += dropped
         for i, p in enumerate(parts):
-            self._send({"t": "hlo", "id": mid, "module": module[:512], "platform": platform[:32],
-                        "part": i, "parts": len(parts), "site": [list(f) for f in site], "k": p})
+            self._send({**head, "part": i, "parts": len(parts), "k": p})
         self.modules_sent += 1

@@ -1,5 +1,6 @@
 """benchmarks/gpu/check_jax.py keeps working: its --cpu smoke mode here (attach by PID, HLO maps,
-name matching and split vs jax.profiler's hlo_op stats, the GPU-needed note)."""
+name matching and split vs jax.profiler's hlo_op stats, the step estimate, the recompile on the
+`grow` call site, no agent message rejected, the GPU-needed note)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,10 @@ def test_check_jax_cpu_smoke(tmp_path):
     dense = next(i for i, l in enumerate(src, 1) if "# DENSE" in l)
     scores = next(i for i, l in enumerate(src, 1) if "# ATTN_SCORES" in l)
     assert f"check_jax.py:{dense}" in lines and f"check_jax.py:{scores}" in lines, lines
+    checks = res["checks"]
+    assert checks["recompile: compile time on the triggering call site"] and checks["no agent message rejected"]
+    grow = next(i for i, l in enumerate(src, 1) if l.rstrip().endswith("# GROW"))
+    assert res["recompile"]["grow_line"] == grow and res["recompile"]["compile_ms_at_grow_site"] > 0
+    assert "/jax/core/compile/backend_compile_duration" in res["recompile"]["events_at_grow_site"]
+    assert res["stacklens_steps"] == res["args"]["profile_steps"] and res["step_estimates"]["names"] > 0
+    assert res["profiler_mapping"].get("hlo_op", 0) > 0 and not res["profiler_mapping"].get("unknown")

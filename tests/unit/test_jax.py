@@ -87,6 +87,51 @@ def test_parse_inline_metadata_nested_fusions_and_while_bodies():
     assert not {"a", "b", "out", "t", "x", "r"} & set(by)
 
 
+CMD_BUFFER_HLO = """HloModule jit_step, is_scheduled=true
+
+%fused_a (p0: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  ROOT %neg.1 = f32[4]{0} negate(%p0), metadata={op_name="jit(step)/neg" source_file="/m/a.py" source_line=7}
+}
+
+%fused_b (p1: f32[4]) -> f32[4] {
+  %p1 = f32[4]{0} parameter(0)
+  ROOT %exp.1 = f32[4]{0} exponential(%p1), metadata={op_name="jit(step)/exp" source_file="/m/a.py" source_line=9}
+}
+
+%command_buffer (a.1: f32[4]) -> f32[4] {
+  %a.1 = f32[4]{0} parameter(0)
+  %loop_negate_fusion = f32[4]{0} fusion(%a.1), kind=kLoop, calls=%fused_a
+  %gemm.1 = (f32[4]{0}, s8[0]{0}) custom-call(%loop_negate_fusion), custom_call_target="__cublas$gemm", metadata={op_name="jit(step)/dot_general" source_file="/m/a.py" source_line=8}
+  ROOT %gte = f32[4]{0} get-tuple-element(%gemm.1), index=0
+}
+
+%add_reducer (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %add.9 = f32[] add(%x, %y), metadata={op_name="jit(step)/reduce_sum" source_file="/m/a.py" source_line=99}
+}
+
+ENTRY %main.3 (a: f32[4]) -> f32[4] {
+  %a = f32[4]{0} parameter(0)
+  %call.4 = f32[4]{0} call(%a), to_apply=%command_buffer
+  %c0 = f32[] constant(0)
+  %r = f32[] reduce(%call.4, %c0), dimensions={0}, to_apply=%add_reducer, metadata={op_name="jit(step)/reduce_sum" source_file="/m/a.py" source_line=10}
+  ROOT %loop_exp_fusion = f32[4]{0} fusion(%call.4), kind=kLoop, calls=%fused_b
+}
+"""
+
+
+def test_parse_inlines_called_computations_command_buffers_in_schedule_order():
+    module, entries = parse_hlo_text(CMD_BUFFER_HLO)
+    assert module == "jit_step"
+    # the command buffer's kernels where the call runs; the call itself and reducers are no entries
+    assert [e[0] for e in entries] == ["loop_negate_fusion", "gemm.1", "r", "loop_exp_fusion"]
+    by = {e[0]: e for e in entries}
+    assert by["gemm.1"][2] == [["jit(step)/dot_general", "/m/a.py", 8, ""]]
+    assert by["r"][2] == [["jit(step)/reduce_sum", "/m/a.py", 10, ""]]   # not the reducer's line 99
+
+
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
@@ -279,7 +324,13 @@ def test_same_name_in_two_modules_prefers_the_module_running_on_the_stream():
     ix = JaxIndex()
     ix.add_hlo(hlo_record("m1", "jit_a", [HloKernel("loop_x", "fusion", (ACT,)), HloKernel("fusion.1", "fusion", (DOT,))]))
     ix.add_hlo(hlo_record("m2", "jit_b", [HloKernel("fusion.1", "fusion", (EXP,))]))
-    assert ix.resolve("fusion_1")[0].module_id == "m2"           # nothing ran yet: the newest
+    assert ix.resolve("fusion_1", stream=1)[0].module_id == "m1"   # nothing ran yet: the larger module
+    ix.add_hlo(hlo_record("m3", "jit_a", [HloKernel("loop_x", "fusion", (ACT,)), HloKernel("fusion.1", "fusion", (QK,))]))
+    assert ix.resolve("fusion_1", stream=2)[0].module_id == "m1"   # m1 ran once
+    ix._hits.clear()
+    assert ix.resolve("fusion_1", stream=2)[0].module_id == "m3"   # a tie in runs and size: the newest
+    ix._forget("m3")
+    ix._hits.clear()
     ix.resolve("loop_x")                                          # stream 0/0 now runs jit_a ...
     assert ix.resolve("fusion_1")[0].module_id == "m1"           # ... and fusion.1 comes next in it
     # a new run of jit_a starts on another stream: the module with the most matches (m1: 2, m2: 1)
@@ -326,3 +377,188 @@ def test_joiner_compile_time_on_call_site():
     n = snap.find([Frame.python(*f).label() for f in SITE])
     assert snap.exclusive(n, "compile_time_ns") == 2_000_300
     assert "compile_time_ns" not in snap.unavailable
+
+
+# ---- CUDA graphs (XLA command buffers): kernels with graph_id != 0 --------------------------------
+
+def gkrec(name, dur, graph, stream=7, start=1000):
+    return KernelRecord(name=name, start_ns=start, end_ns=start + dur, device=0, stream=stream, correlation_id=1,
+                        graph_id=graph)
+
+
+def test_graph_kernels_resolve_within_their_graph():
+    ix = JaxIndex()
+    a = [HloKernel("loop_x", "fusion", (ACT,)), HloKernel("fusion.1", "fusion", (DOT,)),
+         HloKernel("cublas-gemm.2", "custom-call", (QK,)), HloKernel("fusion.3", "fusion", (EXP,))]
+    ix.add_hlo(hlo_record("m1", "jit_a", a))
+    ix.add_hlo(hlo_record("m2", "jit_b", [HloKernel("fusion.1", "fusion", (EXP,)), HloKernel("fusion.3", "fusion", (DOT,))]))
+    for _ in range(10):                              # jit_b is the hot one outside graphs
+        ix._hits["m2"] += 1
+    assert ix.split((), gkrec("loop_x", 10, graph=5)) is not None          # only m1 holds it: graph 5 is m1's
+    # graph 5's kernels stay in m1, on any stream (concurrent branches), whatever ran most
+    assert ix.resolve("fusion_3", stream=11, graph_id=5)[0].module_id == "m1"
+    assert ix.resolve("fusion_1", stream=12, graph_id=5)[0].module_id == "m1"
+    # a library kernel of the graph: launch order within the graph (previous: fusion.1 of m1)
+    m, idxs, rule = ix.resolve("sm90_xmma_gemm_f32f32", stream=13, graph_id=5)
+    assert (m.module_id, idxs, rule) == ("m1", [2], "order")
+    # another graph with no certain match yet, and non-graph kernels: the usual rules
+    assert ix.resolve("fusion_1", stream=3, graph_id=6)[0].module_id == "m2"
+    assert ix.resolve("fusion_1", stream=4)[0].module_id == "m2"
+    # the graph's kernels through split: the graph id comes from the record
+    parts = ix.split((), gkrec("fusion_3", 100, graph=5, stream=14))
+    assert [p[-2] for p, _m in parts] == [Frame.op(EXP[0])]
+    ix._forget("m1")
+    assert (0, 5) not in ix._graph_module and ix._graph_module[(0, 6)] == "m2"   # m1 forgotten with its graphs
+
+
+def test_ops_of_prefers_the_module_that_ran_most():
+    ix = JaxIndex()
+    ix.add_hlo(hlo_record("old", "jit_step", [HloKernel("fusion.1", "fusion", (DOT,))]))
+    ix.add_hlo(hlo_record("new", "jit_step", [HloKernel("fusion.1", "fusion", (EXP,))]))
+    assert ix.ops_of("jit_step", "fusion.1") == (EXP,)          # nothing ran: the newest
+    ix._hits["old"] += 3
+    assert ix.ops_of("jit_step", "fusion.1") == (DOT,)
+    assert ix.ops_of("jit_step", "nope") is None and ix.ops_of("jit_other", "fusion.1") is None
+
+
+# ---- what the agent sends always passes the daemon's schema (GPU-sized data) ----------------------
+
+def test_stats_counters_may_be_negative_but_stay_bounded():
+    base = {"t": "stats", "samples": 10, "sample_hz": 99.5, "sample_cost_us": 12.0, "dropped": {"samples": 0}}
+    # the CUPTI collector's clock offset (CLOCK_MONOTONIC - CUPTI clock) is negative on real GPUs
+    gpu = {"kernel": 42588, "active": 1, "clock_offset_ns": -1795995443184558837, "clock_uncertainty_ns": 199}
+    (st,) = parse_message({**base, "gpu": gpu})
+    assert st.gpu["clock_offset_ns"] == -1795995443184558837
+    for bad in ({"x": 1 << 63}, {"x": -(1 << 63) - 1}, {"x": float("nan")}, {"x": "1"}, {"x": True},
+                {f"k{i}": 1 for i in range(33)}, {"k" * 65: 1}, {"x": [1]}):
+        with pytest.raises((ProtocolError, TypeError, ValueError)):
+            parse_message({**base, "gpu": bad})
+
+
+def test_schema_takes_long_real_names_and_refuses_beyond_the_limits():
+    from stacklens.inject.agent import jaxmeta
+    from stacklens.inject.server import HLO_LIMITS
+    assert {k: v for k, v in jaxmeta.LIMITS.items() if k != "site_str"} == HLO_LIMITS   # the two sides agree
+    long_op = "jit(train_step)/" + "transpose(jvp(remat(vmap(" * 30 + "dot_general"       # ~800 chars
+    k = [["input_concatenate_reduce_select_fusion_" * 12 + ".3", "fusion", [[long_op, "/m/a.py", 3, "f" * 600]]]]
+    msg = {"t": "hlo", "id": "fp", "module": "jit_train_step", "platform": "cuda", "part": 0, "parts": 1,
+           "site": [], "k": k}
+    (r,) = parse_message(msg)
+    assert r.kernels[0].ops[0][0] == long_op
+    for field, n in (("instr", 0), ("op_name", 1), ("func", 2)):
+        bad = json.loads(json.dumps(msg))
+        if field == "instr":
+            bad["k"][0][0] = "x" * (HLO_LIMITS["instr"] + 1)
+        elif field == "op_name":
+            bad["k"][0][2][0][0] = "x" * (HLO_LIMITS["op_name"] + 1)
+        else:
+            bad["k"][0][2][0][3] = "x" * (HLO_LIMITS["func"] + 1)
+        with pytest.raises(ProtocolError):
+            parse_message(bad)
+
+
+def test_agent_messages_of_huge_modules_fit_frames_and_the_schema():
+    from stacklens.inject.agent import jaxmeta, wire
+    msgs = []
+    w = JaxWatcher(lambda m: msgs.append(m) or True, lambda *a: None, scan_existing=False)
+    huge_op = ["jit(f)/" + "ö" * 5000, "/very/long/" + "p" * 20000 + ".py", 1 << 40, "g" * 3000]
+    entries = ([["fusion.%d" % i, "fusion", []] for i in range(30000)]
+               + [["n" * 5000, "fusion", [huge_op] * 80]]
+               + [["loop_fusion.%d" % i, "fusion", [["jit(f)/add", "/m/a.py", i, "f"]] * 64] for i in range(300)])
+    site = [("/s/" + "d" * 3000 + ".py", "main", 5)] * 100
+    w._send_module("fp" * 100, "jit_" + "m" * 600, "cuda", site, entries)
+    w.queue.extend(("compile", ["/jax/core/compile/backend_compile_duration", "jit(f)", 1, 2, 3, site])
+                   for _ in range(3000))
+    w._drain()
+    assert not w.pending and w.dropped == 0
+    recs = []
+    for m in msgs:
+        assert len(wire.encode(m)) - 4 <= wire.MAX_FRAME
+        recs.extend(parse_message(json.loads(json.dumps(m, ensure_ascii=False))))
+    hlo = [r for r in recs if isinstance(r, HloMapRecord)]
+    assert len({r.parts for r in hlo}) == 1 and sorted(r.part for r in hlo) == list(range(hlo[0].parts))
+    ix = JaxIndex()
+    for r in hlo:
+        ix.add_hlo(r)
+    (mod,) = ix.modules.values()
+    assert len(mod.entries) == len(entries)           # nothing lost, order kept
+    assert mod.entries[0][0] == "fusion.0" and mod.entries[-1][0] == "loop_fusion.299"
+    assert ix.resolve("loop_fusion_7") is not None
+    big = mod.entries[30000]
+    assert len(big[2]) == jaxmeta.MAX_OPS and big[2][0][2] == 0   # cut to the schema: ops, line out of range
+    assert sum(1 for r in recs if isinstance(r, CompileRecord)) == 3000
+
+
+def test_a_message_that_can_never_fit_a_frame_does_not_block_the_others():
+    from stacklens.inject.agent import jaxmeta
+    sent = []
+    w = JaxWatcher(lambda m: sent.append(m) or True, lambda *a: None, scan_existing=False)
+    w._send({"t": "hlo", "k": ["x" * (jaxmeta.FRAME_BUDGET + 10)]})
+    assert w.dropped == 1 and not w.pending and not sent
+    w._send({"t": "compile", "r": []})
+    assert sent == [{"t": "compile", "r": []}]
+    chunks, dropped = jaxmeta.chunk_by_size([[1] * 10] * 100 + [["y" * 2_000_000]], base=20, budget=100)
+    assert dropped == 1 and all(len(c) * 22 + 20 <= 100 for c in chunks) and sum(map(len, chunks)) == 100
+
+
+# ---- benchmarks/gpu/check_jax.py: the profiler side's mapping and the step estimate -----------------
+
+def _check_jax():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "check_jax", Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "check_jax.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_check_jax_maps_command_buffer_events_by_kernel_name_and_estimates_steps():
+    cj = _check_jax()
+    index, pindex = JaxIndex(), JaxIndex()
+    for ix in (index, pindex):
+        ix.add_hlo(hlo_record())
+    E = cj.ProfEvent
+    steps = 2
+    events = []
+    for s in range(steps):
+        t = s * 1000
+        # per-instruction stats (command buffers off) ...
+        events.append(E("jit_step", "loop_maximum_fusion.1", "loop_maximum_fusion_1", 1, t, 100.0, 0))
+        # ... and a CUDA graph's kernels, hlo_op = the command buffer: by kernel name, then launch order
+        events.append(E("jit_step", "command_buffer_1", "input_exp_reduce_fusion", 2, t + 1, 30.0, 9))
+        events.append(E("jit_step", "command_buffer_1", "loop_maximum_fusion_1", 2, t + 2, 10.0, 9))
+        events.append(E("jit_step", "command_buffer_1", "sm90_xmma_gemm_f32f32_tn", 2, t + 3, 40.0, 9))
+        events.append(E("jit_other", "command_buffer_2", "mystery_kernel", 3, t + 4, 5.0, 0))
+    prof, ways, unknown = cj.map_profiler(events, index, pindex, sanitize, steps)
+    assert ways == {"hlo_op": 2, "kernel_name:name": 4, "kernel_name:order": 2, "unknown": 2}
+    assert prof["dense.py:7 (dense)"] == pytest.approx((100 + 10) / 2)
+    assert prof["attn.py:8 (attention)"] == pytest.approx(40.0)         # the gemm, by launch order
+    assert prof["attn.py:9 (attention)"] == pytest.approx(30.0)
+    assert prof["[no operator]"] == pytest.approx(5.0) and len(unknown) == 1
+    # steps: stacklens saw each once-per-step kernel 1000 times (one name also outside the steps)
+    import collections
+    prof_counts = collections.Counter({"a": 2 * steps, "b": steps, "c": 3})
+    sl_counts = collections.Counter({"a": 2000, "b": 1001, "c": 1500})
+    est = cj.step_estimates(sl_counts, prof_counts, steps)
+    assert est["names"] == 2 and est["median"] == pytest.approx(1000.5) and est["max_name"] == "b"
+    assert cj.step_estimates(collections.Counter(), prof_counts, steps) == {"names": 0}
+    assert cj.marker_line("GROW") > cj.marker_line("DENSE")
+
+
+def test_library_kernels_go_one_per_custom_call_once_the_run_length_is_known():
+    ix = JaxIndex()
+    q, k, v = (("jit(step)/dot_general", "/m/attn.py", n, "attention") for n in (5, 6, 7))
+    ix.add_hlo(hlo_record("m", "jit_step", [HloKernel("fusion.a", "fusion", (ACT,)),
+                                             HloKernel("cc.1", "custom-call", (q,)), HloKernel("cc.2", "custom-call", (k,)),
+                                             HloKernel("cc.3", "custom-call", (v,)), HloKernel("fusion.b", "fusion", (EXP,))]))
+
+    def step(n_lib):
+        out = [ix.resolve("fusion_a")]
+        out += [ix.resolve(f"sm90_gemm_{j}") for j in range(n_lib)]
+        out.append(ix.resolve("fusion_b"))
+        return [r[1] for r in out[1:-1]]
+    assert step(3) == [[1, 2, 3]] * 3                  # first time: the run length is unknown, even split
+    assert step(3) == [[1], [2], [3]]                  # then one kernel per custom call, in order
+    assert step(4) == [[1], [2], [3], [1, 2, 3]]       # a 4th kernel (split-K reduce?): even split ...
+    assert step(3) == [[1, 2, 3]] * 3                  # ... and the next run is not trusted (4 != 3)
+    assert step(3) == [[1], [2], [3]]
