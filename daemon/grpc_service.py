@@ -7,9 +7,7 @@ the socket), so a connection that gets past the file mode â€” or a TCP client â€
 
 from __future__ import annotations
 
-import gzip
 import hmac
-import json
 import math
 import time
 
@@ -17,7 +15,7 @@ import grpc
 
 from stacklens import __version__
 from stacklens.cct import CCT, Frame, Snapshot, diff
-from stacklens.cct.export import to_json
+from stacklens.cct.export import encode_profile
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon import stacklens_pb2_grpc as pbg
 from stacklens.daemon.core import Daemon
@@ -94,11 +92,11 @@ class StacklensServicer(pbg.StacklensServicer):
         metric = req.metric or "cpu_samples"
         if metric not in snap.metrics:
             raise InputError(f"unknown metric {metric!r}; known: {', '.join(snap.metrics)}")
-        doc = to_json(prune(snap, metric, req.depth, req.top_k))
+        profile = encode_profile(prune(snap, metric, req.depth, req.top_k))
         self.seq += 1
         return pb.SnapshotResponse(
             pid=req.pid,
-            profile=gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), compresslevel=1),
+            profile=profile,
             seq=self.seq,
             state=s.state,
             stats={k: max(0, int(v)) for k, v in s.stats().items()},
