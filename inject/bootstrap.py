@@ -1,6 +1,8 @@
 """The few lines of Python that the target runs at its next safe point.
 
-They start one daemon thread and return. That thread connects to the daemon's socket (and exits
+They start one daemon thread, name it ``stacklens-agent`` in /proc (its ``comm``: the
+injector's evidence that the bootstrap ran even when no hello comes back), and return. That
+thread connects to the daemon's socket (and exits
 silently if nobody listens: a late pending call after a withdrawn attach is harmless), loads the
 agent from its read-only directory without writing bytecode, runs it, and on the way out closes
 the socket and removes the agent's modules from ``sys.modules``. Nothing is bound in the
@@ -40,7 +42,13 @@ try:
                 s.close()
                 for n in [n for n in list(sys.modules) if n.split('.')[0] == name]:
                     sys.modules.pop(n, None)
-        threading.Thread(target=run, name={name!r}, daemon=True).start()
+        t = threading.Thread(target=run, name={name!r}, daemon=True)
+        t.start()
+        try:
+            with open('/proc/self/task/%d/comm' % t.native_id, 'w') as f:
+                f.write({name!r}[:15])
+        except BaseException:
+            pass
 except BaseException:
     pass
 '''

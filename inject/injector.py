@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import AlreadyAttached, AttachError, InputError, NoSuchProcess, Timeout, UnsupportedVersion
 from . import pep768, ptrace_inject
-from .bootstrap import pending_call_text, script_file_text
+from .bootstrap import THREAD_NAME, pending_call_text, script_file_text
 from .memory import RemoteMemory
 from ..procfs import ProcFS
 from .server import AgentServer, server_for, target_view
@@ -62,6 +62,42 @@ def _blocked_reason(procfs: ProcFS, pid: int) -> str:
     if nr == "running":
         return "its main thread is running native code (no eval-breaker check)"
     return "its main thread did not reach an eval-breaker check"
+
+
+def _agent_threads(procfs: ProcFS, pid: int) -> dict[int, str]:
+    """Threads of ``pid`` named by a bootstrap (``comm`` = "stacklens-agent"): tid -> state/syscall."""
+    out: dict[int, str] = {}
+    try:
+        tids = procfs.tasks(pid)
+    except (NoSuchProcess, OSError):
+        return out
+    for tid in tids:
+        task = procfs.root / str(pid) / "task" / str(tid)
+        try:
+            if (task / "comm").read_text().strip() != THREAD_NAME:
+                continue
+            stat = (task / "stat").read_text()
+            state = stat[stat.rindex(")") + 2:].split()[0]
+        except (OSError, ValueError):
+            continue
+        nr = procfs.thread_syscall(pid, tid)
+        out[tid] = f"state {state}, " + (f"in the {SYSCALL_NAMES.get(int(nr), 'syscall ' + nr)} syscall"
+                                         if nr.isdigit() else nr)
+    return out
+
+
+def _timeout_error(procfs: ProcFS, pid: int, timeout_s: float, agents_before: dict[int, str]) -> Timeout:
+    new = {t: s for t, s in _agent_threads(procfs, pid).items() if t not in agents_before}
+    if new:
+        # The bootstrap ran (its thread named itself) but no hello came: not "not executing Python".
+        who = "; ".join(f"thread {t}: {s}" for t, s in sorted(new.items()))
+        return Timeout(f"agent did not connect back: PID {pid} ran the bootstrap but its agent thread "
+                       f"sent no hello within {timeout_s:g} s ({who}; main thread: "
+                       f"{_blocked_reason(procfs, pid).removeprefix('its main thread ')}). It may still "
+                       "connect while the AgentServer listens; closing the server makes it exit.")
+    return Timeout(f"target not executing Python: PID {pid} did not run the bootstrap within "
+                   f"{timeout_s:g} s ({_blocked_reason(procfs, pid)}); the request was "
+                   "withdrawn and the target is unchanged. Retry when it runs Python code.")
 
 
 def _exited(procfs: ProcFS, pid: int) -> bool:
@@ -111,6 +147,7 @@ def _inject(pid: int, server: AgentServer, timeout_s: float, method: str, procfs
     if chosen not in ("pep768", "ptrace"):
         raise InputError(f"unknown injection method {method!r}")
     server.reset_hello()
+    agents_before = _agent_threads(procfs, pid)
     nonce = secrets.token_hex(4)
     if chosen == "pep768":
         if "_PyRuntime" not in tp.symbols:
@@ -138,9 +175,7 @@ def _inject(pid: int, server: AgentServer, timeout_s: float, method: str, procfs
                 withdraw()
                 if server.wait_hello(0.05):   # it connected while we withdrew
                     break
-                raise Timeout(f"target not executing Python: PID {pid} did not run the bootstrap within "
-                              f"{timeout_s:g} s ({_blocked_reason(procfs, pid)}); the request was "
-                              "withdrawn and the target is unchanged. Retry when it runs Python code.")
+                raise _timeout_error(procfs, pid, timeout_s, agents_before)
             if not procfs.exists(pid) or _exited(procfs, pid):
                 raise NoSuchProcess(f"PID {pid} exited during attach")
     except BaseException:

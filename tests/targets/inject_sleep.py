@@ -13,8 +13,8 @@ def on_usr1(_sig, _frame):
 
 def main():
     signal.signal(signal.SIGUSR1, on_usr1)
-    print("ready", flush=True)
     try:
+        print("ready", flush=True)     # inside the try: a SIGUSR1 sent right after "ready" is caught
         while True:
             time.sleep(3600)
     except Stop:
