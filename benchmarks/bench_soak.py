@@ -86,9 +86,11 @@ def main() -> int:
                 c.attach(p.pid)
             t0 = time.monotonic()
             rows = []
+            lossy: dict[str, int] = {}
             while time.monotonic() - t0 < args.duration:
                 time.sleep(args.interval)
                 h = c.health().counters
+                lossy.update({k: int(v) for k, v in h.items() if "drop" in k or "lost" in k})
                 rows.append(
                     (
                         time.monotonic() - t0,
@@ -99,7 +101,8 @@ def main() -> int:
                     )
                 )
                 t, rss, cpu, ev, drops = rows[-1]
-                print(f"t={t:7.0f}s rss={rss / 1024:7.1f} MiB cpu={cpu:8.1f}s events={ev:>12} drops={drops}", flush=True)
+                print(f"t={t:7.0f}s rss={rss / 1024:7.1f} MiB cpu={cpu:8.1f}s events={ev:>12} drops={drops} "
+                      f"{ {k: v for k, v in lossy.items() if v} }", flush=True)
     finally:
         for p in procs:
             p.kill()
@@ -117,6 +120,7 @@ def main() -> int:
     report = [
         "# stacklensd soak benchmark",
         "",
+        f"- load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (1/5/15 min)",
         f"- command: `.venv/bin/python benchmarks/bench_soak.py --duration {args.duration:g} --warmup {args.warmup:g} "
         f"--cuda-targets {args.cuda_targets} --gap-us {args.gap_us}`",
         f"- machine: {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, Python {platform.python_version()}",
@@ -130,6 +134,8 @@ def main() -> int:
         f"| RSS growth after warm-up | {growth:+.2f}% (target < 5%) |",
         f"| events/s into the daemon | {ev_rate:,.0f} |",
         f"| drops + lost samples (whole run) | {last[4]} |",
+        f"| ring drops (`bpf_drops`, whole run) | {lossy.get('bpf_drops', 0)} |",
+        "| by counter (whole run) | " + (", ".join(f"`{k}` {v}" for k, v in sorted(lossy.items())) or "none") + " |",
         f"| daemon CPU | {100 * cpu_share:.1f}% of one core |",
         f"| daemon CPU per 10,000 events/s | {100 * per10k:.1f}% of one core |",
         "",

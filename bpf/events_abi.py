@@ -20,7 +20,8 @@ SL_EV_NAME = 3
 # indices of the per-CPU `counters` array
 COUNTERS = (
     "events", "drops", "stack_errors", "op_overflow", "op_calls", "op_path_full",
-    "pending_miss", "samples", "no_user_regs", "py_stack_errors", "lost_samples",
+    "pending_miss", "samples", "no_user_regs", "py_stack_errors", "lost_samples", "reserve_retry_ok",
+    "ring_fallback",
 )
 
 

@@ -42,6 +42,9 @@ _REC = struct.Struct("<II" + _HEAD.format[1:])
 _ARGS_REC = 8 + _ARGS_OFF
 _BLOB_REC = 8 + _BLOB_OFF
 COMMIT_BYTES = 1 << 20  # consumer position handed back to the producers at least this often
+FALLBACK_PAGES = 16     # per-CPU perf buffer for events the ring refused (sl_emit)
+_EVENT_SIZE = ct.sizeof(SlEvent)
+_RING_HDR = struct.Struct("<II")
 _tuple_new = tuple.__new__  # Event is a tuple subclass (bpf/events.py)
 _NO_ARGS: dict = {}  # shared by every sample (Event.args is read-only by contract)
 _KIND = struct.Struct("<I")
@@ -80,6 +83,25 @@ class ProbeConfig:
     # from PythonStackReader for this target (layout, TLS offset, interpreter address)
     pystack_cflags: tuple[str, ...] = ()
     extra_cflags: tuple[str, ...] = ()  # more -D parameters (e.g. -DSL_BENCH_FANOUT=8 in benchmarks)
+
+
+class _RecordList:
+    """Records from the perf-buffer fallback laid out like the ring (8-byte header each), so
+    `_decode_ring` reads them with the same code."""
+
+    def __init__(self, records: list[bytes]):
+        buf = bytearray()
+        for r in records:
+            buf += _RING_HDR.pack(len(r), 0) + r + bytes(-len(r) % 8)
+        self.data = memoryview(bytes(buf))
+        self.mask = (1 << 62) - 1
+        self._end = len(buf)
+
+    def positions(self) -> tuple[int, int]:
+        return 0, self._end
+
+    def commit(self, pos: int) -> None:
+        pass
 
 
 def _check_pid(pid: int) -> None:
@@ -145,6 +167,7 @@ class ProbeSession:
         self._specs: list[ProbeSpec] = []
         self._decoders: list = []
         self._shapes: dict[int, tuple] = {}
+        self._fb_records: list[bytes] = []
         self._op_slots = None      # (mmap, memoryview as u64) of the op_slots array, when read
         self._op_names: list[str] = []
         self._names: dict[int, str] = {}
@@ -185,6 +208,8 @@ class ProbeSession:
                 self._perf_attached = True
             table = self._bpf[b"events"]
             self._reader = RingBufReader(table.map_fd, cfg.ringbuf_pages * os.sysconf("SC_PAGE_SIZE"))
+            self._fb_records = []
+            self._bpf[b"events_fb"].open_perf_buffer(self._on_fallback, page_cnt=FALLBACK_PAGES)
             self._symbolizer = Symbolizer(self.pid)
             # the process may have exited while we attached: then nothing must stay attached
             _check_pid(self.pid)
@@ -371,14 +396,23 @@ class ProbeSession:
         reader = self._reader
         if timeout_ms and not reader.available():
             reader.wait(timeout_ms)
+        # events the ring refused (sl_emit in stacklens.h): rare; one epoll_wait(0) per poll
+        self._bpf.perf_buffer_poll(0)
         # the loop allocates only acyclic objects: pausing the cyclic GC saves ~25% per event
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            return self._decode_ring(reader, max_events)
+            out = self._decode_ring(reader, max_events)
+            if self._fb_records:
+                out += self._decode_ring(_RecordList(self._fb_records), 1 << 30)
+                self._fb_records = []
+            return out
         finally:
             if was_enabled:
                 gc.enable()
+
+    def _on_fallback(self, _cpu, data, size) -> None:
+        self._fb_records.append(ct.string_at(data, min(size, _EVENT_SIZE)))
 
     def _shape(self, si: int) -> tuple:
         """Per probe spec, what the hot loop needs: (spec, kind, symbol, slot of the kernel

@@ -5,17 +5,18 @@
  */
 #include "stacklens.h"
 
+BPF_PERCPU_ARRAY(sample_scratch, struct sl_event, 1);
+
 int sl_cpu_sample(struct bpf_perf_event_data *ctx)
 {
     if (!sl_is_target())
         return 0;
     sl_count(SL_C_SAMPLES);
-    struct sl_event *ev = events.ringbuf_reserve(sizeof(struct sl_event));
-    if (!ev) {
-        sl_count(SL_C_DROPS);
-        sl_count(SL_C_SAMPLE_DROPS);
+    u32 zero = 0;
+    struct sl_event *ev = sample_scratch.lookup(&zero);  /* not event_scratch: a sample can
+                                                           * interrupt an API probe on this CPU */
+    if (!ev)
         return 0;
-    }
     u64 id = bpf_get_current_pid_tgid();
     __builtin_memset(ev, 0, sizeof(*ev));
     ev->kind = SL_EV_SAMPLE;
@@ -39,6 +40,7 @@ int sl_cpu_sample(struct bpf_perf_event_data *ctx)
         ev->stack_id = sid;
     }
     SL_CAPTURE_PYSTACK(ctx, ev);
-    events.ringbuf_submit(ev, sl_wake_flags());
+    if (sl_emit(ctx, ev) != 0)
+        sl_count(SL_C_SAMPLE_DROPS);
     return 0;
 }

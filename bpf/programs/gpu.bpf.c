@@ -72,26 +72,15 @@ static __always_inline int sl_api_entry(struct pt_regs *ctx, u32 idx)
     struct sl_spec *sp = specs.lookup(&idx);
     if (!sp)
         return 0;
-    /* one call site of sl_fill_entry (it inlines the Python walk: one copy compiles faster):
-     * return-probed calls fill a scratch event that the return probe completes and submits */
-    int ret_probe = sp->flags & SL_F_RETURN;
-    struct sl_event *ev;
-    if (ret_probe) {
-        u32 zero = 0;
-        ev = event_scratch.lookup(&zero);
-        if (!ev)
-            return 0;
-    } else {
-        ev = events.ringbuf_reserve(sizeof(struct sl_event));
-        if (!ev) {
-#pragma unroll
-            for (int i = 0; i < SL_BENCH_FANOUT; i++)
-                sl_count(SL_C_DROPS);
-            return 0;
-        }
-    }
+    /* one call site of sl_fill_entry (it inlines the Python walk: one copy compiles faster),
+     * always into per-CPU scratch: return-probed calls park it in `pending` for the return
+     * probe, the others copy it out with sl_emit (ring, else the perf-buffer fallback) */
+    u32 zero = 0;
+    struct sl_event *ev = event_scratch.lookup(&zero);
+    if (!ev)
+        return 0;
     sl_fill_entry(ctx, sp, idx, ev);
-    if (ret_probe) {
+    if (sp->flags & SL_F_RETURN) {
         u64 key = ((u64)idx << 32) | (u32)bpf_get_current_pid_tgid();
         pending.update(&key, ev);
         return 0;
@@ -99,17 +88,10 @@ static __always_inline int sl_api_entry(struct pt_regs *ctx, u32 idx)
 #if SL_BENCH_FANOUT > 1
     /* benchmarks/bench_probes.py only: SL_BENCH_FANOUT - 1 copies of each event, to measure
      * how many events/s the user-space loader sustains beyond what one uprobe hit rate gives */
-    for (int i = 1; i < SL_BENCH_FANOUT; i++) {
-        struct sl_event *cp = events.ringbuf_reserve(sizeof(struct sl_event));
-        if (!cp) {
-            sl_count(SL_C_DROPS);
-            continue;
-        }
-        __builtin_memcpy(cp, ev, sizeof(struct sl_event));
-        events.ringbuf_submit(cp, sl_wake_flags());
-    }
+    for (int i = 1; i < SL_BENCH_FANOUT; i++)
+        sl_emit(ctx, ev);
 #endif
-    events.ringbuf_submit(ev, sl_wake_flags());
+    sl_emit(ctx, ev);
     return 0;
 }
 
@@ -131,7 +113,7 @@ static __always_inline int sl_api_return(struct pt_regs *ctx, u32 idx)
         bpf_probe_read_user(&out, sizeof(out), (void *)pe->args[sp->out_arg & 15]);
 
     if (sp->flags & SL_F_NAME) {
-        struct sl_name_event *ne = events.ringbuf_reserve(sizeof(struct sl_name_event));
+        struct sl_name_event *ne = sl_reserve(sizeof(struct sl_name_event));
         if (!ne) {
             sl_count(SL_C_DROPS);
         } else {
@@ -150,9 +132,9 @@ static __always_inline int sl_api_return(struct pt_regs *ctx, u32 idx)
         return 0;  /* a name lookup is not a GPU call: no sl_event */
     }
 
-    struct sl_event *ev = events.ringbuf_reserve(sizeof(struct sl_event));
+    u32 zero = 0;
+    struct sl_event *ev = event_scratch.lookup(&zero);
     if (!ev) {
-        sl_count(SL_C_DROPS);
         pending.delete(&key);
         return 0;
     }
@@ -160,7 +142,7 @@ static __always_inline int sl_api_return(struct pt_regs *ctx, u32 idx)
     ev->duration_ns = bpf_ktime_get_ns() - ev->ktime_ns;
     ev->ret = PT_REGS_RC(ctx);
     ev->out = out;
-    events.ringbuf_submit(ev, sl_wake_flags());
+    sl_emit(ctx, ev);
     pending.delete(&key);
     return 0;
 }

@@ -103,6 +103,8 @@ static __always_inline u32 sl_op_idx(u32 i)
 #define SL_C_NO_USER_REGS 8    /* sample without user registers (kernel thread context) */
 #define SL_C_PY_ERR 9          /* Python stack capture failed (pystack.h) */
 #define SL_C_SAMPLE_DROPS 10   /* cpu samples lost to a full ring buffer */
+#define SL_C_RESERVE_RETRY_OK 11 /* a ring write failed, and its immediate retry worked */
+#define SL_C_RING_FALLBACK 12  /* events the ring refused twice, sent through events_fb instead */
 #define SL_NCOUNTERS 16
 
 /* One probe target of bpf/probes.toml, as the generic API programs need it.
@@ -175,6 +177,8 @@ struct sl_op_slot {
 
 #ifndef SL_ABI_ONLY
 BPF_RINGBUF_OUTPUT(events, SL_RINGBUF_PAGES);
+/* per-CPU perf buffers: only for events the ring refused (see sl_emit); user space drains both */
+BPF_PERF_OUTPUT(events_fb);
 BPF_STACK_TRACE(stacks, SL_STACK_ENTRIES);
 BPF_PERCPU_ARRAY(counters, u64, SL_NCOUNTERS);
 /* the operator shadow stack lives in the thread's task storage: one pointer chase from the
@@ -192,6 +196,44 @@ static __always_inline void sl_count(u32 idx)
     u64 *c = counters.lookup(&idx);
     if (c)
         (*c)++;
+}
+
+/* Since Linux 6.16 the ring's producer lock is a resilient spinlock whose acquisition can fail
+ * (deadlock check) with the ring far from full. Measured on this VM under load: a refused write
+ * every ~50-100k events at a few thousand events/s, single producer, ring < 3% full, the failed
+ * call returning within ~0.5 µs and an immediate retry usually failing too
+ * (docs/benchmarks/soak.md). So: one retry, then the per-CPU perf buffer; a drop only when both
+ * channels refuse. */
+static __always_inline void *sl_reserve(u64 size)
+{
+    void *p = events.ringbuf_reserve(size);
+    if (!p) {
+        p = events.ringbuf_reserve(size);
+        if (p)
+            sl_count(SL_C_RESERVE_RETRY_OK);
+    }
+    return p;
+}
+
+static __always_inline u64 sl_wake_flags(void);
+
+/* Write a finished event (built in per-CPU scratch) to the ring, else to events_fb.
+ * Returns 0 when it went out, -1 when it was dropped (counted in SL_C_DROPS). */
+static __always_inline int sl_emit(void *ctx, struct sl_event *ev)
+{
+    u64 flags = sl_wake_flags();
+    if (events.ringbuf_output(ev, sizeof(*ev), flags) == 0)
+        return 0;
+    if (events.ringbuf_output(ev, sizeof(*ev), flags) == 0) {
+        sl_count(SL_C_RESERVE_RETRY_OK);
+        return 0;
+    }
+    if (events_fb.perf_submit(ctx, ev, sizeof(*ev)) == 0) {
+        sl_count(SL_C_RING_FALLBACK);
+        return 0;
+    }
+    sl_count(SL_C_DROPS);
+    return -1;
 }
 
 static __always_inline u64 sl_wake_flags(void)
