@@ -87,10 +87,12 @@ def main() -> int:
             t0 = time.monotonic()
             rows = []
             lossy: dict[str, int] = {}
+            saved: dict[str, int] = {}  # events the ring refused but a retry / the fallback delivered
             while time.monotonic() - t0 < args.duration:
                 time.sleep(args.interval)
                 h = c.health().counters
                 lossy.update({k: int(v) for k, v in h.items() if "drop" in k or "lost" in k})
+                saved.update({k: int(v) for k, v in h.items() if "fallback" in k or "retry" in k})
                 rows.append(
                     (
                         time.monotonic() - t0,
@@ -136,6 +138,7 @@ def main() -> int:
         f"| drops + lost samples (whole run) | {last[4]} |",
         f"| ring drops (`bpf_drops`, whole run) | {lossy.get('bpf_drops', 0)} |",
         "| by counter (whole run) | " + (", ".join(f"`{k}` {v}" for k, v in sorted(lossy.items())) or "none") + " |",
+        "| refused by the ring, delivered anyway | " + (", ".join(f"`{k}` {v}" for k, v in sorted(saved.items())) or "none") + " |",
         f"| daemon CPU | {100 * cpu_share:.1f}% of one core |",
         f"| daemon CPU per 10,000 events/s | {100 * per10k:.1f}% of one core |",
         "",
