@@ -63,7 +63,17 @@ def run() -> dict:
             report["notes"] = notes
             srv.poll()
             report["us_per_step_during"] = job.bench()
-            srv.poll()
+            # the benchmark made ~100k records: let the agent's backlog drain (its GPU queue is
+            # bounded and drops when full) before the measured sequence runs
+            quiet_since, end = time.monotonic(), time.monotonic() + 30
+            backlog = 0
+            while time.monotonic() < end and time.monotonic() - quiet_since < 1.5:
+                got = srv.poll()
+                backlog += len(got)
+                if got:
+                    quiet_since = time.monotonic()
+                time.sleep(0.1)
+            report["backlog_records_after_bench"] = backlog
             t0 = time.monotonic_ns()
             assert job.cmd("seq") == "done"
             t1 = time.monotonic_ns()
@@ -79,7 +89,7 @@ def run() -> dict:
         report["window_ns"] = [t0, t1]
         report["kernel_start_range_ns"] = [min((r.start_ns for r in all_k), default=None),
                                            max((r.start_ns for r in all_k), default=None)]
-        report["agent_stats"] = [r.gpu for r in recs if isinstance(r, AgentStats)][-1:]
+        report["agent_stats"] = [{"gpu": r.gpu, "dropped": r.dropped} for r in recs if isinstance(r, AgentStats)][-1:]
         report["late_notes"] = [r.message for r in recs if isinstance(r, Note)]
         ours: dict[str, list[int]] = defaultdict(list)
         for k in kernels:
@@ -92,10 +102,16 @@ def run() -> dict:
                              "profiler_mean_ns": mean_ns,
                              "our_mean_ns": (sum(mine) / len(mine)) if mine else None}
         report["kernels"] = compare
+        report["our_names_in_window"] = dict(Counter(demangle(k.name)[:160] for k in kernels))
+        report["raw_names_in_window"] = sorted({k.name[:160] for k in kernels})[:10]
         time.sleep(1.0)
         report["us_per_step_after"] = job.bench()
     finally:
         job.close()
+        out = os.environ.get("STACKLENS_GPU_OUT")
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / "bench_cupti.json").write_text(json.dumps(report, indent=2, default=str))
     return report
 
 
