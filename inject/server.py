@@ -129,11 +129,14 @@ def parse_message(msg) -> list:
         return out
     if t == "kernel":
         out = []
+        names = [_str(x) for x in _list(msg.get("n", []), 10_000)]  # rows may name a kernel by index
         for r in _list(msg.get("r")):
             name, s, e, dev, strm, corr, gx, gy, gz, bx, by, bz, graph = _row(r, 13)
             s, e = _int(s), _int(e)
             if e < s:
                 raise ProtocolError("kernel ends before it starts")
+            if type(name) is int:
+                name = names[_int(name, 0, len(names) - 1)] if names else _str(name)
             out.append(KernelRecord(_str(name), s, e, _int(dev, 0, 1 << 16), _int(strm), _int(corr),
                                     (_int(gx), _int(gy), _int(gz)), (_int(bx), _int(by), _int(bz)), _int(graph)))
         return out

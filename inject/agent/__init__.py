@@ -267,8 +267,15 @@ class Agent:
             n += 1
         for kind, recs in groups.items():
             for i in range(0, len(recs), 2000):
-                if not self.ch.send({"t": kind, "r": recs[i:i + 2000]}):
-                    self.gpu_dropped += len(recs[i:i + 2000])
+                chunk = recs[i:i + 2000]
+                msg = {"t": kind, "r": chunk}
+                if kind == "kernel":  # kernel names (long C++ names) once per message, rows by index
+                    ids = {}
+                    for r in chunk:
+                        r[0] = ids.setdefault(r[0], len(ids))
+                    msg["n"] = list(ids)
+                if not self.ch.send(msg):
+                    self.gpu_dropped += len(chunk)
 
     def _send_stats(self, sampler):
         st = {"t": "stats", "samples": sampler.samples, "sample_hz": round(sampler.hz, 2),

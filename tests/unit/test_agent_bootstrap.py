@@ -1,6 +1,7 @@
 """The bootstrap and the agent, run inside this test process against a real AgentServer
 (SO_PEERCRED pid = ours): connect, sample, detach, leave nothing behind."""
 
+import json
 import os
 import socket
 import sys
@@ -105,3 +106,34 @@ def test_server_rejects_other_peers(tmp_path):
         assert os.stat(srv.dir).st_mode & 0o022 == 0
     finally:
         srv.close()
+
+
+def test_kernel_rows_travel_with_a_per_message_name_table():
+    """The agent sends each distinct kernel name once per message; the daemon's strict parser
+    gets the same records back."""
+    from stacklens.inject.agent import wire
+    from stacklens.inject.records import KernelRecord
+    from stacklens.inject.server import parse_message
+
+    a, b = socket.socketpair()
+    try:
+        ag = Agent(a, "tok")
+        names = ["void at::native::vectorized_elementwise_kernel<4>(int)", "sm80_xmma_gemm"]
+        for i in range(3000):
+            ag.gpu_sink("kernel", [names[i % 2], i, i + 5, 0, 7, i, 1, 1, 1, 128, 1, 1, 0])
+        ag._send_gpu_records()
+        data = bytes(ag.ch.out)
+        msgs, off = [], 0
+        while off < len(data):
+            n = int.from_bytes(data[off:off + 4], "big")
+            msgs.append(json.loads(data[off + 4:off + 4 + n]))
+            off += 4 + n
+        assert len(msgs) == 2 and all(m["n"] == names for m in msgs)
+        assert len(data) < 3000 * 60            # ~40 bytes a row instead of the names' 80+
+        recs = [r for m in msgs for r in parse_message(m)]
+        assert len(recs) == 3000
+        assert recs[1] == KernelRecord(names[1], 1, 6, 0, 7, 1, (1, 1, 1), (128, 1, 1), 0)
+        assert wire.MAX_FRAME > max(len(json.dumps(m)) for m in msgs)
+    finally:
+        a.close()
+        b.close()

@@ -16,6 +16,11 @@ def test_samples_share_stacks():
 def test_gpu_rows():
     assert parse_message({"t": "kernel", "r": [["k", 1, 5, 0, 7, 3, 1, 2, 3, 4, 5, 6, 0]]}) == [
         KernelRecord("k", 1, 5, 0, 7, 3, (1, 2, 3), (4, 5, 6), 0)]
+    # kernel names once per message, rows by index (what the agent sends)
+    assert parse_message({"t": "kernel", "n": ["void a<int>()", "gemm"],
+                          "r": [[1, 1, 5, 0, 7, 3, 1, 2, 3, 4, 5, 6, 0], [0, 6, 9, 0, 7, 4, 1, 1, 1, 1, 1, 1, 0]]}) == [
+        KernelRecord("gemm", 1, 5, 0, 7, 3, (1, 2, 3), (4, 5, 6), 0),
+        KernelRecord("void a<int>()", 6, 9, 0, 7, 4, (1, 1, 1), (1, 1, 1), 0)]
     assert parse_message({"t": "api", "r": [["runtime", "cudaLaunchKernel", 5, 1, 2, 3, 211]]}) == [
         ApiRecord("runtime", "cudaLaunchKernel", 5, 1, 2, 3, 211)]
     assert parse_message({"t": "memcpy", "r": [["HtoD", 4096, 1, 2, 0, 7, 9]]}) == [
@@ -35,6 +40,11 @@ def test_gpu_rows():
     {"t": "kernel", "r": [["k", 10, 5, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0]]},
     {"t": "kernel", "r": [["k", 1.5, 5, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0]]},
     {"t": "kernel", "r": [["k", 1, 5, 0, 0, 0, 1, 1, 1, 1, 1, 1]]},
+    {"t": "kernel", "n": ["k"], "r": [[1, 1, 5, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0]]},     # index out of range
+    {"t": "kernel", "n": ["k"], "r": [[-1, 1, 5, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0]]},
+    {"t": "kernel", "r": [[0, 1, 5, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0]]},                 # index without a table
+    {"t": "kernel", "n": [7], "r": [[0, 1, 5, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0]]},
+    {"t": "kernel", "n": "k", "r": []},
     {"t": "api", "r": [["evil", "x", 1, 1, 2, 3, 4]]},
     {"t": "memcpy", "r": [["HtoD", 2 ** 70, 1, 2, 0, 0, 0]]},
     {"t": "memcpy", "r": [["sideways", 1, 1, 2, 0, 0, 0]]},
