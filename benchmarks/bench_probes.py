@@ -3,7 +3,8 @@
     sudo .venv/bin/python benchmarks/bench_probes.py [--quick] [--json OUT]
 
 1. per-launch probe cost: fake-libcuda tight C loop of cuLaunchKernel, without / with / after
-2. op-probe overhead: torch tiny-MLP training loop, without / with all op probes / after detach
+2. op-probe overhead: torch tiny-MLP training loop, interleaved rounds of no probes / our op
+   program / an empty program on the same 3,101 offsets, BPF run time per hit; after detach
 3. events per second the loader sustains with zero drops (fake-libcuda loop, poll() decoding)
 4. attach and detach time for all probes (GPU API + ~3,100 op probes + CPU sampling)
 Each measurement in one run, same target process before/during/after, median of repeats.
@@ -137,25 +138,98 @@ def bench_pystack_at_probes(libdir: Path, n: int, reps: int, depths=(1, 10, 30))
     return {"launches_per_loop": n, "us_per_launch": out}
 
 
-def bench_ops(steps: int, reps: int) -> dict:
+def _bpf_stats_fd() -> int:
+    """BPF_ENABLE_STATS(BPF_STATS_RUN_TIME): programs count run_time_ns/run_cnt while the fd is open."""
+    import ctypes as ct
+
+    libc = ct.CDLL(None, use_errno=True)
+    libc.syscall.restype = ct.c_long
+    attr = (ct.c_uint32 * 32)()  # type = 0: BPF_STATS_RUN_TIME
+    fd = libc.syscall(321, 32, ct.byref(attr), ct.sizeof(attr))
+    if fd < 0:
+        raise OSError(ct.get_errno(), "BPF_ENABLE_STATS")
+    return fd
+
+
+def _prog_run_stats(prog_fd: int) -> tuple[int, int]:
+    d = {}
+    with open(f"/proc/self/fdinfo/{prog_fd}") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            d[k.strip()] = v.strip()
+    return int(d.get("run_time_ns", 0)), int(d.get("run_cnt", 0))
+
+
+def bench_ops(steps: int, reps: int, pairs: int = 7) -> dict:
+    """Op-probe overhead on the tiny MLP, interleaved so load drift cancels: one session compiled
+    once, then `pairs` rounds of [no probes, our op program, an empty program] on the same 3,101
+    offsets (the uprobe_multi link is created and closed around each measurement). Ratios are
+    per round (each against its own baseline), reported as medians. BPF run time per hit is
+    read from the kernel's BPF stats (BPF_ENABLE_STATS) while our program runs."""
+    from bcc import BPF
+
+    from stacklens.bpf.ops import LIBTORCH_RE, find_op_symbols
+    from stacklens.bpf.procmaps import find_libraries
+    from stacklens.bpf.uprobe_multi import attach_uprobe_multi
+
     t = Target("torch_mlp.py")
+    empty = None
     try:
-        base = median_of(t, f"go {steps}", reps)
+        first_base = median_of(t, f"go {steps}", reps)
         s = ProbeSession(t.pid, ProbeConfig(cpu_sample_hz=0, gpu=False))
         t0 = time.perf_counter()
         rep = s.attach()
         attach_s = time.perf_counter() - t0
-        with_ops = median_of(t, f"go {steps}", reps)
-        calls = s.stats()["op_calls"]
+        with_block = median_of(t, f"go {steps}", reps)  # as attach() leaves it (the old measurement)
+        calls0 = s.stats()["op_calls"]
+        lib = find_libraries(t.pid, LIBTORCH_RE)[0]
+        ops = find_op_symbols(lib.host_path)
+        offsets, cookies = [o.offset for o in ops], list(range(len(ops)))
+        for fd in s._links:  # from here on the benchmark owns the op link
+            os.close(fd)
+        s._links = []
+        empty = BPF(text=b"int sl_empty(struct pt_regs *ctx) { return 0; }")
+        empty_fn = empty.load_func(b"sl_empty", BPF.KPROBE, attach_type=48)
+        rows = []
+        run_ns = run_cnt = 0
+        for _ in range(pairs):
+            base = median_of(t, f"go {steps}", reps)
+            link = attach_uprobe_multi(s._op_entry.fd, lib.host_path, offsets, cookies, pid=t.pid)
+            stats_fd = _bpf_stats_fd()
+            r0, c0 = _prog_run_stats(s._op_entry.fd)
+            ours = median_of(t, f"go {steps}", reps)
+            r1, c1 = _prog_run_stats(s._op_entry.fd)
+            os.close(stats_fd)
+            os.close(link)
+            run_ns += r1 - r0
+            run_cnt += c1 - c0
+            link = attach_uprobe_multi(empty_fn.fd, lib.host_path, offsets, cookies, pid=t.pid)
+            floor = median_of(t, f"go {steps}", reps)
+            os.close(link)
+            rows.append((base, ours, floor, os.getloadavg()[0]))
+        calls = s.stats()["op_calls"] - calls0
         t0 = time.perf_counter()
         s.detach()
         detach_s = time.perf_counter() - t0
         after = median_of(t, f"go {steps}", reps)
     finally:
+        if empty is not None:
+            empty.cleanup()
         t.kill()
-    return {"steps": steps, "op_probes": rep.probes_attached, "baseline_s": base, "with_op_probes_s": with_ops,
-            "after_detach_s": after, "ratio": with_ops / base, "after_ratio": after / base,
-            "op_calls_per_step": calls / (steps * reps), "attach_s": attach_s, "detach_s": detach_s}
+    hits_per_step = calls / (pairs * reps * steps)
+    ratios = [o / b for b, o, _, _ in rows]
+    floors = [f / b for b, _, f, _ in rows]
+    per_hit = [(o - b) / (steps * hits_per_step) * 1e9 for b, o, _, _ in rows]
+    base = statistics.median(b for b, _, _, _ in rows)
+    return {"steps": steps, "reps": reps, "pairs": pairs, "op_probes": rep.probes_attached,
+            "op_calls_per_step": round(hits_per_step, 1),
+            "baseline_s": base, "with_op_probes_s": statistics.median(o for _, o, _, _ in rows),
+            "ratio": statistics.median(ratios), "ratios": [round(r, 3) for r in ratios],
+            "empty_program_ratio": statistics.median(floors), "empty_ratios": [round(r, 3) for r in floors],
+            "ns_per_hit_total": round(statistics.median(per_hit)),
+            "bpf_run_ns_per_hit": round(run_ns / run_cnt) if run_cnt else None,
+            "block_ratio": with_block / first_base, "after_detach_s": after, "after_ratio": after / base,
+            "load": [round(r[3], 1) for r in rows], "attach_s": attach_s, "detach_s": detach_s}
 
 
 def bench_events(libdir: Path, launches: int, stacks: bool, fanout: int, rate: int = 0) -> dict:

@@ -181,7 +181,8 @@ class ProbeSession:
         self._fallback = False
         self._last_scan = 0.0
         self._user = {"decoded": 0, "truncated_stacks": 0, "stack_lookup_failures": 0, "rescans": 0,
-                      "py_unsupported": 0, "py_stacks_symbolized": 0, "py_stacks_lost": 0}
+                      "py_unsupported": 0, "py_stacks_symbolized": 0, "py_stacks_lost": 0,
+                      "fallback_full": 0}
         self._libraries: list[LibraryAttach] = []
         self._notes: list[str] = []
         self.attached = False
@@ -209,7 +210,9 @@ class ProbeSession:
             table = self._bpf[b"events"]
             self._reader = RingBufReader(table.map_fd, cfg.ringbuf_pages * os.sysconf("SC_PAGE_SIZE"))
             self._fb_records = []
-            self._bpf[b"events_fb"].open_perf_buffer(self._on_fallback, page_cnt=FALLBACK_PAGES)
+            # lost_cb: a full fallback buffer is already counted as a drop in BPF (perf_submit fails)
+            self._bpf[b"events_fb"].open_perf_buffer(self._on_fallback, page_cnt=FALLBACK_PAGES,
+                                                     lost_cb=self._on_fallback_full)
             self._symbolizer = Symbolizer(self.pid)
             # the process may have exited while we attached: then nothing must stay attached
             _check_pid(self.pid)
@@ -413,6 +416,9 @@ class ProbeSession:
 
     def _on_fallback(self, _cpu, data, size) -> None:
         self._fb_records.append(ct.string_at(data, min(size, _EVENT_SIZE)))
+
+    def _on_fallback_full(self, lost: int) -> None:
+        self._user["fallback_full"] += lost
 
     def _shape(self, si: int) -> tuple:
         """Per probe spec, what the hot loop needs: (spec, kind, symbol, slot of the kernel
