@@ -13,10 +13,21 @@ from __future__ import annotations
 
 THREAD_NAME = "stacklens-agent"
 
+# While the agent is attached the GIL switch interval is at most this (restored at detach). Why:
+# a thread waiting for the GIL asks the holder to drop it only after a *quiet* interval; a main
+# thread that releases and re-takes the GIL more often than that (a syscall every few ms) wakes
+# the waiter each time and wins the race to re-take it, so the agent thread starves — measured
+# (gdb): agent in take_gil, gil_drop_request never set, main thread never switching. Below the
+# target's own release period the waiter times out, sets the drop request, and CPython's forced
+# switching hands it the GIL.
+SWITCH_INTERVAL_S = 0.0005
+
 _BODY = '''
 try:
     import sys, threading
     if not any(t.name == {name!r} for t in threading.enumerate()):
+        prev = sys.getswitchinterval()
+        fast = min(prev, {switch_s!r})
         def run(path={sock!r}, d={agent_dir!r}, token={token!r}, name={modname!r}):
             import socket
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -42,6 +53,10 @@ try:
                 s.close()
                 for n in [n for n in list(sys.modules) if n.split('.')[0] == name]:
                     sys.modules.pop(n, None)
+                if fast < prev and sys.getswitchinterval() == fast:
+                    sys.setswitchinterval(prev)   # as it was (unless the program changed it since)
+        if fast < prev:
+            sys.setswitchinterval(fast)
         t = threading.Thread(target=run, name={name!r}, daemon=True)
         t.start()
         try:
@@ -63,7 +78,7 @@ def bootstrap_body(socket_path: str, agent_dir: str, token: str, nonce: str = "0
     if not nonce.isalnum():
         raise ValueError("nonce must be alphanumeric")
     return _BODY.format(name=THREAD_NAME, sock=socket_path, agent_dir=agent_dir, token=token,
-                        modname=f"_stacklens_agent_{nonce}")
+                        modname=f"_stacklens_agent_{nonce}", switch_s=SWITCH_INTERVAL_S)
 
 
 def pending_call_text(socket_path: str, agent_dir: str, token: str, nonce: str = "0") -> bytes:

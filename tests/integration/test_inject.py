@@ -275,3 +275,29 @@ def test_pep768_in_chroot(tmp_path, disable):
         (SID / stop_in.lstrip("/")).touch()
     out, err = t.finish()
     assert "mismatches=0" in out and err == ""
+
+
+def test_agent_is_not_starved_by_a_main_thread_that_releases_the_gil_often(tmp_path):
+    """A main thread that drops and re-takes the GIL every few ms (a stat call) wins every race for
+    it, and a waiting thread never asks it to switch (it is woken, not timed out): the agent starved
+    and never said hello (found with gdb, 2026-11-30). While attached the switch interval is at most
+    SWITCH_INTERVAL_S; at detach it is restored."""
+    from stacklens.inject.bootstrap import SWITCH_INTERVAL_S
+
+    stop = tmp_path / "stop"
+    t = Target("inject_switch.py", str(stop))
+    srv = AgentServer(t.pid, tmp_path / "agents")
+    try:
+        for _ in range(5):
+            r = inject_agent(t.pid, srv.path, timeout_s=10)
+            assert r.latency_s < 2.0
+            assert srv.stop_agent(5)
+    finally:
+        srv.close()
+        time.sleep(0.3)
+        stop.touch()
+    out, err = t.finish()
+    assert t.proc.returncode == 0, err
+    seen = dict(line.split("=", 1) for line in out.splitlines()[1:])
+    assert f"{SWITCH_INTERVAL_S:.6f}" in seen["seen"].split(","), out
+    assert seen["final"] == "0.005000", out      # CPython's default, restored
