@@ -54,7 +54,9 @@ def bench_launch(libdir: Path, n: int, reps: int) -> dict:
         base = median_of(t, f"loop {n}", reps)
         res = {"empty BPF program (uprobe floor)": empty_probe_cost(t, libdir, n, reps, base)}
         for label, cfg in (("entry probe, no stack", ProbeConfig(cpu_sample_hz=0, ops=False, native_stacks=False)),
-                           ("entry probe + native stack", ProbeConfig(cpu_sample_hz=0, ops=False))):
+                           ("entry probe + native stack", ProbeConfig(cpu_sample_hz=0, ops=False)),
+                           ("entry probe + native stack, unwound every launch (no reuse)",
+                            ProbeConfig(cpu_sample_hz=0, ops=False, extra_cflags=("-DSL_NO_NATIVE_REUSE",)))):
             s = ProbeSession(t.pid, cfg)
             s.attach()
             stop = threading.Event()

@@ -21,7 +21,7 @@ SL_EV_NAME = 3
 COUNTERS = (
     "events", "drops", "stack_errors", "op_overflow", "op_calls", "op_path_full",
     "pending_miss", "samples", "no_user_regs", "py_stack_errors", "lost_samples", "reserve_retry_ok",
-    "ring_fallback",
+    "ring_fallback", "native_stacks_reused",
 )
 
 

@@ -34,11 +34,15 @@ def test_cuda_launch_alloc_copy_sync(bpf_ok, fake_libs, start_target):
         done = t.readline()
         fwd, bwd, ptr = (int(x) for x in done.split()[1:])
         evs = poll_until(s, lambda e: any(x.kind == "sync" for x in e))
+        reused = s.stats()["native_stacks_reused"]
     finally:
         s.detach()
 
     launches = [e for e in evs if e.api == "cuLaunchKernel"]
     assert len(launches) == N + M
+    # a loop launching from one place unwinds once, then reuses the thread's stack id (gpu.bpf.c);
+    # the asserts below check that every reused stack still names its own caller
+    assert reused >= N + M - 8, reused
     a = [e for e in launches if e.kernel_name == "fwd_kernel"]
     b = [e for e in launches if e.kernel_name == "bwd_kernel"]
     assert len(a) == N and len(b) == M
