@@ -55,5 +55,3 @@ def demangle(name: str) -> str:
         _CACHE[name] = out
     return out
 
-
-kernel_display_name = demangle

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from bisect import bisect_right
 from dataclasses import dataclass
 
+from stacklens.demangle import demangle as _demangle_one
 from stacklens.errors import NoSuchProcess, PermissionDenied
 
 from .elf import ElfFile, SymbolTable
@@ -79,17 +79,8 @@ def find_libraries(pid: int, pattern: re.Pattern[str], proc: str = "/proc") -> l
 
 
 def demangle(names: list[str]) -> list[str]:
-    """Demangle C++ names with one `c++filt` process; names it cannot handle come back as given."""
-    mangled = [n for n in names if n.startswith("_Z")]
-    if not mangled:
-        return list(names)
-    try:
-        r = subprocess.run(["c++filt"], input="\n".join(mangled), capture_output=True, text=True, timeout=30)
-        out = r.stdout.split("\n")
-    except (OSError, subprocess.SubprocessError):
-        return list(names)
-    table = dict(zip(mangled, out)) if len(out) >= len(mangled) else {}
-    return [table.get(n, n) or n for n in names]
+    """Demangled C++ names (in-process, `stacklens.demangle`); names that do not demangle come back as given."""
+    return [_demangle_one(n) for n in names]
 
 
 _TABLES: dict[tuple, SymbolTable | None] = {}
@@ -122,7 +113,6 @@ class Symbolizer:
         self._maps: list[Mapping] = []
         self._starts: list[int] = []
         self._cache: dict[int, Frame] = {}
-        self._demangled: dict[str, str] = {}
         self.refresh()
 
     def refresh(self) -> None:
@@ -170,11 +160,7 @@ class Symbolizer:
         return f
 
     def _demangle(self, name: str) -> str:
-        d = self._demangled.get(name)
-        if d is None:
-            d = demangle([name])[0] if name.startswith("_Z") else name
-            self._demangled[name] = d
-        return d
+        return _demangle_one(name)  # cached there
 
     def stack(self, addrs) -> tuple[Frame, ...]:
         """Innermost-first addresses (as BPF returns them) -> outermost-first frames."""

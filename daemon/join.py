@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 from stacklens.cct import METRICS, Frame, Snapshot, WindowedCCT
 from stacklens.daemon.orderjoin import OrderJoin, launch_sig
-from stacklens.demangle import kernel_display_name
+from stacklens.demangle import demangle
 
 # Samples from the in-process Python sampler (all threads, wall clock): kept apart from the BPF
 # CPU samples so neither is double counted.
@@ -317,7 +317,7 @@ class Joiner:
 
     def _charge(self, path: tuple[Frame, ...], krec: Any) -> None:
         self.gpu_collector_active = True
-        kname = kernel_display_name(krec.name)
+        kname = demangle(krec.name)
         if path[-1].kind != "kernel":
             path = path + (Frame.kernel(kname),)
         elif path[-1].name != kname and path[-1].name.startswith("unresolved:"):

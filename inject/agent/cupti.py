@@ -243,15 +243,15 @@ class CuptiCollector:
                 self._unknown_tids.add(thread_id)  # a C++ thread (autograd, NCCL): no Python ident
         return m.get(thread_id, 0) & 0x7FFFFFFF
 
-    def _api_name(self, domain, cbid):
-        key = (domain, cbid)
-        n = self._names.get(key)
-        if n is None:
-            try:
-                n = str(self._lib.get_callback_name(domain, cbid))
-            except Exception:
-                n = f"cbid_{cbid}"
-            self._names[key] = n
+    def _api_name(self, runtime, cbid):
+        """Callback name of an API record (cached in self._names by (runtime, cbid))."""
+        lib = self._lib
+        domain = lib.CallbackDomain.RUNTIME_API if runtime else lib.CallbackDomain.DRIVER_API
+        try:
+            n = str(lib.get_callback_name(domain, int(cbid)))[:256]
+        except Exception:
+            n = f"cbid_{cbid}"
+        self._names[(runtime, cbid)] = n
         return n
 
     def _kind_codes(self):
@@ -300,15 +300,11 @@ class CuptiCollector:
                 elif k == rt or k == drv:
                     n_api += 1
                     cbid = r.cbid
-                    key = (k, cbid)
-                    name = api_names.get(key)
-                    if name is None:
-                        cbdom = lib.CallbackDomain.RUNTIME_API if k == rt else lib.CallbackDomain.DRIVER_API
-                        name = self._api_name(cbdom, int(cbid))[:256]
-                        api_names[key] = name
+                    runtime = k == rt
+                    name = api_names.get((runtime, cbid)) or self._api_name(runtime, cbid)
                     start, end = r.start, r.end
                     tid = (r.thread_id & 0x7FFFFFFF) if system else tid_of(int(r.thread_id))
-                    yield "api", ["runtime" if k == rt else "driver", name, tid, max(0, start + off),
+                    yield "api", ["runtime" if runtime else "driver", name, tid, max(0, start + off),
                                   max(0, (end if end > start else start) + off), r.correlation_id, cbid]
                 elif k == mc:
                     counts["memcpy"] += 1

@@ -81,14 +81,9 @@ def top_paths(snap, metric: str = "gpu_time_ns", k: int = 12) -> list[str]:
 
 def _short(name: str) -> str:
     """A comparable kernel name: CUPTI may give it mangled, torch.profiler demangled."""
-    n = name
-    if n.startswith("_Z"):
-        try:
-            import subprocess
+    from stacklens.demangle import demangle
 
-            n = subprocess.run(["c++filt", n], capture_output=True, text=True, timeout=5).stdout.strip() or n
-        except Exception:  # noqa: BLE001
-            pass
+    n = demangle(name)
     return n.split("(")[0].split("<")[0].replace("void ", "").strip()
 
 
