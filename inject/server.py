@@ -118,9 +118,7 @@ def parse_message(msg) -> list:
     if t == "samples":
         stacks = []
         for st in _list(msg.get("stacks"), 5000):
-            frames = tuple((_str(f[0]), _str(f[1]), _int(f[2], 0, 1 << 31))
-                           for f in (_row(x, 3) for x in _list(st, wire.MAX_STACK_DEPTH)))
-            stacks.append(frames)
+            stacks.append(_pyframes(st))
         out = []
         for s in _list(msg.get("s")):
             tid, t_ns, idx, trunc = _row(s, 4)
