@@ -11,7 +11,7 @@ from stacklens.errors import StacklensError
 
 class AgentLink:
     def __init__(self, pid: int, *, sample_hz: int = 100, timeout_s: float = 5.0,
-                 gpu_api_records: bool = True) -> None:
+                 gpu_api_records: bool = False) -> None:
         from stacklens.inject import AgentServer, inject_agent
 
         self.pid = pid
@@ -42,6 +42,3 @@ class AgentLink:
         finally:
             self.server.close()
 
-
-def start_agent(pid: int, *, sample_hz: int = 100, gpu_api_records: bool = True) -> AgentLink:
-    return AgentLink(pid, sample_hz=sample_hz, gpu_api_records=gpu_api_records)

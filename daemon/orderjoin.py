@@ -11,8 +11,10 @@ Rule: kernel records wait SETTLE_NS after arrival (CUPTI hands buffers over out 
 streams), then are taken in correlation-id order, one group per id; each group claims the
 oldest pending BPF launch (kind launch or graph, in entry-time order, after the collector was
 enabled) whose decoded grid/block match the group's first kernel and whose entry is not after the
-kernel's start (a launch cannot follow its kernel). Launches skipped over are counted as never
-reported by CUPTI; a group with no such launch within LOOKAHEAD pending launches is charged to
+kernel's start (a launch cannot follow its kernel). Threads launching at the same time can take
+correlation ids in a different order than their uprobes fired, so a launch skipped over stays
+claimable while it is within REORDER_NS of the claimed one; older ones are counted as never
+reported by CUPTI and dropped; a group with no such launch within LOOKAHEAD pending launches is charged to
 `[launch not seen]` (its GPU time stays in the totals, visibly unattributed). Where repeated
 identical kernels lose one record, the claim can land one launch early — on the same kernel from
 the same code in practice; the counters say how often anything was skipped.
@@ -27,6 +29,7 @@ from typing import Any, Callable
 
 SETTLE_NS = 3_000_000_000      # > the collector's 1 s flush period + transport
 LOOKAHEAD = 256
+REORDER_NS = 500_000            # uprobe entry vs correlation-id order between threads
 START_SLACK_NS = 20_000         # clock calibration error allowance (launch entry vs kernel start)
 MAX_PENDING = 1 << 18
 MAX_AGE_NS = 60_000_000_000
@@ -61,7 +64,7 @@ class OrderJoin:
         self.heap: list[int] = []
         self.enabled_at_ns = 0                # the collector's (latest) enable time, CLOCK_MONOTONIC
         self.stats = {"order_groups": 0, "order_skipped_launches": 0, "order_unseen_groups": 0,
-                      "order_before_enable": 0, "order_sig_mismatch_skips": 0}
+                      "order_before_enable": 0, "order_sig_mismatch_skips": 0, "order_reordered": 0}
 
     def on_launch(self, ktime_ns: int, path: tuple, sig: tuple | None) -> None:
         q = self.launches
@@ -121,12 +124,19 @@ class OrderJoin:
                 for r in recs:
                     charge(None, r)
                 continue
-            for _ in range(pick):
-                q.popleft()
-                self.stats["order_skipped_launches"] += 1
+            claim = q[pick]
             if pick:
                 self.stats["order_sig_mismatch_skips"] += 1
-            claim = q.popleft()
+                del q[pick]
+                keep_from = claim.ktime_ns - REORDER_NS
+                while q and q[0].ktime_ns < keep_from and pick:
+                    q.popleft()
+                    pick -= 1
+                    self.stats["order_skipped_launches"] += 1
+                if pick:  # launches from just before the claim stay: another thread's, id not yet seen
+                    self.stats["order_reordered"] += 1
+            else:
+                q.popleft()
             for r in recs:
                 charge(claim.path, r)
         return n

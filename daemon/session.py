@@ -54,16 +54,18 @@ def default_probe_factory(pid: int, *, cpu_hz: int, ops: bool) -> EventSource:
     return ProbeSession(pid, ProbeConfig(cpu_sample_hz=cpu_hz, ops=ops))
 
 
-def default_agent_factory(pid: int, *, sample_hz: int, gpu_api_records: bool = True) -> AgentSource:
-    from stacklens.daemon.agentlink import start_agent
+def default_agent_factory(pid: int, *, sample_hz: int, gpu_api_records: bool = False) -> AgentSource:
+    from stacklens.daemon.agentlink import AgentLink
 
-    return start_agent(pid, sample_hz=sample_hz, gpu_api_records=gpu_api_records)
+    return AgentLink(pid, sample_hz=sample_hz, gpu_api_records=gpu_api_records)
 
 
 def _env_api_records() -> bool:
-    """STACKLENS_GPU_API_RECORDS=0: the agent collects no CUPTI API records and kernels join to
-    launches by order (daemon/orderjoin.py). Default 1: exact join through API records."""
-    return os.environ.get("STACKLENS_GPU_API_RECORDS", "1").strip() not in ("0", "false", "no", "off")
+    """Default (STACKLENS_GPU_API_RECORDS unset or 0): the agent collects no CUPTI API records and
+    kernels join to launches by order (daemon/orderjoin.py). 1: CUPTI API records too, and the exact
+    join through them — costlier while attached, and API tracing leaves a cost in the process after
+    detach (measured on the H200, docs/benchmarks/gpu.md)."""
+    return os.environ.get("STACKLENS_GPU_API_RECORDS", "0").strip() in ("1", "true", "yes", "on")
 
 
 class ProcessSession:
@@ -115,7 +117,7 @@ class ProcessSession:
             report = self.probes.attach()
             self.notes.extend(getattr(report, "notes", []) or [])
             if self.want_agent:
-                kw = {} if self.gpu_api_records else {"gpu_api_records": False}
+                kw = {"gpu_api_records": True} if self.gpu_api_records else {}
                 self.agent = self._agent_factory(self.pid, sample_hz=100, **kw)
                 self.notes.append("agent: injected (Python sampler; GPU collector if CUDA/ROCm is present)")
         except BaseException:

@@ -8,8 +8,9 @@
 # MEM_S (memory phase seconds, default 75; the issue asks 600: run with MEM_S=540 BUDGET_S=590 alone);
 # WORKLOADS (default resnet50,gpt2,vit,launch,jax); STEPS (per phase; default per workload);
 # PROBE_VARIANTS (workloads that also run probes without Python stacks / native stacks / ops;
-# default vit,launch); JAX_CHECK=0 skips benchmarks/gpu/check_jax.py (JAX_TIMEOUT, default 240);
-# GT_STEPS (ground-truth steps, default 100); PY (python to use).
+# default vit,launch); API_JOIN_TESTS=0 skips the second test pass (API-record join); JAX_CHECK=0 skips benchmarks/gpu/check_jax.py (JAX_TIMEOUT, default 240);
+# GT_STEPS (ground-truth steps, default 100); PY (python to use); MEM_WORKLOAD (memory phase's workload).
+# $OUT receives run_all.log, env.txt, overhead.md, check_jax.json and raw.tgz (everything else).
 # Every step is timestamped; a failing step is reported and the next one still runs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -43,8 +44,17 @@ else
 fi
 WORKLOADS=${WORKLOADS:-resnet50,gpt2,vit,launch,jax}
 GT_STEPS=${GT_STEPS:-100}
-mkdir -p "$OUT"
-LOG="$OUT/run_all.log"
+# the device brings back at most 8 files from $OUT: everything is written to a work folder, and
+# $OUT gets the log, the summaries and one tarball of the rest (also when a step is cut short)
+RESULTS=$OUT
+OUT=$(mktemp -d /tmp/stacklens-gpu-work.XXXXXX)
+mkdir -p "$RESULTS"
+LOG="$RESULTS/run_all.log"
+bundle() {
+  for f in env.txt overhead.md jax/check_jax.json; do [ -f "$OUT/$f" ] && cp "$OUT/$f" "$RESULTS/"; done
+  tar czf "$RESULTS/raw.tgz" -C "$OUT" . 2>/dev/null
+}
+trap bundle EXIT
 elapsed() { echo $(( $(date +%s) - T_START )); }
 left() { echo $(( BUDGET_S - $(date +%s) + T_START )); }
 say() { echo "[$(date +%H:%M:%S) +$(elapsed)s] $*" | tee -a "$LOG"; }
@@ -110,7 +120,7 @@ T_TESTS=$(( $(left) / 3 )); [ "$T_TESTS" -gt 200 ] && T_TESTS=200
 say "gpu tests (timeout ${T_TESTS}s): pytest -m gpu tests/gpu"
 if "$PY" -c "import pytest" 2>/dev/null; then
   timeout -k 10 "$T_TESTS" "$PY" -m pytest -m gpu tests/gpu -v -rA -p no:cacheprovider -o addopts="" 2>&1 \
-    | tee "$OUT/pytest_gpu.log"
+    | tee "$OUT/pytest_gpu.log" | grep -E "PASSED|FAILED|ERROR|Error|assert|passed|failed" | tail -60
   rc=${PIPESTATUS[0]}
 else
   say "no pytest here: running benchmarks/gpu/check_attribution.py (same checks)"
@@ -123,13 +133,13 @@ else
   fi
 fi
 say "gpu tests finished: rc=$rc (124 = timed out)"
-if [ "$CPU" = 0 ] && [ "${ORDER_JOIN_TESTS:-1}" = 1 ] && "$PY" -c "import pytest" 2>/dev/null; then
-  say "gpu tests again without CUPTI API records (STACKLENS_GPU_API_RECORDS=0: kernels join by launch order)"
-  mkdir -p "$OUT/attribution_order"
-  STACKLENS_GPU_API_RECORDS=0 STACKLENS_GPU_OUT="$OUT/attribution_order" timeout -k 10 150 "$PY" -m pytest -m gpu \
+if [ "$CPU" = 0 ] && [ "${API_JOIN_TESTS:-1}" = 1 ] && "$PY" -c "import pytest" 2>/dev/null; then
+  say "gpu tests again with CUPTI API records (STACKLENS_GPU_API_RECORDS=1: the exact join through them)"
+  mkdir -p "$OUT/attribution_api"
+  STACKLENS_GPU_API_RECORDS=1 STACKLENS_GPU_OUT="$OUT/attribution_api" timeout -k 10 150 "$PY" -m pytest -m gpu \
     tests/gpu/test_attribution.py tests/gpu/test_cupti_collector.py -v -rA -p no:cacheprovider -o addopts="" 2>&1 \
-    | tee "$OUT/pytest_gpu_order.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -20
-  say "gpu tests (order join) finished: rc=${PIPESTATUS[0]}"
+    | tee "$OUT/pytest_gpu_api.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -24
+  say "gpu tests (API-record join) finished: rc=${PIPESTATUS[0]}"
 fi
 if [ "$CPU" = 1 ]; then
   say "cpu mode: ground-truth plumbing with probes only (no kernels on a CPU)"
@@ -158,7 +168,8 @@ say "overhead benchmark (deadline ${T_BENCH}s, memory phase ${MEM_S}s): $WORKLOA
 timeout -k 15 $(( T_BENCH + 30 )) "$PY" benchmarks/gpu/bench_overhead.py --out "$OUT/overhead" \
   --workloads "$WORKLOADS" --memory-s "$MEM_S" --memory-interval-s $([ "$CPU" = 1 ] && echo 5 || echo 10) \
   --deadline-s "$((T_BENCH - 15))" --probe-variants "${PROBE_VARIANTS-vit,launch}" \
-  $SMOKE "${STEPS_ARG[@]}" 2>&1 | tee "$OUT/bench_overhead.log"
+  ${MEM_WORKLOAD:+--memory-workload "$MEM_WORKLOAD"} \
+  $SMOKE "${STEPS_ARG[@]}" 2>&1 | tee "$OUT/bench_overhead.log" | tail -40
 rc_b=${PIPESTATUS[0]}
 say "overhead benchmark finished: rc=$rc_b"
 [ -f "$OUT/overhead/overhead.md" ] && cp "$OUT/overhead/overhead.md" "$OUT/overhead.md"
@@ -169,4 +180,5 @@ grep -E "passed|failed|error" "$OUT/pytest_gpu.log" | tail -3 | tee -a "$LOG"
 say "files under $OUT:"
 (cd "$OUT" && find . -type f | sort | sed 's/^/    /') | tee -a "$LOG"
 rm -f "$SLPATH/stacklens"; rmdir "$SLPATH" 2>/dev/null
+say "results in $RESULTS (raw.tgz holds everything above)"
 exit 0

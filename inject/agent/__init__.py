@@ -19,7 +19,7 @@ import time
 
 DEFAULTS = {"sample_hz": 100.0, "max_depth": 128, "max_overhead": 0.02, "flush_ms": 200,
             "gpu": True, "max_outbox": 4 << 20, "max_gpu_queue": 100_000, "jax": True,
-            "gpu_api_records": True}
+            "gpu_api_records": False}
 
 
 def _sub(name):

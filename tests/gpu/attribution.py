@@ -172,19 +172,20 @@ def wait_stable(sess, *, at_least_kernels: int = 1, quiet_s: float = 2.0, timeou
 
 
 def run_experiment(steps: int = 100, warmup: int = 20, out_dir: str | None = None, *, agent: bool = True,
-                   cpu_smoke: bool = False) -> dict:
-    """The whole experiment; `agent=False, cpu_smoke=True` exercises the plumbing without a GPU."""
+                   cpu_smoke: bool = False, threads: bool = False) -> dict:
+    """The whole experiment; `agent=False, cpu_smoke=True` exercises the plumbing without a GPU.
+    threads=True: each step runs f and g at once on two threads (their launches interleave)."""
     from gpu_control import Target
 
     from stacklens.cct import diff
     from stacklens.daemon.session import ProcessSession
 
-    record: dict = {"steps": steps}
+    record: dict = {"steps": steps, "threads": threads}
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     err_log = os.path.join(out_dir, "ground_truth.stderr.log") if out_dir else None
-    t = Target("gpu_ground_truth.py", ["--warmup", str(warmup)] + (["--cpu-smoke"] if cpu_smoke else []),
-               stderr_path=err_log)
+    t = Target("gpu_ground_truth.py", ["--warmup", str(warmup)] + (["--cpu-smoke"] if cpu_smoke else [])
+               + (["--threads"] if threads else []), stderr_path=err_log)
     try:
         record["target"] = t.info
         sess = ProcessSession(t.pid, agent=agent)
@@ -216,7 +217,7 @@ def run_experiment(steps: int = 100, warmup: int = 20, out_dir: str | None = Non
         t.close()
         if out_dir:
             Path(out_dir).mkdir(parents=True, exist_ok=True)
-            (Path(out_dir) / "attribution.json").write_text(json.dumps(record, indent=1, default=str))
+            (Path(out_dir) / ("attribution_threads.json" if threads else "attribution.json")).write_text(json.dumps(record, indent=1, default=str))
     return record
 
 

@@ -6,6 +6,8 @@ with ProcessSession(agent=True). Asserts, for exactly K steps (STACKLENS_GT_STEP
   kernels (K calls profiled after detach), and the f/g ratio within 2%;
 - launch and kernel counts exact, per kernel name; nothing attributed elsewhere;
 - the operator under every kernel right (aten::mm under f, aten::convolution… under g).
+Run twice: f and g one after the other on one thread, and at once on two threads (their launches
+interleave, so the joins must tell the threads' kernels apart; STACKLENS_GT_MODES=serial to skip).
 Skipped without CUDA or root. Raw numbers: $STACKLENS_GPU_OUT/attribution.json when set.
 Without pytest: python benchmarks/gpu/check_attribution.py (same checks).
 """
@@ -36,12 +38,16 @@ def skip_reason() -> str | None:
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def verdicts():
+MODES = [m for m in os.environ.get("STACKLENS_GT_MODES", "serial,threads").split(",") if m]
+
+
+@pytest.fixture(scope="module", params=MODES)
+def verdicts(request):
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    rec = run_experiment(steps=STEPS, out_dir=os.environ.get("STACKLENS_GPU_OUT"))
+    rec = run_experiment(steps=STEPS, out_dir=os.environ.get("STACKLENS_GPU_OUT"),
+                         threads=request.param == "threads")
     return rec, checks(rec)
 
 

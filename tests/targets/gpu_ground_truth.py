@@ -1,11 +1,13 @@
 """Ground-truth target for tests/gpu/test_attribution.py: two functions, disjoint kernel sets.
 
-    python gpu_ground_truth.py [--warmup N] [--cpu-smoke]
+    python gpu_ground_truth.py [--warmup N] [--cpu-smoke] [--threads]
 
 `gt_matmul_f` launches only GEMMs (torch.mm → aten::mm → cuBLAS); `gt_conv_g` launches only
 convolutions (F.conv2d → aten::convolution → cuDNN). One step = f() then g(), device synchronized.
 `gt_spin` (elementwise mul_, disjoint from both) runs ~0.2 s before every measured run so the GPU
 clocks are up; its kernels are left out of the truth and set aside by the test.
+With --threads, a step runs f and g at the same time on two long-lived threads (released together
+by a barrier), so their launches interleave: the joins must tell the two threads' kernels apart.
 Prints `ready {json}` after warm-up, then idles (polling stdin, launching nothing) between commands:
   go K            gt_spin, then exactly K steps, then idle again        → {"cmd":"go","steps":K,...}
   prof K f|g      K calls of that function alone under torch.profiler (CPU+CUDA): a warm-up step
@@ -32,6 +34,7 @@ from gpu_control import stdin_lines
 p = argparse.ArgumentParser()
 p.add_argument("--warmup", type=int, default=20)
 p.add_argument("--cpu-smoke", action="store_true")
+p.add_argument("--threads", action="store_true", help="f and g concurrently on two threads per step")
 args = p.parse_args()
 
 CUDA = torch.cuda.is_available() and not args.cpu_smoke
@@ -82,9 +85,38 @@ def gt_spin() -> None:
 
 
 def step() -> None:
+    if THREADS is not None:
+        THREADS.step()
+        return
     gt_matmul_f()
     gt_conv_g()
     sync()
+
+
+class TwoThreads:
+    """f and g on two long-lived threads; a step releases both at once and waits for both."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.go = threading.Barrier(3)
+        self.done = threading.Barrier(3)
+        for fn in (gt_matmul_f, gt_conv_g):
+            threading.Thread(target=self._worker, args=(fn,), name=f"gt-{fn.__name__}", daemon=True).start()
+
+    def _worker(self, fn) -> None:
+        while True:
+            self.go.wait()
+            fn()
+            self.done.wait()
+
+    def step(self) -> None:
+        self.go.wait()
+        self.done.wait()
+        sync()
+
+
+THREADS = TwoThreads() if args.threads else None
 
 
 def kernels_of_trace(path: str) -> dict[str, dict[str, int]]:
@@ -115,6 +147,7 @@ def main() -> int:
     sync()
     print("ready " + json.dumps({"pid": os.getpid(), "device": str(DEV), "torch": torch.__version__,
                                  "mm_per_f": MM_PER_F, "conv_per_g": CONV_PER_G, "n": N,
+                                 "threads": bool(args.threads),
                                  "gpu": torch.cuda.get_device_name(0) if CUDA else None}), flush=True)
     for line in stdin_lines():
         parts = line.split()

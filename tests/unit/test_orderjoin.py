@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stacklens.daemon.join import Joiner
-from stacklens.daemon.orderjoin import SETTLE_NS
+from stacklens.daemon.orderjoin import REORDER_NS, SETTLE_NS
 from stacklens.inject.records import AgentStats, KernelRecord as _Kernel
 from tests.fakes.sources import FakeEvent, py
 
@@ -73,9 +73,10 @@ def test_a_lost_record_of_another_shape_is_skipped_and_the_order_recovers():
     j, clock = make()
     j.on_bpf(launch(2_000, STEP_A, SMALL))
     j.on_bpf(launch(3_000, STEP_B, BIG, op="aten::mm"))   # its record is lost
-    j.on_bpf(launch(4_000, STEP_A, SMALL))
+    later = 3_000 + REORDER_NS + 1_000                      # too long before the next claim to be a race
+    j.on_bpf(launch(later, STEP_A, SMALL))
     j.on_agent(kernel(1, 5_000, 100, SMALL))
-    j.on_agent(kernel(3, 9_000, 300, SMALL))
+    j.on_agent(kernel(3, later + 5_000, 300, SMALL))
     settle(j, clock)
     snap = j.snapshot()
     assert gpu(snap, STEP_A) == 400 and gpu(snap, STEP_B, op="aten::mm") == 0
@@ -114,3 +115,17 @@ def test_detach_joins_what_is_still_settling():
     j.on_agent(kernel(1, 5_000, 100, SMALL))
     j.finish()
     assert gpu(j.snapshot(), STEP_A) == 100
+
+
+def test_two_threads_whose_correlation_ids_cross_their_entry_order_both_join():
+    # thread 1 enters cuLaunchKernel first, but thread 2's launch takes the lower correlation id
+    j, clock = make()
+    j.on_bpf(launch(2_000, STEP_A, SMALL, tid=1))
+    j.on_bpf(launch(2_500, STEP_B, BIG, op="aten::mm", tid=2))
+    j.on_agent(kernel(1, 6_000, 2_000, BIG))
+    j.on_agent(kernel(2, 9_000, 100, SMALL))
+    settle(j, clock)
+    snap = j.snapshot()
+    assert gpu(snap, STEP_B, op="aten::mm") == 2_000 and gpu(snap, STEP_A) == 100
+    st = j.stats.as_dict()
+    assert st["kernels_joined"] == 2 and st["order_skipped_launches"] == 0 and st["order_reordered"] == 1
