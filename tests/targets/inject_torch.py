@@ -1,10 +1,17 @@
 """Target: a torch CPU training loop fed by a DataLoader (2 worker processes) through a prefetch
 thread. argv[1] = stop file. Every epoch retrains from the same seed; prints the first epoch's
-loss and how many later epochs differed (must be 0)."""
+loss and how many later epochs differed (must be 0).
+
+argv[2] (optional) = hold file: while it exists the loop waits between two epochs, its quiescent
+point, and says so by creating "<hold>.held" (removed before it goes on). Mid-epoch the thread and
+fd counts move (the per-epoch prefetch thread; each batch's tensors arrive as shared-memory fds,
+over a connection to the worker's resource sharer), so a leak check compares counts there only.
+"""
 import os
 import queue
 import sys
 import threading
+import time
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -42,14 +49,29 @@ def epoch(loader):
     return loss.item()
 
 
+def hold_here(hold):
+    """Between epochs: no prefetch thread, no batch alive, the workers idle."""
+    if hold is None or not os.path.exists(hold):
+        return
+    held = hold + ".held"
+    while os.path.exists(hold):
+        if not os.path.exists(held):
+            open(held + ".tmp", "w").close()
+            os.rename(held + ".tmp", held)       # seen only once its fd is closed
+        time.sleep(0.002)
+    os.unlink(held)
+
+
 def main():
     torch.set_num_threads(1)
     stop = sys.argv[1]
+    hold = sys.argv[2] if len(sys.argv) > 2 else None
     loader = make_loader()
     first = epoch(loader)
     print("ready", flush=True)
     bad = 0
     while not os.path.exists(stop):
+        hold_here(hold)
         if epoch(loader) != first:
             bad += 1
     print(f"loss={first:.6f} mismatches={bad}", flush=True)
