@@ -229,6 +229,20 @@ class Runner:
 
         is_jax = name == "jax"
         phase("unprofiled", plain)
+        def memory():
+            return self.memory(t, per_step)
+
+        if a.memory_only:  # the long memory run alone (the device's calls last at most 10 minutes)
+            phase("memory", memory, min_left=40.0)
+            phase("after_detach_agent", plain)
+            if not is_jax:
+                phase("torchprof", torchprof(False))
+        else:
+            self._phases(a, name, ph, phase, plain, attached, torchprof, memory)
+        return self._finish(name, t, res, ph, dead)
+
+    def _phases(self, a, name, ph, phase, plain, attached, torchprof, memory) -> None:
+        is_jax = name == "jax"
         phase("probes", attached(False))
         phase("after_detach", plain)
         if name in a.probe_variants.split(","):
@@ -241,7 +255,7 @@ class Runner:
         else:
             ph["agent"] = {"status": "n/a: JAX is measured with probes only"}
         if name == a.memory_workload and a.memory_s > 0:
-            phase("memory", lambda: self.memory(t, per_step), min_left=40.0)
+            phase("memory", memory, min_left=40.0)
         if (not is_jax or a.jax_agent) and name in a.probe_variants.split(","):
             # the agent with CUPTI API records (exact join) last before torch.profiler: API tracing
             # leaves a cost behind in the process (measured), which would spoil later phases
@@ -254,6 +268,8 @@ class Runner:
             phase("plain_after_torchprof_stack", plain)
         else:
             ph["torchprof"] = ph["torchprof_stack"] = {"status": "n/a: torch.profiler does not profile JAX"}
+
+    def _finish(self, name, t, res, ph, dead) -> dict:
         rc = t.close(timeout=5.0 if dead else 30.0)
         res["target_rc"] = rc
         res["noise_tail"] = t.noise[-20:]
@@ -291,7 +307,7 @@ class Runner:
     def memory(self, t: Target, per_step: float | None) -> dict:
         """Target RSS and profile size over time with stacklens (probes + agent) attached."""
         a = self.a
-        duration = min(a.memory_s, max(10.0, self.left() - 60.0))
+        duration = min(a.memory_s, max(10.0, self.left() - (20.0 if a.memory_only else 60.0)))
         chunk = max(1, int(a.memory_interval_s / (per_step or 0.05)))
         rss_pre = t.rss()
         agent_error = None
@@ -511,6 +527,8 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-interval-s", type=float, default=10.0)
     ap.add_argument("--memory-workload", default="resnet50")
     ap.add_argument("--memory-probes-only", action="store_true", help="memory phase without the agent")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="per workload: unprofiled, the memory phase, after detach, torch.profiler's trace size")
     ap.add_argument("--probe-variants", default="",
                     help="workloads (comma list) that also run the probe variants " + ", ".join(PROBE_VARIANTS))
     ap.add_argument("--jax-agent", action="store_true", help="also run the agent phase on JAX")

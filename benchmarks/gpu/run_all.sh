@@ -9,7 +9,9 @@
 # WORKLOADS (default resnet50,gpt2,vit,launch,jax); STEPS (per phase; default per workload);
 # PROBE_VARIANTS (workloads that also run probes without Python stacks / native stacks / ops;
 # default vit,launch); API_JOIN_TESTS=0 skips the second test pass (API-record join); JAX_CHECK=0 skips benchmarks/gpu/check_jax.py (JAX_TIMEOUT, default 240);
-# GT_STEPS (ground-truth steps, default 100); PY (python to use); MEM_WORKLOAD (memory phase's workload).
+# GT_STEPS (ground-truth steps, default 100); PY (python to use); MEM_WORKLOAD (memory phase's workload);
+# GPU_TESTS=0 skips the tests; MEMORY_ONLY=1 runs only the memory phase (+ unprofiled, torch.profiler).
+# The long memory run:  GPU_TESTS=0 JAX_CHECK=0 MEMORY_ONLY=1 WORKLOADS=resnet50 MEM_S=560 BUDGET_S=590
 # $OUT receives run_all.log, env.txt, overhead.md, check_jax.json and raw.tgz (everything else).
 # Every step is timestamped; a failing step is reported and the next one still runs.
 set -uo pipefail
@@ -117,8 +119,11 @@ sed 's/^/    /' "$OUT/env.txt" | tee -a "$LOG"
 
 # ---- 2. attribution correctness (tests/gpu) ------------------------------------------------
 T_TESTS=$(( $(left) / 3 )); [ "$T_TESTS" -gt 200 ] && T_TESTS=200
-say "gpu tests (timeout ${T_TESTS}s): pytest -m gpu tests/gpu"
-if "$PY" -c "import pytest" 2>/dev/null; then
+[ "${GPU_TESTS:-1}" = 1 ] && say "gpu tests (timeout ${T_TESTS}s): pytest -m gpu tests/gpu"
+rc=skipped
+if [ "${GPU_TESTS:-1}" != 1 ]; then
+  say "gpu tests skipped (GPU_TESTS=0)"; API_JOIN_TESTS=0
+elif "$PY" -c "import pytest" 2>/dev/null; then
   timeout -k 10 "$T_TESTS" "$PY" -m pytest -m gpu tests/gpu -v -rA -p no:cacheprovider -o addopts="" 2>&1 \
     | tee "$OUT/pytest_gpu.log" | grep -E "PASSED|FAILED|ERROR|Error|assert|passed|failed" | tail -60
   rc=${PIPESTATUS[0]}
@@ -168,7 +173,7 @@ say "overhead benchmark (deadline ${T_BENCH}s, memory phase ${MEM_S}s): $WORKLOA
 timeout -k 15 $(( T_BENCH + 30 )) "$PY" benchmarks/gpu/bench_overhead.py --out "$OUT/overhead" \
   --workloads "$WORKLOADS" --memory-s "$MEM_S" --memory-interval-s $([ "$CPU" = 1 ] && echo 5 || echo 10) \
   --deadline-s "$((T_BENCH - 15))" --probe-variants "${PROBE_VARIANTS-vit,launch}" \
-  ${MEM_WORKLOAD:+--memory-workload "$MEM_WORKLOAD"} \
+  ${MEM_WORKLOAD:+--memory-workload "$MEM_WORKLOAD"} $([ "${MEMORY_ONLY:-0}" = 1 ] && echo --memory-only) \
   $SMOKE "${STEPS_ARG[@]}" 2>&1 | tee "$OUT/bench_overhead.log" | tail -40
 rc_b=${PIPESTATUS[0]}
 say "overhead benchmark finished: rc=$rc_b"
