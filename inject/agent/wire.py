@@ -1,7 +1,25 @@
-"""Frame format between the agent and the daemon: 4-byte big-endian length + UTF-8 JSON object.
+"""Frame format between the agent and the daemon: 4-byte big-endian length + payload.
 
+A payload is a UTF-8 JSON object, or — for CUPTI activity buffers shipped as CUPTI filled them —
+a raw frame: RAW_MAGIC, a 4-byte big-endian header length, a JSON header, then the body.
+
+Raw CUPTI buffers (the agent's default GPU path; no Python object per record in the target):
+- once, before the first buffer, a JSON message ``{"t": "cupti_layout", "kinds": {code: {"rec":
+  "kernel"|"memcpy"|"memset", "size": record bytes, "fields": {field: [offset, fmt]}}},
+  "copy_kinds": {code: "HtoD"|"DtoH"|"DtoD"|"HtoH"|"PtoP"}}`` taken from cupti-python's record
+  dtypes (fmt: one struct letter of B H I Q b h i q, little-endian). Fields per rec:
+  kernel: kind start end device_id stream_id correlation_id grid_x grid_y grid_z block_x block_y
+  block_z name (a pointer into the target: the daemon reads the string from the target's
+  memory) [graph_id]; memcpy: kind copy_kind bytes start end device_id stream_id correlation_id;
+  memset: kind bytes start end device_id stream_id correlation_id.
+- per completed buffer, a raw frame with header ``{"t": "cupti_raw", "off_ns": CLOCK_MONOTONIC
+  minus CUPTI clock, "mode": "sizes"|"offsets", "n_offs": N, "align": A}`` and body = N
+  little-endian uint32 record offsets (mode "offsets", from cuptiActivityGetNextRecord), then the
+  buffer's valid bytes. In mode "sizes" records follow each other: the next record starts at
+  align_up(offset + layout size of this record's kind, A); a kind not in the layout ends the walk.
 Shared by both sides as constants only; the daemon validates every field it receives
-(``stacklens.inject.server``) and never executes anything the target sends.
+(``stacklens.inject.server``, ``stacklens.inject.cuptiraw``) and never executes anything the
+target sends.
 """
 
 import json
@@ -9,10 +27,20 @@ import struct
 
 VERSION = 1
 MAX_FRAME = 1 << 20          # bytes of one JSON message; bigger frames are a protocol error
+MAX_RAW_FRAME = 3 << 20      # bytes of one raw frame (a 1 MiB CUPTI buffer + its offsets + header)
 MAX_STACK_DEPTH = 256
 HEADER = struct.Struct(">I")
+RAW_MAGIC = b"SLRB"
+RAW_FORMATS = "BHIQbhiq"
 
 
 def encode(msg: dict) -> bytes:
     data = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "replace")
     return HEADER.pack(len(data)) + data
+
+
+def encode_raw(header: dict, *body) -> bytes:
+    """A raw frame: magic, header length, JSON header, then the body parts as they are."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    n = len(RAW_MAGIC) + 4 + len(head) + sum(len(b) for b in body)
+    return b"".join((HEADER.pack(n), RAW_MAGIC, HEADER.pack(len(head)), head) + tuple(body))
