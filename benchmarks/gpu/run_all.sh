@@ -53,7 +53,7 @@ OUT=$(mktemp -d /tmp/stacklens-gpu-work.XXXXXX)
 mkdir -p "$RESULTS"
 LOG="$RESULTS/run_all.log"
 bundle() {
-  for f in env.txt overhead.md jax/check_jax.json; do [ -f "$OUT/$f" ] && cp "$OUT/$f" "$RESULTS/"; done
+  for f in env.txt overhead.md jax/check_jax.json check_jax.log; do [ -f "$OUT/$f" ] && cp "$OUT/$f" "$RESULTS/"; done
   tar czf "$RESULTS/raw.tgz" -C "$OUT" . 2>/dev/null
 }
 trap bundle EXIT

@@ -19,7 +19,7 @@ import time
 
 DEFAULTS = {"sample_hz": 100.0, "max_depth": 128, "max_overhead": 0.02, "flush_ms": 200,
             "gpu": True, "max_outbox": 4 << 20, "max_gpu_queue": 100_000, "jax": True,
-            "gpu_api_records": False}
+            "gpu_api_records": False, "gpu_raw": True, "max_raw_bytes": 64 << 20}
 
 
 def _sub(name):
@@ -67,6 +67,17 @@ class Channel:
             return False
         if len(data) - 4 > self.wire.MAX_FRAME or len(self.out) + len(data) > self.max_outbox:
             self.dropped_msgs += 1
+            return False
+        self.out += data
+        return True
+
+    def send_raw(self, header, body):
+        """A raw frame (CUPTI buffer bytes); False when the outbox has no room for it now."""
+        data = self.wire.encode_raw(header, body)
+        if len(data) - 4 > self.wire.MAX_RAW_FRAME:
+            self.dropped_msgs += 1
+            return True               # never fits: consumed (and counted), not retried
+        if len(self.out) + len(data) > self.max_outbox:
             return False
         self.out += data
         return True
@@ -142,6 +153,9 @@ class Agent:
         self.jax = None                 # jaxmeta.JaxWatcher once the target has imported jax
         self.gpu_queue = collections.deque()
         self.gpu_dropped = 0
+        self.raw_queue = collections.deque()    # ("json", msg) | ("raw", (header, body)), in order
+        self.raw_bytes = 0
+        self.raw_dropped = 0                    # CUPTI buffers dropped (the daemon was too slow)
         self.max_gpu_queue = DEFAULTS["max_gpu_queue"]
         self.samples_dropped = 0
         if config:
@@ -163,6 +177,17 @@ class Agent:
 
     def gpu_sink(self, kind, rec):
         """Called from collector threads: never blocks, drops and counts when full."""
+        if kind == "raw":
+            n = len(rec[1])
+            if self.raw_bytes + n > self.cfg["max_raw_bytes"]:
+                self.raw_dropped += 1
+                return
+            self.raw_bytes += n
+            self.raw_queue.append(("raw", rec))
+            return
+        if kind == "cupti_layout":
+            self.raw_queue.append(("json", rec))
+            return
         if len(self.gpu_queue) >= self.max_gpu_queue:
             self.gpu_dropped += 1
             return
@@ -227,6 +252,8 @@ class Agent:
             self.gpu = gpu_mod.select_collector(_sub, self.note)
             if self.gpu is not None and hasattr(self.gpu, "api_records"):
                 self.gpu.api_records = bool(self.cfg["gpu_api_records"])
+            if self.gpu is not None and hasattr(self.gpu, "raw"):
+                self.gpu.raw = bool(self.cfg["gpu_raw"])
             if self.gpu is not None and not self.gpu.start(self.gpu_sink):
                 self.gpu = None
         except BaseException as e:  # a collector must never take the agent (or target) down
@@ -258,6 +285,16 @@ class Agent:
             self.note("warning", f"JAX support stopped: {type(e).__name__}: {e}")
 
     def _send_gpu_records(self):
+        rq, ch = self.raw_queue, self.ch
+        while rq:
+            kind, item = rq[0]
+            if kind == "json":
+                ch.send(item)
+            elif ch.send_raw(*item):
+                self.raw_bytes -= len(item[1])
+            else:
+                break                          # outbox full: the rest waits for the socket
+            rq.popleft()
         q = self.gpu_queue
         groups = {}
         n = 0
@@ -281,6 +318,7 @@ class Agent:
         st = {"t": "stats", "samples": sampler.samples, "sample_hz": round(sampler.hz, 2),
               "sample_cost_us": round(sampler.cost_ewma * 1e6, 1),
               "dropped": {"samples": self.samples_dropped, "gpu": self.gpu_dropped,
+                          "gpu_buffers": self.raw_dropped,
                           "messages": self.ch.dropped_msgs}}
         if self.jax is not None:
             st["dropped"]["jax"] = self.jax.dropped
@@ -304,7 +342,7 @@ class Agent:
                 self.note("warning", f"GPU collector stop failed: {e}")
         self._flush(batch)
         end = time.monotonic() + 2.0
-        while self.gpu_queue and time.monotonic() < end:   # the final forced flush can exceed one batch
+        while (self.gpu_queue or self.raw_queue) and time.monotonic() < end:   # the final forced flush can exceed one batch
             self._send_gpu_records()
             self.ch.pump(0.01)
         self._send_stats(sampler)

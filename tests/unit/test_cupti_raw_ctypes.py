@@ -1,0 +1,74 @@
+"""The agent's ctypes CUPTI buffer callbacks against a fake libcupti built from C
+(tests/fakes/fake_cupti.c): a real trampoline called back from another native thread while the
+flushing thread waits in C, the buffer copied out byte for byte, offsets from
+cuptiActivityGetNextRecord, one set of trampolines per process reused by the next attach."""
+
+import ctypes
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stacklens.inject.agent import cupti as cupti_mod
+
+FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_cupti.c"
+
+
+@pytest.fixture(scope="module")
+def libcupti(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the fake libcupti")
+    out = tmp_path_factory.mktemp("fakecupti") / "libcupti.so.13"
+    subprocess.run([cc, "-O1", "-fPIC", "-shared", "-pthread", "-o", str(out), str(FAKE)], check=True)
+    yield str(out)
+    if hasattr(ctypes, cupti_mod._KEEPALIVE):
+        delattr(ctypes, cupti_mod._KEEPALIVE)
+
+
+def stage(path, data, kind, size):
+    lib = ctypes.CDLL(path)
+    lib.fake_cupti_stage(data, ctypes.c_size_t(len(data)), ctypes.c_uint32(kind), ctypes.c_size_t(size))
+    return lib
+
+
+def records(n, kind=10, size=36):
+    out = b""
+    for i in range(n):
+        r = struct.pack("<II", kind, i) + b"\xab" * (size - 8)
+        out += r + b"\0" * ((-len(r)) % 8)
+    return out
+
+
+def test_completed_buffer_comes_back_from_a_native_thread_with_its_offsets(libcupti):
+    got = []
+    cb = cupti_mod._ctypes_callbacks(libcupti, lambda data, offs: got.append((data, offs)), lambda: True)
+    data = records(5)
+    fake = stage(libcupti, data, 10, 36)
+    cb.flush_all(1)
+    assert got == [(data, [0, 40, 80, 120, 160])]
+    assert fake.fake_cupti_registrations() >= 1
+    assert cb._live == {} and len(cb._free) == 1          # the buffer went back to the pool
+
+
+def test_no_walk_once_verified_and_a_failing_target_never_raises_into_cupti(libcupti):
+    got = []
+    cb = cupti_mod._ctypes_callbacks(libcupti, lambda data, offs: got.append((data, offs)), lambda: False)
+    data = records(3)
+    stage(libcupti, data, 10, 36)
+    cb.flush_all(0)
+    assert got == [(data, None)]
+
+    def boom(data, offs):
+        raise RuntimeError("the collector failed")
+
+    cb2 = cupti_mod._ctypes_callbacks(libcupti, boom, lambda: True)
+    assert cb2 is cb                     # one set of trampolines per process, reused
+    stage(libcupti, records(2), 10, 36)
+    cb.flush_all(1)                      # swallowed: nothing printed, nothing raised
+    cb.on_buffer = cb.want_offsets = None
+    stage(libcupti, records(2), 10, 36)
+    cb.flush_all(1)                      # detached: buffers come back and are dropped
+    assert cb._live == {}
