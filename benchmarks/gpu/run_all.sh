@@ -161,7 +161,7 @@ fi
 if [ "${JAX_CHECK:-1}" = 1 ]; then
   say "jax check (timeout ${JAX_TIMEOUT:-240}s): benchmarks/gpu/check_jax.py"
   timeout -k 10 "${JAX_TIMEOUT:-240}" "$PY" benchmarks/gpu/check_jax.py --out "$OUT/jax" \
-    $([ "$CPU" = 1 ] && echo --cpu) 2>&1 | tail -60 | tee "$OUT/check_jax.log"
+    $([ "$CPU" = 1 ] && echo --cpu) 2>&1 | tail -80 | tee "$OUT/check_jax.log"
   say "jax check finished: rc=${PIPESTATUS[0]}"
 fi
 
