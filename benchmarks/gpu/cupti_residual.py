@@ -17,6 +17,7 @@ import sys
 import time
 
 CONFIGS = {
+    "no_cupti": None,          # control: the same process steps, CUPTI never imported
     "callbacks_only": [],
     "kernel": ["CONCURRENT_KERNEL"],
     "kernel_memcpy": ["CONCURRENT_KERNEL", "MEMCPY", "MEMSET"],
@@ -27,8 +28,10 @@ CONFIGS = {
 }
 
 
-def child(kinds: list[str]) -> dict:
+def child(kinds: list[str] | None) -> dict:
     import torch
+    if kinds is None:
+        return _control(torch)
     from cupti import cupti
 
     x = torch.zeros(16, device="cuda")
@@ -103,15 +106,44 @@ def child(kinds: list[str]) -> dict:
     return out
 
 
+def _control(torch) -> dict:
+    """The same timeline with no CUPTI at all: how much "after" moves on its own."""
+    x = torch.zeros(16, device="cuda")
+
+    def bench(steps=5000, reps=5):
+        best = 1e9
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                x.add_(1.0)
+                x.mul_(0.5)
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - t0) / steps * 1e6)
+        return round(best, 3)
+
+    out = {"before": bench()}
+    out["during"] = bench()
+    time.sleep(0.5)
+    out["after"] = bench()
+    time.sleep(2.0)
+    out["after_2s"] = bench()
+    return out
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         print("RESULT " + json.dumps(child(json.loads(sys.argv[2]))), flush=True)
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, run in this order")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds over the configs (interleaved)")
     args = ap.parse_args()
     res = {}
-    for name, kinds in CONFIGS.items():
+    runs = [(f"{n}#{r + 1}" if args.repeat > 1 else n, CONFIGS[n])
+            for r in range(args.repeat) for n in args.configs.split(",")]
+    for name, kinds in runs:
         p = subprocess.run([sys.executable, __file__, "--child", json.dumps(kinds)], capture_output=True,
                            text=True, timeout=120)
         line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
