@@ -25,12 +25,11 @@ from pathlib import Path
 
 from ..errors import AlreadyAttached, InputError, NoSuchProcess
 from .agent import wire
+from .cuptiraw import MAX_INT, MAX_STR, NameReader, ProtocolError, parse_layout, parse_raw
 from .records import (AgentHello, AgentStats, ApiRecord, CompileRecord, HloKernel, HloMapRecord,
                       KernelRecord, MemcpyRecord, Note, PySample, SyncRecord)
 
 AGENT_SRC = Path(__file__).parent / "agent"
-MAX_STR = 8192
-MAX_INT = (1 << 63) - 1
 MAX_BATCH = 20000
 LEVELS = ("info", "warning", "error")
 MEMCPY_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "memset", "other")
@@ -42,15 +41,13 @@ MAX_HLO_OPS = 64
 HLO_LIMITS = {"id": 128, "module": 512, "platform": 32, "instr": 1024, "opcode": 64, "op_name": 2048,
               "file": MAX_STR, "func": 1024, "event": 128, "fun_name": 256}
 
-KNOWN_KINDS = ("samples", "kernel", "api", "memcpy", "sync", "note", "stats", "hlo", "compile", "bye")
+KNOWN_KINDS = ("samples", "kernel", "api", "memcpy", "sync", "note", "stats", "hlo", "compile", "bye",
+               "cupti_layout", "cupti_raw")
+MAX_RAW_HEADER = 4096       # bytes of a raw frame's JSON header
 
 # servers by socket path, so inject_agent(pid, socket_path=srv.path) can wait for the hello
 _REGISTRY: dict[str, "AgentServer"] = {}
 _REGISTRY_LOCK = threading.Lock()
-
-
-class ProtocolError(ValueError):
-    pass
 
 
 def _int(v, lo=0, hi=MAX_INT) -> int:
@@ -278,6 +275,8 @@ class AgentServer:
         self._gone_event = threading.Event()
         self._closing = threading.Event()
         self._send_lock = threading.Lock()
+        self._layout = None                 # cuptiraw.Layout of the current agent (cupti_layout message)
+        self._names: NameReader | None = None   # kernel names of raw CUPTI records, from /proc/PID/mem
         self._thread = threading.Thread(target=self._serve, name=f"stacklens-agent-server-{pid}", daemon=True)
         self._thread.start()
         with _REGISTRY_LOCK:
@@ -337,6 +336,7 @@ class AgentServer:
         conn.settimeout(0.2)
         buf = bytearray()
         hello = False
+        self._layout = None                 # each agent connection sends its own layout
         self._conn = conn
         try:
             while not self._closing.is_set():
@@ -352,13 +352,21 @@ class AgentServer:
                 while len(buf) >= 4:
                     n = int.from_bytes(buf[:4], "big")
                     if n > wire.MAX_FRAME:
-                        self._stats["rejected_oversize"] += 1
-                        return              # cannot resynchronise: drop the connection
+                        # only a raw CUPTI frame may be bigger than a JSON one: look at its magic
+                        if n > wire.MAX_RAW_FRAME or (len(buf) >= 8 and buf[4:8] != wire.RAW_MAGIC):
+                            self._stats["rejected_oversize"] += 1
+                            return              # cannot resynchronise: drop the connection
                     if len(buf) < 4 + n:
                         break
                     raw = bytes(buf[4:4 + n])
                     del buf[:4 + n]
                     self._stats["frames"] += 1
+                    if raw[:4] == wire.RAW_MAGIC:
+                        if not hello:
+                            self._stats["rejected_hello"] += 1
+                            return
+                        self._raw_frame(raw)
+                        continue
                     try:
                         msg = json.loads(raw)
                     except (ValueError, RecursionError):
@@ -369,17 +377,20 @@ class AgentServer:
                             return
                         hello = True
                         continue
-                    if type(msg) is dict and msg.get("t") == "bye":
+                    kind = msg.get("t") if type(msg) is dict else None
+                    if kind == "bye":
                         self._stats["bye"] += 1
                     try:
+                        if kind == "cupti_layout":
+                            self._layout = parse_layout(msg)
+                            self._stats["cupti_layouts"] += 1
+                            continue
                         recs = parse_message(msg)
                     except (ProtocolError, TypeError, IndexError, KeyError, RecursionError):
-                        self._stats["rejected_message"] += 1
-                        kind = msg.get("t") if type(msg) is dict else None
-                        self._stats["rejected_message:" + (kind if kind in KNOWN_KINDS else "other")] += 1
+                        self._reject(kind)
                         continue
                     self._push(recs)
-                if len(buf) > wire.MAX_FRAME + 4:
+                if len(buf) > wire.MAX_RAW_FRAME + 4:
                     self._stats["rejected_oversize"] += 1
                     return
         finally:
@@ -390,6 +401,32 @@ class AgentServer:
                 pass
             if hello:
                 self._gone_event.set()
+
+    def _reject(self, kind) -> None:
+        self._stats["rejected_message"] += 1
+        self._stats["rejected_message:" + (kind if kind in KNOWN_KINDS else "other")] += 1
+
+    def _raw_frame(self, raw: bytes) -> None:
+        """A raw CUPTI buffer frame (magic, header length, JSON header, body; wire.py) -> records."""
+        self._stats["raw_frames"] += 1
+        try:
+            if self._layout is None:
+                raise ProtocolError("raw CUPTI buffer before any cupti_layout")
+            hl = int.from_bytes(raw[4:8], "big")
+            if len(raw) < 8 or hl > MAX_RAW_HEADER or 8 + hl > len(raw):
+                raise ProtocolError("bad raw header length")
+            header = json.loads(raw[8:8 + hl])
+            if self._names is None:
+                self._names = NameReader(self.pid)
+            recs, counts = parse_raw(header, memoryview(raw)[8 + hl:], self._layout, self._names)
+        except (ProtocolError, ValueError, TypeError, IndexError, KeyError, RecursionError, struct.error):
+            self._reject("cupti_raw")
+            return
+        st = self._stats
+        for k, v in counts.items():
+            if v:
+                st[k] += v
+        self._push(recs)
 
     def _accept_hello(self, msg) -> bool:
         try:
@@ -476,6 +513,8 @@ class AgentServer:
             except OSError:
                 pass
             self._thread.join(2.0)
+            if self._names is not None:
+                self._names.close()
             with _REGISTRY_LOCK:
                 _REGISTRY.pop(self.path, None)
             for p in (self.path,):
