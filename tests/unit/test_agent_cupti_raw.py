@@ -161,3 +161,42 @@ def test_agent_queues_raw_buffers_by_bytes_and_sends_the_layout_first():
     finally:
         a_sock.close()
         b_sock.close()
+
+
+def test_round_trip_agent_frames_parsed_by_the_daemon_with_names_from_target_memory():
+    """What the collector sinks, parsed by the daemon's cuptiraw exactly as the server does; the
+    kernel name pointer points into this process's memory (the daemon reads /proc/PID/mem)."""
+    import ctypes
+    import os
+
+    from stacklens.inject.cuptiraw import NameReader, parse_layout, parse_raw
+    from stacklens.inject.records import KernelRecord, MemcpyRecord
+
+    name = ctypes.create_string_buffer(b"void gemm_kernel<float>(int)")
+    ptr = ctypes.addressof(name)
+    c, lib, notes, sunk, raw = make()
+    layout = parse_layout(sunk[0][1])
+    recs = [kernel(41, 1_000, 3_000, name_ptr=ptr, grid=(8, 1, 1), block=(256, 1, 1)),
+            kernel(42, 4_000, 0, name_ptr=ptr),                                # still running
+            record(MEMCPY, kind=1, copy_kind=2, bytes=4096, start=10, end=20, device_id=0, stream_id=7,
+                   correlation_id=43),
+            record(MEMSET, kind=2, bytes=64, start=30, end=31, device_id=0, stream_id=7, correlation_id=44)]
+    for _ in range(cupti_mod.VERIFY_BUFFERS + 1):     # offsets mode, then sizes mode
+        raw.pending.append(buffer(recs))
+        c.poll()
+        c._next_check_ns = 0
+    names = NameReader(os.getpid())
+    try:
+        frames = [r for k, r in sunk if k == "raw"]
+        assert [h["mode"] for h, _ in frames][-2:] == ["offsets", "sizes"]
+        off = c.clock.offset_ns
+        for head, body in frames[-2:]:
+            got, counters = parse_raw(head, body, layout, names)
+            assert got == [
+                KernelRecord("void gemm_kernel<float>(int)", 1_000 + off, 3_000 + off, 0, 7, 41, (8, 1, 1),
+                             (256, 1, 1), 0),
+                MemcpyRecord("DtoH", 4096, 10 + off, 20 + off, 0, 7, 43),
+                MemcpyRecord("memset", 64, 30 + off, 31 + off, 0, 7, 44),
+            ], counters
+    finally:
+        names.close()
