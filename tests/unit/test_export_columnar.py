@@ -83,7 +83,13 @@ def test_round_trip_property(evs, folded, with_meta) -> None:
         tree.add(path, metric, value)
     tree._folded = folded
     snap = tree.snapshot(meta={"pid": 1, "argv": ["a", "b"]} if with_meta else None, unavailable={"sync_wait_ns"})
-    back = from_columnar(to_columnar(snap))
+    try:
+        data = to_columnar(snap)
+    except ValueError as e:  # sums past 64 bits (values up to 2**62): refused, and the JSON form holds them
+        assert "64-bit" in str(e)
+        same(snap, decode_profile(encode_profile(snap)))
+        return
+    back = from_columnar(data)
     same(snap, back)
     assert to_columnar(back) == to_columnar(snap)  # already breadth first: a fixed point
 
