@@ -1,10 +1,11 @@
 """Benchmarks of the stacklens BPF probes (root + eBPF; no GPU).
 
-    sudo .venv/bin/python benchmarks/bench_probes.py [--quick] [--json OUT]
+    sudo .venv/bin/python benchmarks/bench_probes.py [--quick] [--only ops] [--json OUT]
 
 1. per-launch probe cost: fake-libcuda tight C loop of cuLaunchKernel, without / with / after
 2. op-probe overhead: torch tiny-MLP training loop, interleaved rounds of no probes / our op
-   program / an empty program on the same 3,101 offsets, BPF run time per hit; after detach
+   program on the default op set and on all 3,101 ops / an empty program on each of the two
+   offset sets, hits per step and BPF run time per hit; after detach
 3. events per second the loader sustains with zero drops (fake-libcuda loop, poll() decoding)
 4. attach and detach time for all probes (GPU API + ~3,100 op probes + CPU sampling)
 Each measurement in one run, same target process before/during/after, median of repeats.
@@ -164,18 +165,22 @@ def _prog_run_stats(prog_fd: int) -> tuple[int, int]:
 
 def bench_ops(steps: int, reps: int, pairs: int = 7) -> dict:
     """Op-probe overhead on the tiny MLP, interleaved so load drift cancels: one session compiled
-    once, then `pairs` rounds of [no probes, our op program, an empty program] on the same 3,101
-    offsets (the uprobe_multi link is created and closed around each measurement). Ratios are
-    per round (each against its own baseline), reported as medians. BPF run time per hit is
-    read from the kernel's BPF stats (BPF_ENABLE_STATS) while our program runs."""
+    once, then `pairs` rounds of [no probes, our op program on the default op set and on every
+    op (in alternating order), an empty program on each of the two offset sets] (the uprobe_multi
+    link is created and closed around each measurement). The default set is every
+    `at::_ops::*::call` but the view/metadata ops of stacklens.bpf.ops.VIEW_OPS; "all" is
+    ProbeConfig(all_ops=True). Ratios are per round (each against its own baseline), reported as
+    medians. Hits per step and BPF run time per hit come from the kernel's BPF stats
+    (BPF_ENABLE_STATS) while our program runs."""
     from bcc import BPF
 
-    from stacklens.bpf.ops import LIBTORCH_RE, find_op_symbols
+    from stacklens.bpf.ops import LIBTORCH_RE, find_op_symbols, select_ops
     from stacklens.bpf.procmaps import find_libraries
     from stacklens.bpf.uprobe_multi import attach_uprobe_multi
 
     t = Target("torch_mlp.py")
     empty = None
+    names = ("default", "all")
     try:
         first_base = median_of(t, f"go {steps}", reps)
         s = ProbeSession(t.pid, ProbeConfig(cpu_sample_hz=0, gpu=False))
@@ -183,33 +188,38 @@ def bench_ops(steps: int, reps: int, pairs: int = 7) -> dict:
         rep = s.attach()
         attach_s = time.perf_counter() - t0
         with_block = median_of(t, f"go {steps}", reps)  # as attach() leaves it (the old measurement)
-        calls0 = s.stats()["op_calls"]
         lib = find_libraries(t.pid, LIBTORCH_RE)[0]
-        ops = find_op_symbols(lib.host_path)
-        offsets, cookies = [o.offset for o in ops], list(range(len(ops)))
+        every = find_op_symbols(lib.host_path)
+        sets = {n: [o.offset for o in select_ops(every, all_ops=(n == "all"))] for n in names}
         for fd in s._links:  # from here on the benchmark owns the op link
             os.close(fd)
         s._links = []
         empty = BPF(text=b"int sl_empty(struct pt_regs *ctx) { return 0; }")
         empty_fn = empty.load_func(b"sl_empty", BPF.KPROBE, attach_type=48)
         rows = []
-        run_ns = run_cnt = 0
-        for _ in range(pairs):
-            base = median_of(t, f"go {steps}", reps)
-            link = attach_uprobe_multi(s._op_entry.fd, lib.host_path, offsets, cookies, pid=t.pid)
-            stats_fd = _bpf_stats_fd()
-            r0, c0 = _prog_run_stats(s._op_entry.fd)
-            ours = median_of(t, f"go {steps}", reps)
-            r1, c1 = _prog_run_stats(s._op_entry.fd)
-            os.close(stats_fd)
-            os.close(link)
-            run_ns += r1 - r0
-            run_cnt += c1 - c0
-            link = attach_uprobe_multi(empty_fn.fd, lib.host_path, offsets, cookies, pid=t.pid)
-            floor = median_of(t, f"go {steps}", reps)
-            os.close(link)
-            rows.append((base, ours, floor, os.getloadavg()[0]))
-        calls = s.stats()["op_calls"] - calls0
+        run = {n: [0, 0] for n in names}
+
+        def timed(prog_fd: int, offsets: list[int]) -> float:
+            link = attach_uprobe_multi(prog_fd, lib.host_path, offsets, list(range(len(offsets))), pid=t.pid)
+            try:
+                return median_of(t, f"go {steps}", reps)
+            finally:
+                os.close(link)
+
+        for k in range(pairs):
+            row = {"base": median_of(t, f"go {steps}", reps)}
+            for n in (names if k % 2 == 0 else names[::-1]):
+                stats_fd = _bpf_stats_fd()
+                r0, c0 = _prog_run_stats(s._op_entry.fd)
+                row[n] = timed(s._op_entry.fd, sets[n])
+                r1, c1 = _prog_run_stats(s._op_entry.fd)
+                os.close(stats_fd)
+                run[n][0] += r1 - r0
+                run[n][1] += c1 - c0
+            for n in names:
+                row["empty " + n] = timed(empty_fn.fd, sets[n])
+            row["load"] = os.getloadavg()[0]
+            rows.append(row)
         t0 = time.perf_counter()
         s.detach()
         detach_s = time.perf_counter() - t0
@@ -218,20 +228,24 @@ def bench_ops(steps: int, reps: int, pairs: int = 7) -> dict:
         if empty is not None:
             empty.cleanup()
         t.kill()
-    hits_per_step = calls / (pairs * reps * steps)
-    ratios = [o / b for b, o, _, _ in rows]
-    floors = [f / b for b, _, f, _ in rows]
-    per_hit = [(o - b) / (steps * hits_per_step) * 1e9 for b, o, _, _ in rows]
-    base = statistics.median(b for b, _, _, _ in rows)
-    return {"steps": steps, "reps": reps, "pairs": pairs, "op_probes": rep.probes_attached,
-            "op_calls_per_step": round(hits_per_step, 1),
-            "baseline_s": base, "with_op_probes_s": statistics.median(o for _, o, _, _ in rows),
-            "ratio": statistics.median(ratios), "ratios": [round(r, 3) for r in ratios],
-            "empty_program_ratio": statistics.median(floors), "empty_ratios": [round(r, 3) for r in floors],
-            "ns_per_hit_total": round(statistics.median(per_hit)),
-            "bpf_run_ns_per_hit": round(run_ns / run_cnt) if run_cnt else None,
-            "block_ratio": with_block / first_base, "after_detach_s": after, "after_ratio": after / base,
-            "load": [round(r[3], 1) for r in rows], "attach_s": attach_s, "detach_s": detach_s}
+    base = statistics.median(r["base"] for r in rows)
+    out = {"steps": steps, "reps": reps, "pairs": pairs, "baseline_s": base,
+           "us_per_step": round(base / steps * 1e6, 1)}
+    for n in names:
+        hits = run[n][1] / (pairs * reps * steps)
+        ratios = [r[n] / r["base"] for r in rows]
+        floors = [r["empty " + n] / r["base"] for r in rows]
+        per_hit = [(r[n] - r["base"]) / (steps * hits) * 1e9 for r in rows]
+        out[n] = {"op_probes": len(sets[n]), "op_calls_per_step": round(hits, 1),
+                  "with_op_probes_s": statistics.median(r[n] for r in rows),
+                  "ratio": statistics.median(ratios), "ratios": [round(x, 3) for x in ratios],
+                  "empty_program_ratio": statistics.median(floors), "empty_ratios": [round(x, 3) for x in floors],
+                  "ns_per_hit_total": round(statistics.median(per_hit)),
+                  "bpf_run_ns_per_hit": round(run[n][0] / run[n][1]) if run[n][1] else None}
+    out.update({"default_session_probes": rep.probes_attached, "block_ratio": with_block / first_base,
+                "after_detach_s": after, "after_ratio": after / base,
+                "load": [round(r["load"], 1) for r in rows], "attach_s": attach_s, "detach_s": detach_s})
+    return out
 
 
 def bench_events(libdir: Path, launches: int, stacks: bool, fanout: int, rate: int = 0) -> dict:
@@ -308,11 +322,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--only", choices=("ops",), help="run one part only (ops: the tiny-MLP op-probe overhead)")
     a = ap.parse_args()
     reps = 3 if a.quick else 5
     libdir = build_fakes(Path(tempfile.mkdtemp()))
     res = {"machine": f"{platform.node()} {platform.release()} {os.cpu_count()} CPUs {platform.processor()}",
            "python": sys.version.split()[0]}
+    if a.only == "ops":
+        res["ops"] = bench_ops(300 if a.quick else 1000, reps)
+        print(json.dumps(res["ops"], indent=1), flush=True)
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=1))
+        return
     res["launch"] = bench_launch(libdir, 100_000 if a.quick else 300_000, reps)
     print(json.dumps(res["launch"], indent=1), flush=True)
     res["pystack"] = bench_pystack_at_probes(libdir, 50_000 if a.quick else 200_000, reps)

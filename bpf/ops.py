@@ -3,6 +3,9 @@
 Pure file reading (no privileges). libtorch_cpu.so's .dynsym is scanned once per
 (path, inode, mtime) and the result cached in memory and on disk, so a second attach to any
 process using the same torch skips the ~0.5 s scan.
+
+`VIEW_OPS` is the default exclusion list: ops that only make a view or read metadata (no
+kernel, no storage allocation, no synchronization). `select_ops` applies it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,38 @@ from .elf import SHT_DYNSYM, ElfFile
 LIBTORCH_RE = re.compile(r"^libtorch_cpu\.so")
 _PREFIX = "_ZN2at4_ops"
 _LEN = re.compile(r"\d+")
+
+
+# Not probed by default (`ProbeConfig.all_ops=True` probes them). Each one returns an alias of
+# its input's storage, changes metadata in place, or reads metadata: no kernel, no storage
+# allocation, no synchronization. On the tiny MLP of benchmarks/bench_probes.py they are 49 of
+# the 92 op calls per step; each uprobe hit costs ~0.9 µs on the 2-core VM whatever the program
+# does (docs/benchmarks/probes.md). Exact at::_ops names, overload suffix included.
+# Kept probed on purpose: ops that can copy (reshape, reshape_as, flatten_using_ints, contiguous,
+# clone, *_copy), ops that read tensor data (narrow_Tensor, tensor_split_tensor_indices_or_sections,
+# is_nonzero, item), split/unbind/chunk-style ops. resolve_conj/resolve_neg are excluded: for a
+# tensor without the conj/neg bit they return it as is, and with the bit set their copy is an
+# aten::clone call, which stays probed (it shows up under the caller's op instead).
+VIEW_OPS: frozenset[str] = frozenset("aten::" + n for n in (
+    # views of the same storage
+    "alias", "as_strided", "_reshape_alias", "_unsafe_view", "view", "view_dtype", "view_as",
+    "expand", "expand_as", "t", "transpose_int", "numpy_T", "mT", "mH", "matrix_H", "adjoint",
+    "permute", "swapaxes", "swapdims", "movedim_int", "movedim_intlist", "moveaxis_int",
+    "moveaxis_intlist", "unsqueeze", "squeeze", "squeeze_dim", "squeeze_dims",
+    "select_int", "slice_Tensor", "narrow", "diagonal", "unfold",
+    "detach", "_conj", "conj", "_neg_view", "real", "imag", "view_as_real", "view_as_complex",
+    "resolve_conj", "resolve_neg", "positive", "lift_fresh",
+    # the same, in place (metadata only)
+    "as_strided_", "t_", "transpose_", "swapaxes_", "swapdims_", "unsqueeze_", "squeeze_",
+    "squeeze__dim", "squeeze__dims", "detach_",
+    # metadata reads
+    "size_int", "stride_int", "sym_size_int", "sym_stride_int", "sym_numel", "sym_storage_offset",
+    "numel", "dim", "is_contiguous", "is_contiguous_memory_format", "sym_is_contiguous",
+    "is_complex", "is_floating_point", "is_signed", "is_conj", "is_neg", "is_inference", "is_leaf",
+    "_is_zerotensor", "output_nr", "_version", "retains_grad", "result_type_Tensor",
+    "result_type_Scalar", "result_type_Scalar_Tensor", "result_type_Scalar_Scalar", "can_cast",
+    "promote_types",
+))
 
 
 @dataclass(frozen=True)
@@ -85,3 +120,14 @@ def find_op_symbols(path: str, use_disk_cache: bool = True) -> list[OpSymbol]:
         except OSError:
             pass
     return ops
+
+
+def select_ops(ops: list[OpSymbol], op_filter: str = "", all_ops: bool = False) -> list[OpSymbol]:
+    """The ops a session probes: `op_filter` (a regex searched in the op name) when given, over
+    every op; else every op, less `VIEW_OPS` unless `all_ops`."""
+    if op_filter:
+        rx = re.compile(op_filter)
+        return [o for o in ops if rx.search(o.name)]
+    if all_ops:
+        return list(ops)
+    return [o for o in ops if o.name not in VIEW_OPS]

@@ -25,7 +25,7 @@ from .events import AttachReport, Event, LibraryAttach, make_event
 from .events_abi import (COUNTERS, SL_BLOB, SL_EV_API, SL_EV_NAME, SL_EV_SAMPLE, SL_NAME, SL_NARGS, SlEvent,
                          SlOpPath, SlSpec)
 from .frames import Frame
-from .ops import LIBTORCH_RE, OpSymbol, find_op_symbols
+from .ops import LIBTORCH_RE, OpSymbol, find_op_symbols, select_ops
 from .procmaps import LibraryFile, Symbolizer, find_libraries
 from .ringbuf import BUSY, DISCARD, RingBufReader
 from .spec import DEFAULT_SPEC, MEMCPY_KINDS, ProbeSpec, load_specs
@@ -77,7 +77,11 @@ class ProbeConfig:
     spec_path: str = str(DEFAULT_SPEC)
     ringbuf_pages: int = 4096          # 16 MiB
     rescan_interval_s: float = 2.0     # look for libraries loaded after attach (0 = never)
-    op_filter: str = ""                # regex on op names; "" = every at::_ops::*::call
+    # Op selection (bpf/ops.py select_ops): by default every at::_ops::*::call except the view
+    # and metadata ops of ops.VIEW_OPS; all_ops=True probes those too (also env STACKLENS_ALL_OPS=1,
+    # for the CLI and the daemon); op_filter, a regex searched in op names, picks from every op.
+    op_filter: str = ""
+    all_ops: bool = field(default_factory=lambda: os.environ.get("STACKLENS_ALL_OPS", "") not in ("", "0"))
     force_fallback: bool = False       # per-probe perf-event uprobes even where uprobe_multi works
     # extra -D flags for pystack.h (e.g. -DSL_PY_STACKS=…), added after the ones attach() gets
     # from PythonStackReader for this target (layout, TLS offset, interpreter address)
@@ -348,10 +352,8 @@ class ProbeSession:
 
     def _attach_torch(self, lib: LibraryFile) -> None:
         self._attached_files.add(lib.key)
-        ops: list[OpSymbol] = find_op_symbols(lib.host_path)
-        if self.config.op_filter:
-            rx = re.compile(self.config.op_filter)
-            ops = [o for o in ops if rx.search(o.name)]
+        ops: list[OpSymbol] = select_ops(find_op_symbols(lib.host_path), self.config.op_filter,
+                                         self.config.all_ops)
         if self._fallback:
             wanted = {n: i for i, n in enumerate(FALLBACK_OPS)}
             ops = [o for o in ops if o.name in wanted]

@@ -8,7 +8,7 @@ what a CPU-only process shows of the same pattern.
 
 from __future__ import annotations
 
-from stacklens.cct import Snapshot
+from stacklens.cct import Frame, Snapshot
 
 from ..config import RuleConfig
 from ..finding import Finding, severity_for
@@ -20,8 +20,25 @@ RULE = "sync_stalls"
 
 is_sync_op = op_named("item", "_local_scalar_dense", "is_nonzero", "nonzero", "equal", "masked_select", "unique")
 _is_extract_op = op_named("select", "slice", "unbind", "index", "as_strided", "squeeze", "view")
+_OPS_NS = "at::_ops::"
 _htod = name_matcher(r"htod")
 _blocking_dtoh = name_matcher(r"memcpy.*dtoh(?!.*async)|^cudaMemcpy$|^cuMemcpy$")
+
+
+def _is_extract_frame(f: Frame) -> bool:
+    """An op that picks elements: its op frame when the op is probed, else its
+    `at::_ops::<op>::call` frame in the native stack. View ops (select_int, slice_Tensor,
+    as_strided, view, squeeze…) are not probed by default (stacklens.bpf.ops.VIEW_OPS), so a
+    sample inside `probs[i]` reads py line → native …select_int::call → … with no op frame."""
+    if f.kind == "native":
+        if not f.name.startswith(_OPS_NS):
+            return False
+        return _is_extract_op(Frame.op("aten::" + f.name[len(_OPS_NS):].split("::", 1)[0]))
+    return _is_extract_op(f)
+
+
+def _any_frame(f: Frame) -> bool:
+    return True
 
 
 def _is_sync_frame(f) -> bool:
@@ -45,13 +62,17 @@ def sync_stalls(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     sync_lines = {line[i] for i in nodes}
     # Around a per-element `.item()` loop the cost is the loop itself: the indexing that picks
     # each element and the interpreter running the line. Both go away when it is vectorised.
-    extract = view.mark(_is_extract_op, kinds=("op",))
+    # At a Python line that is the line's own time and what runs under it outside any probed op
+    # (the C extension's glue, unprobed view ops, native stacks cut above their op's entry);
+    # without Python frames (line 0: the whole process) only the element-picking ops count.
+    extract = view.mark(_is_extract_frame, kinds=("op", "native"))
+    in_op = view.mark(_any_frame, kinds=("op",))
     cm = view.cpu_metric
     col = view.col(cm) if cm else None
     if col:
         nodes.extend(
             i for i in range(1, view.n)
-            if col[i] and not marks[i] and line[i] in sync_lines and (extract[i] or i == line[i])
+            if col[i] and not marks[i] and line[i] in sync_lines and (extract[i] or (line[i] and not in_op[i]))
         )
     metrics = ("cpu_samples", "py_samples", "sync_wait_ns", "api_cpu_ns", "copy_bytes")
     groups = view.sum_by_line(nodes, metrics)

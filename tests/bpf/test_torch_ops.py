@@ -94,3 +94,41 @@ def test_cpu_samples_carry_op_path_and_stack(bpf_ok, start_target):
     for e in with_ops:
         assert e.op_path in counts or e.op_path == ("[unknown op path]",), e.op_path
     assert stats["lost_samples"] == 0 and stats["drops"] == 0
+
+
+def _ten_steps(t, config: ProbeConfig):
+    s = ProbeSession(t.pid, config)
+    report = s.attach()
+    try:
+        t.send("go 10")
+        t.readline()
+        return report, s.op_counts()
+    finally:
+        s.detach()
+
+
+def test_view_ops_skipped_by_default_all_ops_sees_them(bpf_ok, start_target):
+    from stacklens.bpf.ops import VIEW_OPS
+
+    t = start_target("torch_mlp.py")
+    default, counts = _ten_steps(t, ProbeConfig(cpu_sample_hz=0, gpu=False))
+    every, all_counts = _ten_steps(t, ProbeConfig(cpu_sample_hz=0, gpu=False, all_ops=True))
+    n_default = sum(lib.probes for lib in default.libraries if lib.role == "torch")
+    n_all = sum(lib.probes for lib in every.libraries if lib.role == "torch")
+    assert n_all - n_default == len(VIEW_OPS)  # every listed op exists in this libtorch
+    # default: no view/metadata op anywhere in any path; the ops around them are unchanged
+    assert not {op for p in counts for op in p} & VIEW_OPS
+    assert counts[("aten::linear",)] == 20 and counts[("aten::linear", "aten::addmm")] == 20
+    assert not any("aten::t" in p or "aten::as_strided" in p for p in counts)
+    # all_ops: the same steps show them (linear transposes its weight: aten::t under aten::linear)
+    assert all_counts[("aten::linear", "aten::t")] == 20
+    assert any(p[-1] == "aten::as_strided" for p in all_counts)
+    assert all_counts[("aten::linear",)] == 20 and all_counts[("aten::linear", "aten::addmm")] == 20
+    # the calls the default set no longer sees are exactly the view/metadata ones (torch 2.13:
+    # 92 op calls per step with all ops, 43 without the 49 view/metadata calls)
+    skipped = sum(n for p, n in all_counts.items() if p[-1] in VIEW_OPS)
+    assert sum(all_counts.values()) - sum(counts.values()) == skipped
+    assert skipped > sum(counts.values()) / 2
+    # an explicit op_filter picks from every op, view ops included
+    _, only_t = _ten_steps(t, ProbeConfig(cpu_sample_hz=0, gpu=False, op_filter=r"^aten::t$"))
+    assert set(only_t) == {("aten::t",)} and only_t[("aten::t",)] >= 20
