@@ -23,8 +23,8 @@ class AgentLink:
             self.server.close()
             raise
 
-    def poll(self) -> list:
-        return self.server.poll()
+    def poll(self, max_n: int | None = None) -> list:
+        return self.server.poll(max_n)
 
     def stats(self) -> dict:
         return self.server.stats()

@@ -227,7 +227,7 @@ def target_view(path: Path | str, pid: int) -> str:
 
 class AgentServer:
     def __init__(self, pid: int, socket_dir: Path | str | None = None, *, config: dict | None = None,
-                 max_records: int = 1_000_000) -> None:
+                 max_records: int = 250_000) -> None:
         if type(pid) is not int or pid <= 0:
             raise InputError(f"bad PID {pid!r}")
         self.pid = pid
@@ -482,12 +482,12 @@ class AgentServer:
     def reset_hello(self) -> None:
         self._hello_event.clear()
 
-    def poll(self) -> list:
-        out = []
+    def poll(self, max_n: int | None = None) -> list:
+        """Records received so far (at most max_n; the rest stay for the next call)."""
         q = self._records
-        while q:
-            out.append(q.popleft())
-        return out
+        n = len(q) if max_n is None else min(max_n, len(q))
+        pop = q.popleft
+        return [pop() for _ in range(n)]
 
     def stop_agent(self, timeout_s: float = 3.0) -> bool:
         """Ask the agent to detach; True once it has closed its end."""

@@ -46,12 +46,12 @@ class FakeProbes:
             self.q.extend(events)
             self.cv.notify_all()
 
-    def poll(self, timeout_ms: int = 100):
+    def poll(self, timeout_ms: int = 100, max_events: int = 1 << 20):
         with self.cv:
             if not self.q and timeout_ms:
                 self.cv.wait(timeout_ms / 1000)
-            out = list(self.q)
-            self.q.clear()
+            n = min(max_events, len(self.q))
+            out = [self.q.popleft() for _ in range(n)]
         return out
 
     def stats(self):
