@@ -69,7 +69,7 @@ class CuptiCollector:
         self.yielded_to = None
         self.clock = None
         self.counts = {"kernel": 0, "api": 0, "memcpy": 0, "sync": 0, "buffers": 0, "unknown": 0,
-                       "yields": 0}
+                       "yields": 0, "raw_bytes": 0}   # raw path: records are counted by the daemon
         self._names = {}
         self._lock = threading.Lock()
         self._thread_id_type = None      # CUPTI's thread-id type before we set SYSTEM (restored)
@@ -325,6 +325,7 @@ class CuptiCollector:
         with cuptiActivityGetNextRecord) `offsets` holds the record offsets and travels along."""
         try:
             self.counts["buffers"] += 1
+            self.counts["raw_bytes"] += len(data)
             sink = self.sink
             if sink is None or not data:
                 return
