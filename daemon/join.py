@@ -12,6 +12,13 @@ first; `splice()` puts native frames between Python runs where the eval loop's f
   `gpu_time_ns` and `kernel_count` to the exact launching path. Unmatched launches age out and
   are counted, never guessed.
 - Without an agent `gpu_time_ns` and `kernel_count` are marked unavailable in every snapshot.
+
+Cost (issue 9: ~25k launches/s and as many kernel records on an H200 ViT job, one thread): the
+launch and kernel paths are memoized tuples (the same object for the same stacks, api, kernel),
+so their counts are staged in the tree by path identity (`WindowedCCT.stage`) and applied once
+per distinct path when the batch is flushed — `flush()` at the end of a batch, and always before
+a snapshot, at `expire()` and at `finish()`, so nothing staged is missing from a snapshot and
+window buckets stay exact (moving to a new bucket flushes first).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ CLAIM_SLACK_NS = 2_000
 CLAIM_EARLY_NS = 1_000_000
 PENDING_MAX_PER_THREAD = 65_536
 HANDLE_NAMES_MAX = 65_536
+_UNSEEN = (Frame.other("[launch not seen]"),)  # one tuple: its charges are staged together
 
 
 def trim_native(frames: Iterable[Frame]) -> tuple[Frame, ...]:
@@ -180,28 +188,38 @@ class Joiner:
         self._kernels_waiting: dict[int, list[Any]] = {}
         # GPU time is measured only while the agent's GPU collector runs (CUPTI/RocTracer active)
         self.gpu_collector_active = False
-        self._splice_memo: dict[tuple[int, int, int], tuple] = {}
+        self._splice_memo: dict[tuple[int, int, int], list] = {}
+        # memoized full paths: {api: {kernel name: launch path}} in each splice memo entry, and
+        # id(launching path) -> (launching path, {CUPTI kernel name: (charged path, unresolved
+        # handle or None, demangled name)}); an entry keeps its path alive, so ids stay unique
+        self._charge_memo: dict[int, tuple] = {}
+        t = self.tree
+        self._i_launch = t.metric_index("launch_count")
+        self._i_gpu = t.metric_index("gpu_time_ns")
+        self._i_kernels = t.metric_index("kernel_count")
         self.jax = None  # daemon.jaxjoin.JaxIndex once the agent sends JAX records
         self._handle_names: dict[str, str] = {}  # "unresolved:0x…" (a CUfunction) → CUPTI's kernel name
 
     # ---- BPF side -------------------------------------------------------------------------
     def on_bpf(self, ev: Any) -> None:
-        self.stats.events += 1
+        stats = self.stats
+        stats.events += 1
         kind = ev.kind
-        base = self._base(ev)
-        add = self.tree.add_many
-        if kind == "cpu_sample":
-            self.stats.cpu_samples += 1
-            add(base, {"cpu_samples": 1})
-            return
-        api = Frame.api(ev.api)
-        if kind in ("launch", "graph"):
-            self.stats.launches += 1
+        if kind == "launch" or kind == "graph":
+            stats.launches += 1
+            py, nat, ops = ev.py_stack, ev.native_stack, ev.op_path
+            m = self._splice_memo.get((id(py), id(nat), id(ops)))
+            if m is None or m[0] is not py or m[1] is not nat or m[2] is not ops:
+                m = self._base_entry(ev)
             name = getattr(ev, "kernel_name", "") or ""
             if name.startswith("unresolved:"):  # CUPTI named this handle before: use the name
                 name = self._handle_names.get(name, name)
-            path = base + (api, Frame.kernel(name)) if name else base + (api,)
-            add(path, {"launch_count": 1})
+            api = ev.api
+            by_name = m[4].get(api)
+            path = None if by_name is None else by_name.get(name)
+            if path is None:
+                path = self._suffixed(m, api, name)
+            self.tree.stage(path, self._i_launch, 1)
             if self.order is not None:
                 self.order.on_launch(ev.ktime_ns, path,
                                      launch_sig(getattr(ev, "args", None)) if kind == "launch" else None)
@@ -216,8 +234,16 @@ class Joiner:
                     q.append(_Pending(ev.ktime_ns, path))
                 if len(q) > PENDING_MAX_PER_THREAD:
                     q.popleft()
-                    self.stats.launches_unmatched += 1
-        elif kind == "sync":
+                    stats.launches_unmatched += 1
+            return
+        base = self._base_entry(ev)[3]
+        add = self.tree.add_many
+        if kind == "cpu_sample":
+            stats.cpu_samples += 1
+            add(base, {"cpu_samples": 1})
+            return
+        api = Frame.api(ev.api)
+        if kind == "sync":
             add(base + (api,), {"sync_wait_ns": ev.duration_ns, "api_cpu_ns": ev.duration_ns})
         elif kind == "memcpy":
             add(base + (api,), {"copy_bytes": ev.bytes, "api_cpu_ns": getattr(ev, "duration_ns", 0)})
@@ -228,26 +254,43 @@ class Joiner:
         elif kind == "op_counts":
             pass  # aggregated op entry counts are reported through stats only
         else:
-            self.stats.rejected += 1
+            stats.rejected += 1
+
+    @staticmethod
+    def _suffixed(m: list, api: str, name: str) -> tuple[Frame, ...]:
+        """base + api:… (+ kernel:…), built once per (base, api, name): the same tuple after."""
+        by_name = m[4].setdefault(api, {})
+        path = m[3] + (Frame.api(api), Frame.kernel(name)) if name else m[3] + (Frame.api(api),)
+        if len(by_name) >= 4096:
+            by_name.clear()
+        by_name[name] = path
+        return path
 
     def _base(self, ev: Any) -> tuple[Frame, ...]:
-        """splice() of the event's stacks, memoized on the identity of its parts: the probe
-        session hands out the same tuples for the same stack ids, so most events are one lookup."""
+        return self._base_entry(ev)[3]
+
+    def _base_entry(self, ev: Any) -> list:
+        """[py, nat, ops, splice() of the event's stacks, {api: {kernel name: launch path}}],
+        memoized on the identity of its parts: the probe session hands out the same tuples for
+        the same stack ids, so most events are one lookup (on_bpf does that lookup inline)."""
         py, nat, ops = ev.py_stack, ev.native_stack, ev.op_path
         key = (id(py), id(nat), id(ops))
         m = self._splice_memo.get(key)
         if m is not None and m[0] is py and m[1] is nat and m[2] is ops:
-            return m[3]
+            return m
         path = splice(tuple(py), tuple(getattr(ev, "py_entries", ()) or ()), tuple(ops), tuple(nat))
         if len(self._splice_memo) >= 65_536:
             self._splice_memo.clear()
-        self._splice_memo[key] = (py, nat, ops, path)  # keeps the parts alive: ids stay unique
-        return path
+        m = self._splice_memo[key] = [py, nat, ops, path, {}]  # keeps the parts alive: ids stay unique
+        return m
 
     # ---- agent side -----------------------------------------------------------------------
     def on_agent(self, rec: Any) -> None:
         self.stats.agent_records += 1
         kind = type(rec).__name__
+        if kind == "KernelRecord" and self.order is not None:
+            self.order.on_kernel(rec, int(self._clock() * 1e9))
+            return
         if kind == "PySample":
             frames = tuple(Frame.python(f, fn, ln) for (f, fn, ln) in rec.frames)
             if frames:
@@ -256,9 +299,6 @@ class Joiner:
             if "Launch" in rec.name:
                 self._claim(rec)
         elif kind == "KernelRecord":
-            if self.order is not None:
-                self.order.on_kernel(rec, int(self._clock() * 1e9))
-                return
             path = self._by_correlation.get(rec.correlation_id)
             if path is None:
                 waiting = self._kernels_waiting.setdefault(rec.correlation_id, [])
@@ -317,36 +357,77 @@ class Joiner:
 
     def _charge(self, path: tuple[Frame, ...], krec: Any) -> None:
         self.gpu_collector_active = True
+        if self.jax is None:
+            # memoized: the launching path (kept alive by the memo, so its id is its own) and the
+            # record's name give the charged path; the handle's name is learnt as before
+            e = self._charge_memo.get(id(path))
+            if e is not None:
+                hit = e[1].get(krec.name)
+                if hit is not None:
+                    if hit[1] is not None and len(self._handle_names) < HANDLE_NAMES_MAX \
+                            and not getattr(krec, "graph_id", 0):
+                        self._handle_names[hit[1]] = hit[2]
+                    d = krec.end_ns - krec.start_ns
+                    self.tree.stage_pair(hit[0], self._i_gpu, d if d > 0 else 0, self._i_kernels, 1)
+                    self.stats.kernels_joined += 1
+                    return
         kname = demangle(krec.name)
+        charged, handle = path, None
         if path[-1].kind != "kernel":
-            path = path + (Frame.kernel(kname),)
+            charged = path + (Frame.kernel(kname),)
         elif path[-1].name != kname and path[-1].name.startswith("unresolved:"):
             # the handle's name, learnt from CUPTI: later launches of it land on the named node
+            handle = path[-1].name
             if len(self._handle_names) < HANDLE_NAMES_MAX and not getattr(krec, "graph_id", 0):
-                self._handle_names[path[-1].name] = kname
-            path = path[:-1] + (Frame.kernel(kname),)
-        split = self.jax.split(path, krec) if self.jax is not None else None
+                self._handle_names[handle] = kname
+            charged = path[:-1] + (Frame.kernel(kname),)
+        split = self.jax.split(charged, krec) if self.jax is not None else None
         if split is not None:  # a JAX kernel: one path per original operator (jaxjoin's rule)
             for p, m in split:
                 self.tree.add_many(p, m)
             self.stats.kernels_joined += 1
             self.meta["jax"] = self.jax.meta()
             return
-        self.tree.add_many(path, {"gpu_time_ns": max(0, krec.end_ns - krec.start_ns), "kernel_count": 1})
+        if self.jax is None:
+            memo = self._charge_memo
+            e = memo.get(id(path))
+            if e is None:
+                if len(memo) >= 65_536:
+                    memo.clear()
+                e = memo[id(path)] = (path, {})
+            if len(e[1]) < 1024:
+                e[1][krec.name] = (charged, handle, kname)
+        d = krec.end_ns - krec.start_ns
+        self.tree.stage_pair(charged, self._i_gpu, d if d > 0 else 0, self._i_kernels, 1)
         self.stats.kernels_joined += 1
 
     def _charge_ordered(self, path: tuple[Frame, ...] | None, krec: Any) -> None:
+        e = self._charge_memo.get(id(path))  # the common case, inline: _charge's memo hit
+        if e is not None and self.jax is None:
+            hit = e[1].get(krec.name)
+            if hit is not None and hit[1] is None:
+                self.gpu_collector_active = True
+                d = krec.end_ns - krec.start_ns
+                self.tree.stage_pair(hit[0], self._i_gpu, d if d > 0 else 0, self._i_kernels, 1)
+                self.stats.kernels_joined += 1
+                return
         if path is None:
             self.stats.kernels_unmatched += 1
             self.stats.kernels_joined -= 1     # _charge counts it; it was charged, not joined
-            path = (Frame.other("[launch not seen]"),)
+            path = _UNSEEN
         self._charge(path, krec)
+
+    def flush(self) -> None:
+        """End of a batch: apply the staged launch/kernel counts to the tree (see the module
+        docstring). Snapshots, `expire()` and `finish()` flush by themselves."""
+        self.tree.flush()
 
     def finish(self) -> None:
         """At detach: join what is still waiting (the order join's unsettled kernel groups)."""
         if self.order is not None:
             self.order.drain(0, self._charge_ordered, force=True)
             self.stats.extra.update(self.order.stats)
+        self.tree.flush()
 
     def expire(self, now_ns: int) -> None:
         if self.order is not None:
@@ -356,6 +437,7 @@ class Joiner:
             while q and now_ns - q[0].ktime_ns > PENDING_MAX_AGE_NS:
                 q.popleft()
                 self.stats.launches_unmatched += 1
+        self.tree.flush()
 
     # ---- reading --------------------------------------------------------------------------
     def unavailable(self) -> set[str]:

@@ -18,13 +18,18 @@ reported by CUPTI and dropped; a group with no such launch within LOOKAHEAD pend
 `[launch not seen]` (its GPU time stays in the totals, visibly unattributed). Where repeated
 identical kernels lose one record, the claim can land one launch early — on the same kernel from
 the same code in practice; the counters say how often anything was skipped.
+
+Cost (issue 9: ~25k launches/s on an H200 ViT job): a pending launch is one entry in each of
+three parallel deques (entry time, path, sig: no object of its own, so nothing per launch for the
+garbage collector to scan while it waits); correlation ids that arrive in ascending order (the common case) go into a
+sorted run (a deque) and only the others into a heap; a group of one record (no graph launch) is
+the record itself, not a list; the oldest pending launch is tried before the lookahead scan.
 """
 
 from __future__ import annotations
 
 import collections
 import heapq
-from dataclasses import dataclass
 from typing import Any, Callable
 
 SETTLE_NS = 3_000_000_000      # > the collector's 1 s flush period + transport
@@ -35,108 +40,200 @@ MAX_PENDING = 1 << 18
 MAX_AGE_NS = 60_000_000_000
 
 
-@dataclass(slots=True)
-class PendingLaunch:
-    ktime_ns: int
-    path: tuple
-    sig: tuple | None            # (grid_x, grid_y, grid_z, block_x, block_y, block_z), None = any (graphs)
-
-
 def kernel_sig(rec: Any) -> tuple:
     return tuple(rec.grid) + tuple(rec.block)
 
 
+_SIG_MEMO: dict[tuple, tuple] = {}
+_SIG_KEYS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+
+
 def launch_sig(args: dict | None) -> tuple | None:
-    """The grid/block of a BPF launch event's decoded arguments, or None if it has none."""
+    """The grid/block of a BPF launch event's decoded arguments, or None if it has none.
+
+    Memoized on the raw values: the same dimensions give the same (int) tuple object."""
     if not args:
         return None
     try:
-        return (int(args["grid_x"]), int(args["grid_y"]), int(args["grid_z"]),
-                int(args["block_x"]), int(args["block_y"]), int(args["block_z"]))
+        raw = (args["grid_x"], args["grid_y"], args["grid_z"], args["block_x"], args["block_y"], args["block_z"])
+        sig = _SIG_MEMO.get(raw)
+    except (KeyError, TypeError):  # TypeError: not a mapping, or an unhashable value
+        return None if not hasattr(args, "__getitem__") else _launch_sig_slow(args)
+    if sig is None:
+        try:
+            sig = tuple(map(int, raw))
+        except (TypeError, ValueError):
+            return None
+        if len(_SIG_MEMO) >= 4096:
+            _SIG_MEMO.clear()
+        _SIG_MEMO[raw] = sig
+    return sig
+
+
+def _launch_sig_slow(args: Any) -> tuple | None:
+    try:
+        return tuple(int(args[k]) for k in _SIG_KEYS)
     except (KeyError, TypeError, ValueError):
         return None
 
 
 class OrderJoin:
     def __init__(self) -> None:
-        self.launches: collections.deque[PendingLaunch] = collections.deque()
-        self.groups: dict[int, list] = {}     # correlation id -> [arrival ns, [kernel records]]
-        self.heap: list[int] = []
+        # pending launches in entry-time order, as parallel deques: entry time, path, and sig =
+        # (grid_x, grid_y, grid_z, block_x, block_y, block_z) or None = any (graph launches)
+        self.times: collections.deque[int] = collections.deque()
+        self.paths: collections.deque[tuple] = collections.deque()
+        self.sigs: collections.deque[tuple | None] = collections.deque()
+        self.groups: dict[int, Any] = {}      # correlation id -> its first kernel record
+        self.more: dict[int, list] = {}       # correlation id -> the group's other records (graphs)
+        self.arrived: dict[int, int] = {}     # correlation id -> arrival ns of its first record
+        self.run: collections.deque[int] = collections.deque()  # ids that arrived ascending
+        self.heap: list[int] = []             # the others
         self.enabled_at_ns = 0                # the collector's (latest) enable time, CLOCK_MONOTONIC
         self.stats = {"order_groups": 0, "order_skipped_launches": 0, "order_unseen_groups": 0,
                       "order_before_enable": 0, "order_sig_mismatch_skips": 0, "order_reordered": 0}
 
+    @property
+    def pending_launches(self) -> int:
+        return len(self.times)
+
     def on_launch(self, ktime_ns: int, path: tuple, sig: tuple | None) -> None:
-        q = self.launches
-        item = PendingLaunch(ktime_ns, path, sig)
-        if q and ktime_ns < q[-1].ktime_ns:  # rare: keep entry-time order
-            i = len(q)
-            while i and q[i - 1].ktime_ns > ktime_ns:
+        times = self.times
+        if times and ktime_ns < times[-1]:  # rare: keep entry-time order
+            i = len(times)
+            while i and times[i - 1] > ktime_ns:
                 i -= 1
-            q.insert(i, item)
+            times.insert(i, ktime_ns)
+            self.paths.insert(i, path)
+            self.sigs.insert(i, sig)
         else:
-            q.append(item)
-        if len(q) > MAX_PENDING:
-            q.popleft()
+            times.append(ktime_ns)
+            self.paths.append(path)
+            self.sigs.append(sig)
+        if len(times) > MAX_PENDING:
+            self._pop()
             self.stats["order_skipped_launches"] += 1
 
+    def _pop(self) -> None:
+        self.times.popleft()
+        self.paths.popleft()
+        self.sigs.popleft()
+
     def on_kernel(self, rec: Any, now_ns: int) -> None:
-        g = self.groups.get(rec.correlation_id)
-        if g is None:
-            self.groups[rec.correlation_id] = [now_ns, [rec]]
-            heapq.heappush(self.heap, rec.correlation_id)
+        corr = rec.correlation_id
+        groups = self.groups
+        if corr in groups:
+            m = self.more.get(corr)
+            if m is None:
+                self.more[corr] = [rec]
+            else:
+                m.append(rec)
+            return
+        groups[corr] = rec
+        self.arrived[corr] = now_ns
+        run = self.run
+        if not run or corr > run[-1]:
+            run.append(corr)
         else:
-            g[1].append(rec)
+            heapq.heappush(self.heap, corr)
 
     def drain(self, now_ns: int, charge: Callable[[tuple | None, Any], None], force: bool = False) -> int:
         """Join every settled group (all of them if force); returns how many were joined."""
         n = 0
-        q = self.launches
+        times, paths, sigs = self.times, self.paths, self.sigs
+        stats = self.stats
+        qpop = self._pop
         if not force:  # launches no kernel record claimed within MAX_AGE_NS never will
-            while q and now_ns - q[0].ktime_ns > MAX_AGE_NS:
-                q.popleft()
-                self.stats["order_skipped_launches"] += 1
-        while self.heap:
-            corr = self.heap[0]
-            arrived, recs = self.groups[corr]
-            if not force and now_ns - arrived < SETTLE_NS:
-                break
-            heapq.heappop(self.heap)
-            del self.groups[corr]
-            n += 1
-            self.stats["order_groups"] += 1
-            while q and q[0].ktime_ns < self.enabled_at_ns:
-                q.popleft()
-                self.stats["order_before_enable"] += 1
-            first = min(recs, key=lambda r: r.start_ns)
-            sig = kernel_sig(first)
-            latest = first.start_ns + START_SLACK_NS
-            pick = None
-            for i in range(min(LOOKAHEAD, len(q))):
-                cand = q[i]
-                if cand.ktime_ns > latest:
+            while times and now_ns - times[0] > MAX_AGE_NS:
+                qpop()
+                stats["order_skipped_launches"] += 1
+        run, heap, groups, arrived, more = self.run, self.heap, self.groups, self.arrived, self.more
+        popleft, heappop = run.popleft, heapq.heappop
+        tpop, ppop, spop = times.popleft, paths.popleft, sigs.popleft
+        enabled = self.enabled_at_ns
+        before_enable = 0
+        try:
+            while True:
+                if run:
+                    corr = run[0]
+                    from_heap = bool(heap) and heap[0] < corr
+                    if from_heap:
+                        corr = heap[0]
+                elif heap:
+                    corr = heap[0]
+                    from_heap = True
+                else:
                     break
-                if cand.sig is None or cand.sig == sig:
-                    pick = i
+                if not force and now_ns - arrived[corr] < SETTLE_NS:
                     break
-            if pick is None:
-                self.stats["order_unseen_groups"] += 1
+                if from_heap:
+                    heappop(heap)
+                else:
+                    popleft()
+                first = groups.pop(corr)
+                del arrived[corr]
+                recs = None
+                if more:
+                    extra = more.pop(corr, None)
+                    if extra is not None:
+                        recs = [first]
+                        recs += extra
+                        first = min(recs, key=_start_of)
+                n += 1
+                while times and times[0] < enabled:
+                    qpop()
+                    before_enable += 1
+                g = first.grid
+                b = first.block
+                sig = g + b if type(g) is tuple and type(b) is tuple else kernel_sig(first)
+                latest = first.start_ns + START_SLACK_NS
+                if times and times[0] <= latest:
+                    s0 = sigs[0]
+                    if s0 is None or s0 == sig:  # the common case: the oldest pending launch
+                        tpop()
+                        spop()
+                        path = ppop()
+                        if recs is None:
+                            charge(path, first)
+                        else:
+                            for r in recs:
+                                charge(path, r)
+                        continue
+                pick = None
+                for i in range(min(LOOKAHEAD, len(times))):
+                    if times[i] > latest:
+                        break
+                    s0 = sigs[i]
+                    if s0 is None or s0 == sig:
+                        pick = i
+                        break
+                if recs is None:
+                    recs = (first,)
+                if pick is None:
+                    stats["order_unseen_groups"] += 1
+                    for r in recs:
+                        charge(None, r)
+                    continue
+                claim_t, claim_path = times[pick], paths[pick]
+                if pick:
+                    stats["order_sig_mismatch_skips"] += 1
+                    del times[pick], paths[pick], sigs[pick]
+                    keep_from = claim_t - REORDER_NS
+                    while times and times[0] < keep_from and pick:
+                        qpop()
+                        pick -= 1
+                        stats["order_skipped_launches"] += 1
+                    if pick:  # launches from just before the claim stay: another thread's, id not yet seen
+                        stats["order_reordered"] += 1
+                else:
+                    qpop()
                 for r in recs:
-                    charge(None, r)
-                continue
-            claim = q[pick]
-            if pick:
-                self.stats["order_sig_mismatch_skips"] += 1
-                del q[pick]
-                keep_from = claim.ktime_ns - REORDER_NS
-                while q and q[0].ktime_ns < keep_from and pick:
-                    q.popleft()
-                    pick -= 1
-                    self.stats["order_skipped_launches"] += 1
-                if pick:  # launches from just before the claim stay: another thread's, id not yet seen
-                    self.stats["order_reordered"] += 1
-            else:
-                q.popleft()
-            for r in recs:
-                charge(claim.path, r)
+                    charge(claim_path, r)
+        finally:
+            stats["order_groups"] += n
+            stats["order_before_enable"] += before_enable
         return n
+
+
+def _start_of(rec: Any) -> int:
+    return rec.start_ns
