@@ -1,6 +1,8 @@
 """Reading /proc (a target's maps, status, tasks; the process list) behind one narrow class.
 
-Shared by the injector and the daemon's discovery (the BPF side keeps its own symbolizer maps).
+The one /proc/PID/maps parser (`parse_maps`, `ProcFS.maps`): the injector, the daemon's discovery
+and the BPF side (library discovery and native symbolization in bpf/procmaps.py, the Python-stack
+reader in bpf/python_process.py) all read maps through it.
 
 No privilege beyond what /proc itself asks (reading another user's maps needs PTRACE_MODE_READ).
 Tests pass a ``ProcFS(root=...)`` over a checked-in or generated tree.
@@ -24,6 +26,7 @@ class Mapping:
     offset: int
     inode: int
     path: str  # "" for anonymous mappings; "[vdso]", "[stack]" …; " (deleted)" suffix kept
+    dev: str = ""  # "major:minor" (hex) of the file's device; with inode, what identifies the file
 
     @property
     def size(self) -> int:
@@ -39,7 +42,7 @@ def parse_maps(text: str) -> list[Mapping]:
         lo, hi = parts[0].split("-")
         out.append(
             Mapping(int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), int(parts[4]),
-                    parts[5].strip() if len(parts) > 5 else "")
+                    parts[5].strip() if len(parts) > 5 else "", parts[3])
         )
     return out
 

@@ -1,8 +1,9 @@
-"""/proc/PID/maps parsing, library discovery and native-frame symbolization.
+"""Library discovery and native-frame symbolization from /proc/PID/maps.
 
-No privileges beyond reading /proc/PID (root for other users' processes). Files are opened through
-/proc/PID/root so a target in a container resolves to its own files. Symbol tables are cached per
-(device, inode, mtime), so each file is parsed once per daemon however many processes map it.
+Maps are parsed by `stacklens.procfs`, ELF files read by `stacklens.elf`. No privileges beyond
+reading /proc/PID (root for other users' processes). Files are opened through /proc/PID/root so
+a target in a container resolves to its own files. Symbol tables are cached per (device, inode,
+mtime), so each file is parsed once per daemon however many processes map it.
 """
 
 from __future__ import annotations
@@ -13,40 +14,11 @@ from bisect import bisect_right
 from dataclasses import dataclass
 
 from stacklens.demangle import demangle as _demangle_one
-from stacklens.errors import NoSuchProcess, PermissionDenied
+from stacklens.elf import ElfFile, SymbolTable
+from stacklens.errors import NoSuchProcess
+from stacklens.procfs import Mapping, ProcFS
 
-from .elf import ElfFile, SymbolTable
 from .frames import Frame
-
-
-@dataclass(frozen=True)
-class Mapping:
-    start: int
-    end: int
-    perms: str
-    offset: int
-    dev: str
-    inode: int
-    path: str
-
-
-def read_maps(pid: int, proc: str = "/proc") -> list[Mapping]:
-    try:
-        with open(f"{proc}/{pid}/maps") as f:
-            lines = f.readlines()
-    except FileNotFoundError as e:
-        raise NoSuchProcess(f"no process {pid}; check the PID with `ps`") from e
-    except PermissionError as e:
-        raise PermissionDenied(f"cannot read /proc/{pid}/maps; run as root (or with CAP_SYS_PTRACE)") from e
-    out = []
-    for line in lines:
-        parts = line.split(None, 5)
-        if len(parts) < 5:
-            continue
-        lo, hi = parts[0].split("-")
-        path = parts[5].rstrip("\n") if len(parts) > 5 else ""
-        out.append(Mapping(int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), parts[3], int(parts[4]), path))
-    return out
 
 
 @dataclass(frozen=True)
@@ -66,7 +38,7 @@ class LibraryFile:
 def find_libraries(pid: int, pattern: re.Pattern[str], proc: str = "/proc") -> list[LibraryFile]:
     """Every distinct file matching `pattern` (on its basename) that the process maps."""
     seen: dict[tuple[str, int], LibraryFile] = {}
-    for m in read_maps(pid, proc):
+    for m in ProcFS(proc).maps(pid):
         if not m.path.startswith("/") or m.inode == 0:
             continue
         path = m.path.removesuffix(" (deleted)")
@@ -110,6 +82,7 @@ class Symbolizer:
     def __init__(self, pid: int, proc: str = "/proc"):
         self.pid = pid
         self.proc = proc
+        self._procfs = ProcFS(proc)
         self._maps: list[Mapping] = []
         self._starts: list[int] = []
         self._cache: dict[int, Frame] = {}
@@ -117,7 +90,7 @@ class Symbolizer:
 
     def refresh(self) -> None:
         try:
-            maps = [m for m in read_maps(self.pid, self.proc) if "x" in m.perms]
+            maps = [m for m in self._procfs.maps(self.pid) if "x" in m.perms]
         except NoSuchProcess:
             return  # keep what we had: the process exited, its events still need names
         self._maps = sorted(maps, key=lambda m: m.start)
@@ -143,15 +116,7 @@ class Symbolizer:
             lib = os.path.basename(m.path)
             file_off = addr - m.start + m.offset
             table = symbol_table(f"{self.proc}/{self.pid}/root{m.path.removesuffix(' (deleted)')}")
-            name = None
-            if table is not None:
-                vaddr = None
-                for s in table.segments:
-                    if s.offset <= file_off < s.offset + max(s.filesz, 1):
-                        vaddr = file_off - s.offset + s.vaddr
-                        break
-                if vaddr is not None:
-                    name = table.lookup(vaddr)
+            name = None if table is None else table.lookup_offset(file_off)
             if name is None:
                 f = Frame.native(lib, f"0x{file_off:x}")
             else:

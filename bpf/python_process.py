@@ -29,7 +29,9 @@ from typing import Iterator, Optional
 
 from stacklens.bpf import python_layouts as pl
 from stacklens.bpf.pysym import ProcessMemory, MemoryReadError
+from stacklens.elf import ElfFile
 from stacklens.errors import AttachError, NoSuchProcess, PermissionDenied, UnsupportedVersion
+from stacklens.procfs import Mapping, ProcFS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,98 +77,18 @@ def read_u64(mem: ProcessMemory, addr: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# /proc/PID/maps and ELF
+# /proc/PID/maps (stacklens.procfs) and ELF (stacklens.elf)
+
+# what _identify needs from the file that holds the runtime
+_SYMBOLS = frozenset({"_PyRuntime", "Py_Version", "PyCode_Type"})
 
 
-@dataclass(frozen=True)
-class Mapping:
-    start: int
-    end: int
-    perms: str
-    offset: int
-    path: str
-
-
-def read_maps(pid: int, proc: Path = Path("/proc")) -> list[Mapping]:
-    try:
-        text = (proc / str(pid) / "maps").read_text()
-    except FileNotFoundError as e:
-        raise NoSuchProcess(f"process {pid} does not exist") from e
-    out = []
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 5:
-            continue
-        lo, hi = parts[0].split("-")
-        out.append(Mapping(int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16),
-                           parts[5].strip() if len(parts) > 5 else ""))
-    return out
-
-
-@dataclass(frozen=True)
-class ElfSymbol:
-    name: str
-    value: int
-    size: int
-
-
-class ElfFile:
-    """Just enough ELF64 (little-endian) to find symbols and the first PT_LOAD."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = str(path)
-        with open(path, "rb") as f:
-            self._data = f.read()
-        d = self._data
-        if d[:4] != b"\x7fELF" or d[4] != 2 or d[5] != 1:
-            raise AttachError(f"{path} is not a 64-bit little-endian ELF file")
-        (self.e_type, _, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum,
-         shstrndx) = struct.unpack_from("<HHIQQQIHHHHHH", d, 16)
-        self.loads = []  # (p_vaddr, p_offset, p_filesz, p_memsz)
-        for i in range(phnum):
-            p_type, _, p_offset, p_vaddr, _, p_filesz, p_memsz, _ = struct.unpack_from(
-                "<IIQQQQQQ", d, phoff + i * phentsize)
-            if p_type == 1:
-                self.loads.append((p_vaddr, p_offset, p_filesz, p_memsz))
-        self._sections = []
-        for i in range(shnum):
-            self._sections.append(struct.unpack_from("<IIQQQQIIQQ", d, shoff + i * shentsize))
-        self._symbols: dict[str, ElfSymbol] | None = None
-
-    def _symtabs(self) -> Iterator[tuple[tuple, tuple]]:
-        for sh in self._sections:
-            if sh[1] in (2, 11):  # SHT_SYMTAB, SHT_DYNSYM
-                yield sh, self._sections[sh[6]]
-
-    def symbols(self) -> dict[str, ElfSymbol]:
-        if self._symbols is None:
-            syms: dict[str, ElfSymbol] = {}
-            d = self._data
-            for sh, strsh in self._symtabs():
-                off, size, entsize = sh[4], sh[5], sh[9] or 24
-                stroff = strsh[4]
-                for j in range(size // entsize):
-                    st_name, st_info, _, st_shndx, st_value, st_size = struct.unpack_from(
-                        "<IBBHQQ", d, off + j * entsize)
-                    if st_shndx == 0 or st_name == 0:
-                        continue
-                    end = d.index(b"\0", stroff + st_name)
-                    name = d[stroff + st_name:end].decode("latin-1")
-                    syms.setdefault(name, ElfSymbol(name, st_value, st_size))
-            self._symbols = syms
-        return self._symbols
-
-    def symbol(self, name: str) -> Optional[ElfSymbol]:
-        return self.symbols().get(name)
-
-    def bias(self, maps: list[Mapping], path: str) -> int:
-        """Load bias of this file in a process: mapped address = bias + st_value."""
-        first = min(self.loads, key=lambda s: s[0])
-        own = [m for m in maps if m.path == path]
-        if not own:
-            raise AttachError(f"{path} is not mapped in the target")
-        m0 = min(own, key=lambda m: m.start)
-        return m0.start - m0.offset - (first[0] - first[1])
+def _load_bias(elf: ElfFile, maps: list[Mapping], path: str) -> int:
+    """Load bias of `path` in a process: mapped address = bias + st_value."""
+    own = sorted((m for m in maps if m.path == path), key=lambda m: m.start, reverse=True)
+    if not own:
+        raise AttachError(f"{path} is not mapped in the target")
+    return elf.load_bias({m.offset: m.start for m in own})  # the lowest mapping of an offset wins
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,7 +139,7 @@ def _open_paths(pid: int, maps: list[Mapping], path: str, proc: Path) -> Iterato
 def find_interpreter(pid: int, mem: Optional[ProcessMemory] = None,
                      proc: Path = Path("/proc")) -> PyInterpreter:
     """Locate `_PyRuntime`, tell the version and choose the layout; raise if unsupported."""
-    maps = read_maps(pid, proc)
+    maps = ProcFS(proc).maps(pid)
     try:
         exe = os.readlink(proc / str(pid) / "exe")
     except OSError:
@@ -229,31 +151,32 @@ def find_interpreter(pid: int, mem: Optional[ProcessMemory] = None,
         elf, host = None, ""
         for host in _open_paths(pid, maps, path, proc):
             try:
-                elf = ElfFile(host)
+                elf = ElfFile(host, error=AttachError)
                 break
-            except (OSError, AttachError):
+            except AttachError:
                 continue
         if elf is None:
             continue
-        sym = elf.symbol("_PyRuntime")
-        if sym is None:
-            continue
-        bias = elf.bias(maps, path)
-        return _identify(pid, path, host, elf, bias, sym.value + bias, mem)
+        with elf:
+            syms = elf.symbols(_SYMBOLS)
+            if "_PyRuntime" not in syms:
+                continue
+            bias = _load_bias(elf, maps, path)
+        return _identify(pid, path, host, syms, bias, syms["_PyRuntime"] + bias, mem)
     raise UnsupportedVersion(
         f"no CPython interpreter (_PyRuntime) found in process {pid}: not a Python process, "
         "or a stripped static build; Python frames will be missing")
 
 
-def _identify(pid: int, path: str, host: str, elf: ElfFile, bias: int, runtime: int,
+def _identify(pid: int, path: str, host: str, syms: dict[str, int], bias: int, runtime: int,
               mem: ProcessMemory) -> PyInterpreter:
     m = _NAME_RE.search(path)
     name_version = (int(m.group(1)), int(m.group(2))) if m else None
     free_threaded = bool(m and m.group(3) == "t")
     hexversion = 0
-    pv = elf.symbol("Py_Version")  # 3.11+: const unsigned long = PY_VERSION_HEX
+    pv = syms.get("Py_Version")  # 3.11+: const unsigned long = PY_VERSION_HEX
     if pv is not None:
-        hexversion = struct.unpack("<I", mem.read(pv.value + bias, 4))[0]
+        hexversion = struct.unpack("<I", mem.read(pv + bias, 4))[0]
         version = pl.version_from_hex(hexversion)
     elif name_version is not None:
         version = name_version
@@ -267,7 +190,7 @@ def _identify(pid: int, path: str, host: str, elf: ElfFile, bias: int, runtime: 
     if pl.needs_debug_offsets(version):
         head = mem.read(runtime, pl.debug_offsets_size(version))
     layout = pl.layout_for(version, head, free_threaded=free_threaded)
-    ct = elf.symbol("PyCode_Type")
+    ct = syms.get("PyCode_Type")
     # main interpreter = last in the list (head is the newest)
     interp = read_u64(mem, runtime + layout.runtime_interpreters_head)
     main, hops = interp, 0
@@ -279,7 +202,7 @@ def _identify(pid: int, path: str, host: str, elf: ElfFile, bias: int, runtime: 
         raise AttachError(f"CPython in pid {pid} has no interpreter yet (starting or exiting)")
     return PyInterpreter(pid=pid, path=path, host_path=host, version=version,
                          hexversion=hexversion, runtime_addr=runtime,
-                         code_type_addr=(ct.value + bias) if ct else 0, layout=layout,
+                         code_type_addr=(ct + bias) if ct else 0, layout=layout,
                          main_interp=main)
 
 

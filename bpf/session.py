@@ -317,7 +317,7 @@ class ProbeSession:
                 self._notes.append("operator probes: not applicable: the process maps no libtorch_cpu.so")
 
     def _attach_gpu_library(self, lib: LibraryFile, specs: list[ProbeSpec]) -> None:
-        from .elf import ElfFile
+        from stacklens.elf import ElfFile
 
         self._attached_files.add(lib.key)
         with ElfFile(lib.host_path) as elf:
@@ -362,7 +362,7 @@ class ProbeSession:
             self._libraries.append(LibraryAttach(lib.path, "torch", 0))
             return
         if self._fallback:
-            from .elf import ElfFile
+            from stacklens.elf import ElfFile
 
             self._op_names = list(FALLBACK_OPS)
             with ElfFile(lib.host_path) as elf:  # BCC takes a virtual address and converts it

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import NoSuchProcess, NotApplicable, PermissionDenied
-from .elf import ElfFile
+from ..elf import ElfFile
 from .memory import ProcessMemory, RemoteMemory
 from ..procfs import Mapping, ProcFS
 
@@ -76,7 +76,7 @@ def find_python(pid: int, procfs: ProcFS | None = None, mem: ProcessMemory | Non
         raise PermissionDenied(f"the memory map of PID {pid} reads empty: run stacklens with CAP_SYS_PTRACE")
     for path in _candidates(procfs, pid, maps):
         mine = [m for m in maps if m.path == path]
-        elf = ElfFile(procfs.open_mapped_file(pid, mine[0]))
+        elf = ElfFile(procfs.open_mapped_file(pid, mine[0]), error=NotApplicable)
         try:
             syms = elf.symbols(WANTED)
             if "_PyRuntime" not in syms and "Py_AddPendingCall" not in syms:
