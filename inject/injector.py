@@ -80,7 +80,10 @@ def _agent_threads(procfs: ProcFS, pid: int) -> dict[int, str]:
             state = stat[stat.rindex(")") + 2:].split()[0]
         except (OSError, ValueError):
             continue
-        nr = procfs.thread_syscall(pid, tid)
+        try:
+            nr = procfs.thread_syscall(pid, tid)
+        except (NoSuchProcess, OSError):   # the thread (an exiting agent's) is gone meanwhile
+            continue
         out[tid] = f"state {state}, " + (f"in the {SYSCALL_NAMES.get(int(nr), 'syscall ' + nr)} syscall"
                                          if nr.isdigit() else nr)
     return out
