@@ -28,15 +28,10 @@ MAX_FIELDS = 40
 MAX_OFFS = 200_000
 MAX_KIND_CODE = 1000
 ALIGNS = (1, 2, 4, 8, 16)
-COPY_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
+COPY_KINDS = wire.RAW_COPY_KINDS
 # required fields per record type (the first is always "kind"), in the order parse_raw reads them
-FIELDS = {
-    "kernel": ("kind", "start", "end", "device_id", "stream_id", "correlation_id", "grid_x", "grid_y", "grid_z",
-               "block_x", "block_y", "block_z", "name"),
-    "memcpy": ("kind", "copy_kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id"),
-    "memset": ("kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id"),
-}
-OPTIONAL = {"kernel": ("graph_id",), "memcpy": (), "memset": ()}
+FIELDS = wire.RAW_FIELDS
+OPTIONAL = wire.RAW_OPTIONAL_FIELDS
 _U32 = struct.Struct("<I")
 
 

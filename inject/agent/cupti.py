@@ -33,13 +33,6 @@ import time
 BUFFER_SIZE = 1 << 20
 RAW_ALIGN = 8
 VERIFY_BUFFERS = 3
-_RECORD_FIELDS = {
-    "kernel": ("kind", "start", "end", "device_id", "stream_id", "correlation_id", "grid_x", "grid_y",
-               "grid_z", "block_x", "block_y", "block_z", "name", "graph_id"),
-    "memcpy": ("kind", "copy_kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id"),
-    "memset": ("kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id"),
-}
-_OPTIONAL_FIELDS = {"graph_id"}
 FLUSH_PERIOD_MS = 1000
 CALIBRATE_EVERY_NS = 10_000_000_000
 PROFILER_CHECK_EVERY_NS = 1_000_000_000
@@ -287,6 +280,7 @@ class CuptiCollector:
         """The wire layout of kernel/memcpy/memset records, from cupti-python's record dtypes."""
         lib = self._lib
         K = lib.ActivityKind
+        wire = _sibling("wire")
         dtypes = {"kernel": lib.activity_kernel10_dtype, "memcpy": lib.activity_memcpy6_dtype,
                   "memset": lib.activity_memset4_dtype}
         kinds = {}
@@ -295,10 +289,10 @@ class CuptiCollector:
             dt = dtypes[rec]
             by_norm = {n.replace("_", "").lower(): n for n in dt.names}
             fields = {}
-            for want in _RECORD_FIELDS[rec]:
+            for want in wire.RAW_FIELDS[rec] + wire.RAW_OPTIONAL_FIELDS[rec]:
                 n = by_norm.get(want.replace("_", "").lower())
                 if n is None:
-                    if want in _OPTIONAL_FIELDS:
+                    if want in wire.RAW_OPTIONAL_FIELDS[rec]:
                         continue
                     raise KeyError(f"{rec} record has no field {want}")
                 fdt, off = dt.fields[n][:2]

@@ -32,6 +32,15 @@ MAX_STACK_DEPTH = 256
 HEADER = struct.Struct(">I")
 RAW_MAGIC = b"SLRB"
 RAW_FORMATS = "BHIQbhiq"
+# fields of the cupti_layout per record type: required (the first is always "kind"), then optional
+RAW_FIELDS = {
+    "kernel": ("kind", "start", "end", "device_id", "stream_id", "correlation_id", "grid_x", "grid_y", "grid_z",
+               "block_x", "block_y", "block_z", "name"),
+    "memcpy": ("kind", "copy_kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id"),
+    "memset": ("kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id"),
+}
+RAW_OPTIONAL_FIELDS = {"kernel": ("graph_id",), "memcpy": (), "memset": ()}
+RAW_COPY_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
 
 
 def encode(msg: dict) -> bytes:
