@@ -31,6 +31,20 @@ CONFIGS = {
 }
 
 
+def _bench(torch, x, steps=5000, reps=5) -> float:
+    """The launch loop: best of reps, µs per step of two tiny kernels."""
+    best = 1e9
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            x.add_(1.0)
+            x.mul_(0.5)
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / steps * 1e6)
+    return round(best, 3)
+
+
 def child(kinds: list[str] | None) -> dict:
     import torch
     if kinds is None:
@@ -40,17 +54,8 @@ def child(kinds: list[str] | None) -> dict:
     x = torch.zeros(16, device="cuda")
     w = torch.randn(512, 512, device="cuda")
 
-    def bench(steps=5000, reps=5):
-        best = 1e9
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                x.add_(1.0)
-                x.mul_(0.5)
-            torch.cuda.synchronize()
-            best = min(best, (time.perf_counter() - t0) / steps * 1e6)
-        return round(best, 3)
+    def bench():
+        return _bench(torch, x)
 
     def seq():
         for _ in range(200):
@@ -131,17 +136,8 @@ def _control(torch) -> dict:
     """The same timeline with no CUPTI at all: how much "after" moves on its own."""
     x = torch.zeros(16, device="cuda")
 
-    def bench(steps=5000, reps=5):
-        best = 1e9
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                x.add_(1.0)
-                x.mul_(0.5)
-            torch.cuda.synchronize()
-            best = min(best, (time.perf_counter() - t0) / steps * 1e6)
-        return round(best, 3)
+    def bench():
+        return _bench(torch, x)
 
     out = {"before": bench()}
     out["during"] = bench()
