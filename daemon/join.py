@@ -266,9 +266,6 @@ class Joiner:
         by_name[name] = path
         return path
 
-    def _base(self, ev: Any) -> tuple[Frame, ...]:
-        return self._base_entry(ev)[3]
-
     def _base_entry(self, ev: Any) -> list:
         """[py, nat, ops, splice() of the event's stacks, {api: {kernel name: launch path}}],
         memoized on the identity of its parts: the probe session hands out the same tuples for
