@@ -45,22 +45,18 @@ def main() -> None:
     data = b"".join(struct.pack("<I", 10) + b"\x11" * (RECORD - 4) for _ in range(n))
     fake = ctypes.CDLL(str(lib))
     a_sock, b_sock = socket.socketpair()
-    agent = Agent(a_sock, "tok", {"max_raw_bytes": 64 << 20})
-    got = [0]
+    agent = Agent(a_sock, "tok")
 
-    def reader():
-        while True:
-            chunk = b_sock.recv(1 << 20)
-            if not chunk:
-                return
-            got[0] += len(chunk)
+    def reader():                               # the daemon's end: drain the socket
+        while b_sock.recv(1 << 20):
+            pass
 
     threading.Thread(target=reader, daemon=True).start()
     col = cupti_mod.CuptiCollector(lambda *x: None)
     col.sink = agent.gpu_sink
     col.clock = type("C", (), {"offset_ns": 0})()
-    col._raw_sizes = {10: RECORD}
-    col.raw_mode = "sizes"                      # verified: no walk per buffer
+    col._raw_sizes = {10: RECORD}               # what _layout() learns from cupti-python's dtypes
+    col._verified = cupti_mod.VERIFY_BUFFERS    # the size walk verified: no walk per buffer
     cb = cupti_mod._ctypes_callbacks(str(lib), col._raw_buffer, col.wants_offsets)
     t_cb = t_send = 0.0
     for _ in range(a.buffers):

@@ -52,6 +52,7 @@ class _Outbox:
         self.chunks = collections.deque()
         self.size = 0            # bytes not yet sent
         self.off = 0             # into chunks[0]
+        self.lock = threading.Lock()   # notes may be sent from a collector's thread
 
     def __len__(self):
         return self.size
@@ -59,9 +60,10 @@ class _Outbox:
     def __bytes__(self):
         return b"".join(self.chunks)[self.off:]
 
-    def append(self, data):
-        self.chunks.append(data)
-        self.size += len(data)
+    def append(self, *parts):
+        with self.lock:
+            self.chunks.extend(parts)
+            self.size += sum(len(p) for p in parts)
 
     def send_to(self, sock):
         """Write what the socket takes now; raises OSError (not BlockingIOError) if it broke."""
@@ -73,7 +75,8 @@ class _Outbox:
             except (BlockingIOError, InterruptedError):
                 return
             self.off += n
-            self.size -= n
+            with self.lock:
+                self.size -= n
             if self.off < len(head):
                 return           # the socket is full
             chunks.popleft()
@@ -109,14 +112,16 @@ class Channel:
         return True
 
     def send_raw(self, header, body):
-        """A raw frame (CUPTI buffer bytes); False when the outbox has no room for it now."""
-        data = self.wire.encode_raw(header, body)
-        if len(data) - 4 > self.wire.MAX_RAW_FRAME:
+        """A raw frame (CUPTI buffer bytes); False when the outbox has no room for it now. The
+        body is queued as it is (no copy of the buffer into a frame)."""
+        prefix = self.wire.raw_prefix(header, len(body))
+        n = len(prefix) + len(body)
+        if n - 4 > self.wire.MAX_RAW_FRAME:
             self.dropped_msgs += 1
             return True               # never fits: consumed (and counted), not retried
-        if len(self.out) + len(data) > self.max_outbox:
+        if len(self.out) + n > self.max_outbox:
             return False
-        self.out.append(data)
+        self.out.append(prefix, body)
         return True
 
     def pump(self, timeout_s):
@@ -188,7 +193,8 @@ class Agent:
         self.gpu_queue = collections.deque()
         self.gpu_dropped = 0
         self.raw_queue = collections.deque()    # ("json", msg) | ("raw", (header, body)), in order
-        self.raw_bytes = 0
+        self.raw_in = 0                         # bytes queued (a collector's thread only)
+        self.raw_out = 0                        # bytes sent on (the agent thread only)
         self.raw_dropped = 0                    # CUPTI buffers dropped (the daemon was too slow)
         self.max_gpu_queue = DEFAULTS["max_gpu_queue"]
         self.samples_dropped = 0
@@ -213,10 +219,10 @@ class Agent:
         """Called from collector threads: never blocks, drops and counts when full."""
         if kind == "raw":
             n = len(rec[1])
-            if self.raw_bytes + n > self.cfg["max_raw_bytes"]:
+            if self.raw_in - self.raw_out + n > self.cfg["max_raw_bytes"]:
                 self.raw_dropped += 1
                 return
-            self.raw_bytes += n
+            self.raw_in += n
             self.raw_queue.append(("raw", rec))
             return
         if kind == "cupti_layout":
@@ -318,14 +324,20 @@ class Agent:
             self.cfg["jax"] = False
             self.note("warning", f"JAX support stopped: {type(e).__name__}: {e}")
 
+    @property
+    def raw_bytes(self):
+        """Bytes of CUPTI buffers queued and not yet in the outbox."""
+        return self.raw_in - self.raw_out
+
     def _send_gpu_records(self):
         rq, ch = self.raw_queue, self.ch
         while rq:
             kind, item = rq[0]
             if kind == "json":
-                ch.send(item)
+                if not ch.send(item) and ch.out:
+                    break                          # outbox full: retried (the layout must arrive)
             elif ch.send_raw(*item):
-                self.raw_bytes -= len(item[1])
+                self.raw_out += len(item[1])
             else:
                 break                          # outbox full: the rest waits for the socket
             rq.popleft()

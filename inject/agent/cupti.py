@@ -26,7 +26,9 @@ offsets. The ctypes trampolines are never freed (CUPTI may call them after we de
 process, reused by later attaches.
 """
 
+import array
 import os
+import sys
 import threading
 import time
 
@@ -74,9 +76,9 @@ class CuptiCollector:
         self.raw = True                  # without API records: ship CUPTI's buffers as bytes (ctypes)
         self._raw_factory = raw_factory  # on_buffer -> object with flush_all(flag); None: the ctypes one
         self._raw_cb = None              # the registered raw callbacks while they are ours
-        self.raw_layout = None
-        self.raw_mode = "offsets"
-        self._verified = 0
+        self._raw_sizes = {}             # record kind -> layout size (the size walk)
+        self._verified = 0               # buffers whose size walk matched CUPTI's own walk
+        self._cupti_paths = ()           # the libcupti files mapped when start() looked
         self.enabled_at_ns = 0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -104,6 +106,7 @@ class CuptiCollector:
                                f"to the process's own ({sorted(before)}); GPU collection disabled")
             return False
         self.sink = sink
+        self._cupti_paths = sorted(after)
         return self._enable()
 
     def _enable(self):
@@ -253,26 +256,20 @@ class CuptiCollector:
         """Register ctypes buffer callbacks and send the record layout; None to use cupti-python's."""
         try:
             layout = self._layout()
-        except Exception as e:
-            self.note("warning", f"CUPTI raw buffers off ({type(e).__name__}: {e}): records go through "
-                                 "cupti-python (higher overhead)")
-            return None
-        try:
             if self._raw_factory is not None:
                 cb = self._raw_factory(self._raw_buffer, self.wants_offsets)
             else:
-                paths = sorted(p for p in (self._gpu or _sibling("gpu")).mapped_libraries()
-                               if os.path.basename(p).startswith("libcupti"))
-                if not paths:
+                if not self._cupti_paths:   # resumed after a user's profiler: look again
+                    self._cupti_paths = sorted(p for p in (self._gpu or _sibling("gpu")).mapped_libraries()
+                                               if "libcupti" in os.path.basename(p))
+                if not self._cupti_paths:
                     raise OSError("libcupti is not mapped")
-                cb = _ctypes_callbacks(paths[0], self._raw_buffer, self.wants_offsets)
+                cb = _ctypes_callbacks(self._cupti_paths[0], self._raw_buffer, self.wants_offsets)
         except Exception as e:
             self.note("warning", f"CUPTI raw buffers off ({type(e).__name__}: {e}): records go through "
                                  "cupti-python (higher overhead)")
             return None
-        self.raw_layout = layout
         self._verified = 0
-        self.raw_mode = "offsets"
         self.sink("cupti_layout", layout)
         return cb
 
@@ -325,33 +322,32 @@ class CuptiCollector:
                 return
             head = {"t": "cupti_raw", "off_ns": self.clock.offset_ns, "mode": "sizes", "n_offs": 0,
                     "align": RAW_ALIGN}
-            if offsets is None:
-                if self.raw_mode != "sizes":      # cannot happen: we asked for offsets
-                    self.counts["unknown"] += 1
-                    return
+            if offsets is None:                   # verified: the callbacks did not walk it
                 sink("raw", (head, data))
                 return
             if self._verified < VERIFY_BUFFERS:
                 if offsets == _walk_sizes(data, self._raw_sizes):
                     self._verified += 1
-                    if self._verified == VERIFY_BUFFERS:
-                        self.raw_mode = "sizes"
                 else:
                     self._verified = VERIFY_BUFFERS + 1    # for good: offsets with every buffer
                     self.note("warning", "CUPTI records are not laid out by their sizes: record "
                                          "offsets travel with every buffer")
-            import array
             offs = array.array("I", offsets)
-            if __import__("sys").byteorder != "little":
+            if sys.byteorder != "little":
                 offs.byteswap()
             head["mode"], head["n_offs"] = "offsets", len(offs)
             sink("raw", (head, offs.tobytes() + data))
         except BaseException:
             pass
 
+    @property
+    def raw_mode(self):
+        """"sizes" once VERIFY_BUFFERS buffers walked by layout size matched CUPTI's own walk."""
+        return "sizes" if self._verified == VERIFY_BUFFERS else "offsets"
+
     def wants_offsets(self):
         """Whether the callbacks walk the next buffer with cuptiActivityGetNextRecord."""
-        return self.raw_mode != "sizes"
+        return self._verified != VERIFY_BUFFERS
 
     # -- CUPTI callbacks (CUPTI's thread, holding the GIL) ---------------------------------------
     def _buffer_requested(self):
@@ -568,7 +564,6 @@ class _RawCallbacks:
 
 
 def _sibling(name):
-    import sys
     pkg = __name__.rpartition(".")[0]
     mod = sys.modules.get(pkg + "." + name)
     if mod is None:

@@ -48,8 +48,12 @@ def encode(msg: dict) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
-def encode_raw(header: dict, *body) -> bytes:
-    """A raw frame: magic, header length, JSON header, then the body parts as they are."""
+def raw_prefix(header: dict, body_len: int) -> bytes:
+    """What goes before a raw frame's body: length, magic, header length, JSON header."""
     head = json.dumps(header, separators=(",", ":")).encode()
-    n = len(RAW_MAGIC) + 4 + len(head) + sum(len(b) for b in body)
-    return b"".join((HEADER.pack(n), RAW_MAGIC, HEADER.pack(len(head)), head) + tuple(body))
+    return HEADER.pack(len(RAW_MAGIC) + 4 + len(head) + body_len) + RAW_MAGIC + HEADER.pack(len(head)) + head
+
+
+def encode_raw(header: dict, *body) -> bytes:
+    """A raw frame: the prefix, then the body parts as they are."""
+    return b"".join((raw_prefix(header, sum(len(b) for b in body)),) + body)
