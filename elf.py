@@ -18,10 +18,14 @@ import mmap
 import os
 import struct
 from bisect import bisect_right
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from stacklens.errors import InputError
+
+if TYPE_CHECKING:
+    from stacklens.procfs import Mapping
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _PHDR = struct.Struct("<IIQQQQQQ")
@@ -155,17 +159,22 @@ class ElfFile:
                 return s.vaddr & ~0xFFF
         return self.segments[0].vaddr & ~0xFFF if self.segments else 0
 
-    def load_bias(self, mapping_starts_by_offset: dict[int, int]) -> int:
+    def load_bias(self, mappings: Iterable[Mapping]) -> int:
         """Bias = runtime address - link-time address, from the mappings of this file in a
-        process ({file offset: start address}, as /proc/PID/maps lists them)."""
+        process (`procfs.Mapping`s, as /proc/PID/maps lists them; only this file's). When two
+        mappings share a file offset, the lowest start wins."""
         if not self.is_pie_or_shared:
             return 0
-        if 0 in mapping_starts_by_offset:
-            return mapping_starts_by_offset[0] - self.first_load_vaddr()
+        starts: dict[int, int] = {}  # file offset -> lowest start mapping it
+        for m in mappings:
+            if m.offset not in starts or m.start < starts[m.offset]:
+                starts[m.offset] = m.start
+        if 0 in starts:
+            return starts[0] - self.first_load_vaddr()
         for s in self.segments:
             page_off = s.offset & ~0xFFF
-            if page_off in mapping_starts_by_offset:
-                return mapping_starts_by_offset[page_off] - (s.vaddr & ~0xFFF)
+            if page_off in starts:
+                return starts[page_off] - (s.vaddr & ~0xFFF)
         raise self._error(f"cannot find the load address of {self.path}")
 
     # -- symbols

@@ -25,6 +25,18 @@ def op_base(name: str) -> str:
     return name.rpartition("::")[2]
 
 
+_OPS_NS = "at::_ops::"
+
+
+def op_of_native(name: str) -> str | None:
+    """The op of a demangled native frame inside an operator's dispatcher entry, named as op
+    frames are: `at::_ops::select_int::call(at::Tensor const&, …)` -> `aten::select_int`;
+    None for any other native frame."""
+    if not name.startswith(_OPS_NS):
+        return None
+    return "aten::" + name[len(_OPS_NS):].split("::", 1)[0]
+
+
 class View:
     """Read-only index over one snapshot.
 

@@ -89,12 +89,12 @@ def empty_probe_cost(t: Target, libdir: Path, n: int, reps: int, base: float) ->
     from bcc import BPF
 
     from stacklens.elf import ElfFile
-    from stacklens.bpf.uprobe_multi import attach_uprobe_multi
+    from stacklens.bpf.uprobe_multi import BPF_TRACE_UPROBE_MULTI, attach_uprobe_multi
 
     with ElfFile(str(libdir / "libcuda.so.1")) as elf:
         off = elf.symbol_offsets(["cuLaunchKernel"])["cuLaunchKernel"]
     b = BPF(text=b"int sl_empty(struct pt_regs *ctx) { return 0; }")
-    fn = b.load_func(b"sl_empty", BPF.KPROBE, attach_type=48)
+    fn = b.load_func(b"sl_empty", BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI)
     fd = attach_uprobe_multi(fn.fd, str(libdir / "libcuda.so.1"), [off], [0], pid=t.pid)
     try:
         s = median_of(t, f"loop {n}", reps)
@@ -176,7 +176,7 @@ def bench_ops(steps: int, reps: int, pairs: int = 7) -> dict:
 
     from stacklens.bpf.ops import LIBTORCH_RE, find_op_symbols, select_ops
     from stacklens.bpf.procmaps import find_libraries
-    from stacklens.bpf.uprobe_multi import attach_uprobe_multi
+    from stacklens.bpf.uprobe_multi import BPF_TRACE_UPROBE_MULTI, attach_uprobe_multi
 
     t = Target("torch_mlp.py")
     empty = None
@@ -195,7 +195,7 @@ def bench_ops(steps: int, reps: int, pairs: int = 7) -> dict:
             os.close(fd)
         s._links = []
         empty = BPF(text=b"int sl_empty(struct pt_regs *ctx) { return 0; }")
-        empty_fn = empty.load_func(b"sl_empty", BPF.KPROBE, attach_type=48)
+        empty_fn = empty.load_func(b"sl_empty", BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI)
         rows = []
         run = {n: [0, 0] for n in names}
 

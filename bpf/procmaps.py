@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import re
 from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from stacklens.demangle import demangle as _demangle_one
+from stacklens.demangle import demangle
 from stacklens.elf import ElfFile, SymbolTable
 from stacklens.errors import NoSuchProcess
 from stacklens.procfs import Mapping, ProcFS
@@ -35,10 +36,15 @@ class LibraryFile:
         return (self.dev, self.inode)
 
 
-def find_libraries(pid: int, pattern: re.Pattern[str], proc: str = "/proc") -> list[LibraryFile]:
-    """Every distinct file matching `pattern` (on its basename) that the process maps."""
+def find_libraries(pid: int, pattern: re.Pattern[str], proc: str = "/proc",
+                   maps: Iterable[Mapping] | None = None) -> list[LibraryFile]:
+    """Every distinct file matching `pattern` (on its basename) that the process maps.
+
+    maps: the process's mappings when the caller already read them (one read for several
+    patterns); read from `proc` otherwise."""
+    procfs = ProcFS(proc)
     seen: dict[tuple[str, int], LibraryFile] = {}
-    for m in ProcFS(proc).maps(pid):
+    for m in procfs.maps(pid) if maps is None else maps:
         if not m.path.startswith("/") or m.inode == 0:
             continue
         path = m.path.removesuffix(" (deleted)")
@@ -46,13 +52,8 @@ def find_libraries(pid: int, pattern: re.Pattern[str], proc: str = "/proc") -> l
             continue
         key = (m.dev, m.inode)
         if key not in seen:
-            seen[key] = LibraryFile(path, f"{proc}/{pid}/root{path}", m.dev, m.inode)
+            seen[key] = LibraryFile(path, str(procfs.target_path(pid, path)), m.dev, m.inode)
     return list(seen.values())
-
-
-def demangle(names: list[str]) -> list[str]:
-    """Demangled C++ names (in-process, `stacklens.demangle`); names that do not demangle come back as given."""
-    return [_demangle_one(n) for n in names]
 
 
 _TABLES: dict[tuple, SymbolTable | None] = {}
@@ -115,17 +116,14 @@ class Symbolizer:
         else:
             lib = os.path.basename(m.path)
             file_off = addr - m.start + m.offset
-            table = symbol_table(f"{self.proc}/{self.pid}/root{m.path.removesuffix(' (deleted)')}")
+            table = symbol_table(str(self._procfs.target_path(self.pid, m.path.removesuffix(" (deleted)"))))
             name = None if table is None else table.lookup_offset(file_off)
             if name is None:
                 f = Frame.native(lib, f"0x{file_off:x}")
             else:
-                f = Frame.native(lib, self._demangle(name))
+                f = Frame.native(lib, demangle(name))  # cached there
         self._cache[addr] = f
         return f
-
-    def _demangle(self, name: str) -> str:
-        return _demangle_one(name)  # cached there
 
     def stack(self, addrs) -> tuple[Frame, ...]:
         """Innermost-first addresses (as BPF returns them) -> outermost-first frames."""

@@ -85,10 +85,10 @@ _SYMBOLS = frozenset({"_PyRuntime", "Py_Version", "PyCode_Type"})
 
 def _load_bias(elf: ElfFile, maps: list[Mapping], path: str) -> int:
     """Load bias of `path` in a process: mapped address = bias + st_value."""
-    own = sorted((m for m in maps if m.path == path), key=lambda m: m.start, reverse=True)
+    own = [m for m in maps if m.path == path]
     if not own:
         raise AttachError(f"{path} is not mapped in the target")
-    return elf.load_bias({m.offset: m.start for m in own})  # the lowest mapping of an offset wins
+    return elf.load_bias(own)
 
 
 # ---------------------------------------------------------------------------------------------

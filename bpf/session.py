@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from stacklens.errors import (AttachError, InputError, NoSuchProcess, NotApplicable, PermissionDenied,
                               StacklensError, UnsupportedVersion)
+from stacklens.procfs import ProcFS
 
 from . import program
 from .events import AttachReport, Event, LibraryAttach, make_event
@@ -29,7 +30,7 @@ from .ops import LIBTORCH_RE, OpSymbol, find_op_symbols, select_ops
 from .procmaps import LibraryFile, Symbolizer, find_libraries
 from .ringbuf import BUSY, DISCARD, RingBufReader
 from .spec import DEFAULT_SPEC, MEMCPY_KINDS, ProbeSpec, load_specs
-from .uprobe_multi import UprobeMultiError, attach_uprobe_multi
+from .uprobe_multi import BPF_TRACE_UPROBE_MULTI, UprobeMultiError, attach_uprobe_multi
 
 _HEAD = struct.Struct("<IIIIQQQIiQQQQ")  # sl_event up to `args` (checked against SlEvent below)
 _ARGS = struct.Struct(f"<{SL_NARGS}Q")
@@ -59,12 +60,11 @@ _STACK_ROOTS = ("_start", "__libc_start_main", "__libc_start_call_main", "clone"
 _ROLE = {"libcuda": "cuda", "libamdhip64": "hip"}
 PERF_TYPE_SOFTWARE = 1
 PERF_COUNT_SW_CPU_CLOCK = 0
-BPF_TRACE_UPROBE_MULTI = 48
 # ops attached when uprobe_multi is unavailable (one perf event each: slow to attach and detach)
 FALLBACK_OPS = ("aten::linear", "aten::addmm", "aten::matmul", "aten::mm", "aten::bmm", "aten::conv2d",
                 "aten::convolution", "aten::relu", "aten::softmax_int", "aten::layer_norm",
                 "aten::embedding", "aten::add_Tensor", "aten::mul_Tensor", "aten::copy_",
-                "aten::to_dtype", "aten::t", "aten::mse_loss", "aten::sum", "aten::item")
+                "aten::to_dtype", "aten::mse_loss", "aten::sum", "aten::item")
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class _RecordList:
         buf = bytearray()
         for r in records:
             buf += _RING_HDR.pack(len(r), 0) + r + bytes(-len(r) % 8)
-        self.data = memoryview(bytes(buf))
+        self.data = memoryview(buf)
         self.mask = (1 << 62) - 1
         self._end = len(buf)
 
@@ -294,13 +294,15 @@ class ProbeSession:
 
     def _scan(self, initial: bool) -> None:
         cfg = self.config
+        # one read of the maps per scan, for every library pattern
+        maps = ProcFS().maps(self.pid) if cfg.ops or (cfg.gpu and self._specs) else []
         if cfg.gpu:
             by_re: dict[str, list[ProbeSpec]] = {}
             for s in self._specs:
                 by_re.setdefault(s.library, []).append(s)
             found_any = False
             for regex, specs in by_re.items():
-                for lib in find_libraries(self.pid, re.compile(regex)):
+                for lib in find_libraries(self.pid, re.compile(regex), maps=maps):
                     found_any = True
                     if lib.key not in self._attached_files:
                         self._attach_gpu_library(lib, specs)
@@ -309,7 +311,7 @@ class ProbeSession:
                                    "libamdhip64 (CPU sampling and operator probes still apply; "
                                    "libraries loaded later are picked up by rescan)")
         if cfg.ops:
-            libs = find_libraries(self.pid, LIBTORCH_RE)
+            libs = find_libraries(self.pid, LIBTORCH_RE, maps=maps)
             for lib in libs:
                 if lib.key not in self._attached_files:
                     self._attach_torch(lib)

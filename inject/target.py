@@ -81,7 +81,7 @@ def find_python(pid: int, procfs: ProcFS | None = None, mem: ProcessMemory | Non
             syms = elf.symbols(WANTED)
             if "_PyRuntime" not in syms and "Py_AddPendingCall" not in syms:
                 continue
-            bias = elf.load_bias({m.offset: m.start for m in mine})
+            bias = elf.load_bias(mine)
             sec = elf.sections.get(".PyRuntime")
         finally:
             elf.close()

@@ -13,14 +13,14 @@ from stacklens.cct import Frame, Snapshot
 from ..config import RuleConfig
 from ..finding import Finding, severity_for
 from ..registry import rule
-from ..view import name_matcher, view_of
+from ..view import name_matcher, op_base, op_of_native, view_of
 from ._common import add_time_base, cost, is_sync_api, line_path, names, op_named
 
 RULE = "sync_stalls"
 
 is_sync_op = op_named("item", "_local_scalar_dense", "is_nonzero", "nonzero", "equal", "masked_select", "unique")
-_is_extract_op = op_named("select", "slice", "unbind", "index", "as_strided", "squeeze", "view")
-_OPS_NS = "at::_ops::"
+_EXTRACT_OPS = ("select", "slice", "unbind", "index", "as_strided", "squeeze", "view")
+_EXTRACT_PREFIXES = tuple(b + "_" for b in _EXTRACT_OPS)
 _htod = name_matcher(r"htod")
 _blocking_dtoh = name_matcher(r"memcpy.*dtoh(?!.*async)|^cudaMemcpy$|^cuMemcpy$")
 
@@ -29,16 +29,13 @@ def _is_extract_frame(f: Frame) -> bool:
     """An op that picks elements: its op frame when the op is probed, else its
     `at::_ops::<op>::call` frame in the native stack. View ops (select_int, slice_Tensor,
     as_strided, view, squeeze…) are not probed by default (stacklens.bpf.ops.VIEW_OPS), so a
-    sample inside `probs[i]` reads py line → native …select_int::call → … with no op frame."""
-    if f.kind == "native":
-        if not f.name.startswith(_OPS_NS):
-            return False
-        return _is_extract_op(Frame.op("aten::" + f.name[len(_OPS_NS):].split("::", 1)[0]))
-    return _is_extract_op(f)
-
-
-def _any_frame(f: Frame) -> bool:
-    return True
+    sample inside `probs[i]` reads py line → native …select_int::call → … with no op frame.
+    Names match as in `op_named`: the base or the base with an overload suffix."""
+    op = f.name if f.kind == "op" else op_of_native(f.name) if f.kind == "native" else None
+    if op is None:
+        return False
+    base = op_base(op)
+    return base in _EXTRACT_OPS or base.startswith(_EXTRACT_PREFIXES)
 
 
 def _is_sync_frame(f) -> bool:
@@ -66,7 +63,7 @@ def sync_stalls(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     # (the C extension's glue, unprobed view ops, native stacks cut above their op's entry);
     # without Python frames (line 0: the whole process) only the element-picking ops count.
     extract = view.mark(_is_extract_frame, kinds=("op", "native"))
-    in_op = view.mark(_any_frame, kinds=("op",))
+    in_op = view.mark(lambda f: True, kinds=("op",))
     cm = view.cpu_metric
     col = view.col(cm) if cm else None
     if col:

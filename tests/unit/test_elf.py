@@ -55,7 +55,7 @@ def test_load_bias_from_this_process_maps():
     libc = next(m for m in maps if "/libc.so" in m.path or "/libc-" in m.path)
     mine = [m for m in maps if m.path == libc.path]
     with ElfFile(ProcFS().open_mapped_file(os.getpid(), libc)) as elf:
-        bias = elf.load_bias({m.offset: m.start for m in mine})
+        bias = elf.load_bias(mine)
         getpid = elf.symbols({"getpid"})["getpid"]
     import ctypes
     addr = ctypes.cast(ctypes.CDLL(None).getpid, ctypes.c_void_p).value
