@@ -66,6 +66,14 @@ class _Module:
     by_name: dict            # sanitized instruction name -> entry index
     by_instr: dict           # raw instruction name -> entry index
 
+    def operators(self, idxs) -> tuple:
+        """The distinct operators of the entries `idxs`, in order (the split's operator list)."""
+        ops: dict = {}
+        for i in idxs:
+            for o in self.entries[i][2]:
+                ops.setdefault(tuple(o), None)
+        return tuple(ops)
+
 
 class JaxIndex:
     """Fusion maps of one process's XLA modules; owned by the aggregation thread."""
@@ -201,16 +209,22 @@ class JaxIndex:
             return m, [cands[k]], "order"   # as many library kernels as custom calls last time: one each
         return m, cands, "order"
 
-    def ops_of(self, module_name: str, instruction: str) -> tuple | None:
-        """The operators of an instruction (for jax.profiler's hlo_module/hlo_op stats) in the
-        module of that name that ran most (newest on a tie); None if unknown."""
+    def module_named(self, module_name: str, instructions) -> _Module | None:
+        """The module of that name whose instructions are looked up for jax.profiler's
+        hlo_module/hlo_op stats: of the complete modules of that name, the one holding most of
+        `instructions` (raw instruction names: the distinct hlo_ops the trace shows for it), then the
+        larger, then the newest; None if none holds any. Keyed by module NAME only (the profiler
+        gives no fingerprint), so a module recompiled under the same name (same instruction names,
+        maybe other operators) is never mixed in instruction by instruction."""
+        instructions = set(instructions)
         best = None
         for pos, m in enumerate(self.modules.values()):
-            if m.name == module_name and instruction in m.by_instr:
-                k = (self._hits.get(m.module_id, 0), pos)
-                if best is None or k > best[0]:
-                    best = (k, m)
-        return best[1].entries[best[1].by_instr[instruction]][2] if best else None
+            if m.name != module_name or not m.entries:
+                continue
+            k = (len(instructions & m.by_instr.keys()), len(m.entries), pos)
+            if best is None or k > best[0]:
+                best = (k, m)
+        return best[1] if best is not None and best[0][0] else None
 
     # ---- the split -------------------------------------------------------------------------
     def split(self, path: tuple[Frame, ...], krec: Any) -> list[tuple[tuple[Frame, ...], dict[str, int]]] | None:
@@ -224,11 +238,7 @@ class JaxIndex:
             return None
         m, idxs, rule = r
         self.stats["matched" if rule == "name" else "by_order"] += 1
-        ops: dict = {}
-        for i in idxs:
-            for o in m.entries[i][2]:
-                ops.setdefault(tuple(o), None)
-        return split_paths(path, krec.name, max(0, krec.end_ns - krec.start_ns), tuple(ops))
+        return split_paths(path, krec.name, max(0, krec.end_ns - krec.start_ns), m.operators(idxs))
 
     def site_of(self, kernel_name: str) -> tuple[Frame, ...]:
         """The compile call site of the newest module holding the kernel (agent-only fallback)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,18 +47,21 @@ class Job:
             self.p.wait(30)
 
 
+def spaced(job: Job, n: int) -> tuple[list[float], float]:
+    """n measurements 0.5 s apart, and their median: the launch loop drifts by tens of percent over
+    seconds on this machine, so phases are compared by medians (the test uses these)."""
+    vals = []
+    for _ in range(n):
+        vals.append(job.bench())
+        time.sleep(0.5)
+    return vals, statistics.median(vals)
+
+
 def run() -> dict:
     job = Job()
     report: dict = {}
     try:
-        # the launch loop drifts by tens of percent over seconds on this machine: take several
-        # spaced measurements before and after, compare medians (the test uses these)
-        before = []
-        for _ in range(5):
-            before.append(job.bench())
-            time.sleep(0.5)
-        report["us_per_step_before_all"] = before
-        report["us_per_step_before"] = sorted(before)[len(before) // 2]
+        report["us_per_step_before_all"], report["us_per_step_before"] = spaced(job, 5)
         api = os.environ.get("STACKLENS_GPU_API_RECORDS", "0") == "1"
         report["gpu_api_records"] = api
         with AgentServer(job.p.pid, Path(tempfile.mkdtemp()) / "agents", config={"gpu_api_records": api}) as srv:
@@ -93,12 +97,7 @@ def run() -> dict:
         # leaves a cost in the process (pytorch#146604), which spoiled this measurement until
         # session 3 (docs/benchmarks/gpu.md)
         time.sleep(1.0)
-        after = []
-        for _ in range(5):
-            after.append(job.bench())
-            time.sleep(0.5)
-        report["us_per_step_after_all"] = after
-        report["us_per_step_after"] = sorted(after)[len(after) // 2]
+        report["us_per_step_after_all"], report["us_per_step_after"] = spaced(job, 5)
         # the kernels of the sequence, by time: this also checks the CUPTI -> CLOCK_MONOTONIC calibration
         kernels = [r for r in recs if isinstance(r, KernelRecord) and t0 <= r.start_ns <= t1]
         all_k = [r for r in recs if isinstance(r, KernelRecord)]
@@ -123,12 +122,7 @@ def run() -> dict:
         report["our_names_in_window"] = dict(Counter(demangle(k.name)[:160] for k in kernels))
         report["raw_names_in_window"] = sorted({k.name[:160] for k in kernels})[:10]
         # the same job after torch.profiler ran once: its residual cost, for comparison
-        after_prof = []
-        for _ in range(3):
-            after_prof.append(job.bench())
-            time.sleep(0.5)
-        report["us_per_step_after_torch_profiler_all"] = after_prof
-        report["us_per_step_after_torch_profiler"] = sorted(after_prof)[1]
+        report["us_per_step_after_torch_profiler_all"], report["us_per_step_after_torch_profiler"] = spaced(job, 3)
     finally:
         job.close()
         out = os.environ.get("STACKLENS_GPU_OUT")

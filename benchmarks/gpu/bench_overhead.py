@@ -227,36 +227,33 @@ class Runner:
         def torchprof(stack: bool):
             return lambda: self._torchprof(t, n, per_step, stack)
 
-        is_jax = name == "jax"
-        phase("unprofiled", plain)
         def memory():
             return self.memory(t, per_step)
 
+        is_jax = name == "jax"
+        variants = name in a.probe_variants.split(",")
+        agent_ok = not is_jax or a.jax_agent
+        phase("unprofiled", plain)
         if a.memory_only:  # the long memory run alone (the device's calls last at most 10 minutes)
             phase("memory", memory, min_left=40.0)
             phase("after_detach_agent", plain)
             if not is_jax:
                 phase("torchprof", torchprof(False))
-        else:
-            self._phases(a, name, ph, phase, plain, attached, torchprof, memory)
-        return self._finish(name, t, res, ph, dead)
-
-    def _phases(self, a, name, ph, phase, plain, attached, torchprof, memory) -> None:
-        is_jax = name == "jax"
+            return self._finish(t, res, ph, dead)
         phase("probes", attached(False))
         phase("after_detach", plain)
-        if name in a.probe_variants.split(","):
+        if variants:
             for vkey, kw in PROBE_VARIANTS.items():
                 phase(vkey, attached(False, kw))
                 phase("plain_after_" + vkey, plain)
-        if not is_jax or a.jax_agent:
+        if agent_ok:
             phase("agent", attached(True))   # the default agent: kernel records only, order join
             phase("after_detach_agent", plain)
         else:
             ph["agent"] = {"status": "n/a: JAX is measured with probes only"}
         if name == a.memory_workload and a.memory_s > 0:
             phase("memory", memory, min_left=40.0)
-        if (not is_jax or a.jax_agent) and name in a.probe_variants.split(","):
+        if agent_ok and variants:
             # the agent with CUPTI API records (exact join) last before torch.profiler: API tracing
             # leaves a cost behind in the process (measured), which would spoil later phases
             phase("agent_api_records", attached(True, api_records=True))
@@ -268,8 +265,9 @@ class Runner:
             phase("plain_after_torchprof_stack", plain)
         else:
             ph["torchprof"] = ph["torchprof_stack"] = {"status": "n/a: torch.profiler does not profile JAX"}
+        return self._finish(t, res, ph, dead)
 
-    def _finish(self, name, t, res, ph, dead) -> dict:
+    def _finish(self, t, res, ph, dead) -> dict:
         rc = t.close(timeout=5.0 if dead else 30.0)
         res["target_rc"] = rc
         res["noise_tail"] = t.noise[-20:]

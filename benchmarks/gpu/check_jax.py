@@ -209,18 +209,34 @@ def _site(frames) -> str:
     return f"{Path(frames[-1][0]).name}:{frames[-1][2]}" if frames else ""
 
 
-def _line_key(op) -> str:
-    op_name, f, line, func = op
-    return f"{Path(f).name}:{line} ({func})" if f else f"[{op_name}]"
+def _line_key(file=None, line=0, func=None, op_name=None) -> str:
+    """A per-line row's key: `file:line (function)`, else `[operator]`, else `[no operator]`."""
+    if file:
+        return f"{Path(file).name}:{line} ({func})"
+    return f"[{op_name}]" if op_name is not None else "[no operator]"
 
 
 def _charge(acc: dict, ops, ns: float) -> None:
     """The daemon's rule (jaxjoin.split_paths): even split over the distinct operators."""
     if not ops:
-        acc["[no operator]"] += ns
+        acc[_line_key()] += ns
         return
-    for op in ops:
-        acc[_line_key(op)] += ns / len(ops)
+    for op_name, file, line, func in ops:
+        acc[_line_key(file, line, func, op_name)] += ns / len(ops)
+
+
+def _index(recs):
+    """A JaxIndex fed these HLO map records."""
+    from stacklens.daemon.jaxjoin import JaxIndex
+    index = JaxIndex()
+    for r in recs:
+        index.add_hlo(r)
+    return index
+
+
+def _launch_order(kernels) -> list:
+    """Kernel records by (device, stream, start): the order the daemon's index sees them in."""
+    return sorted(kernels, key=lambda k: (k.device, k.stream, k.start_ns))
 
 
 ProfEvent = collections.namedtuple("ProfEvent", "module hlo_op name stream start_ns dur_ns graph_id")
@@ -273,53 +289,32 @@ def profiler_events(log_dir: str, cpu: bool) -> tuple[list[ProfEvent], dict]:
 
 
 def _module_choice(events: list[ProfEvent], index) -> dict:
-    """hlo_module name -> the map (JaxIndex module) its events' hlo_op stats are looked up in: of the
-    modules of that name, the one holding most of the distinct hlo_ops the trace shows for it (then
-    the larger, then the newest). Keyed by module NAME only (the profiler gives no fingerprint), so
-    a module recompiled under the same name (same instruction names, maybe other operators) is
-    never mixed in instruction by instruction."""
+    """hlo_module name -> the map its events' hlo_op stats are looked up in (JaxIndex.module_named:
+    the module of that name holding most of the distinct hlo_ops the trace shows for it)."""
     seen: dict = collections.defaultdict(set)
     for ev in events:
         seen[ev.module].add(ev.hlo_op)
-    out = {}
-    for name, ops in seen.items():
-        best = None
-        for pos, m in enumerate(index.modules.values()):
-            if m.name != name or not m.entries:
-                continue
-            k = (len(ops & m.by_instr.keys()), len(m.entries), pos)
-            if best is None or k > best[0]:
-                best = (k, m)
-        if best is not None and best[0][0]:
-            out[name] = best[1]
-    return out
-
-
-def _ops_at(m, idxs) -> tuple:
-    found: dict = {}
-    for i in idxs:
-        for o in m.entries[i][2]:
-            found.setdefault(tuple(o), None)
-    return tuple(found)
+    chosen = {name: index.module_named(name, ops) for name, ops in seen.items()}
+    return {name: m for name, m in chosen.items() if m is not None}
 
 
 HLO_OP_AGREEMENT = 0.9   # below: the trace's hlo_op stats do not say which instruction ran each kernel
 
 
-def map_profiler(events: list[ProfEvent], index, pindex, sanitize, steps: int,
+def map_profiler(events: list[ProfEvent], pindex, sanitize, steps: int,
                  diag: dict | None = None) -> tuple[dict, dict, dict]:
     """Profiler events -> (ns per step per source line, events per mapping way, unknown ns).
 
     Every event is looked at two ways: (a) its hlo_module/hlo_op stats name an instruction of the
-    map (`_module_choice`), independent of stacklens' name matching; (b) its kernel name resolved
-    as stacklens does, by `pindex` (a JaxIndex of its own, fed every event in stream order so its
-    launch-order state is right). (a) is used (way `hlo_op`) when the trace's hlo_op stats are per
-    kernel: on the events whose kernel is named after an instruction (way (b) by rule `name`), at
-    least HLO_OP_AGREEMENT of them name that same instruction. Else — or for an event whose hlo_op
+    map (`_module_choice`, in pindex's maps), independent of stacklens' name matching; (b) its
+    kernel name resolved as stacklens does, by `pindex` (a JaxIndex of its own, fed every event in
+    stream order so its launch-order state is right). (a) is used (way `hlo_op`) when the trace's
+    hlo_op stats are per kernel: on the events whose kernel is named after an instruction (way (b)
+    by rule `name`), at least HLO_OP_AGREEMENT of them name that same instruction. Else — or for an event whose hlo_op
     is no instruction of the map (an XLA command buffer, `command_buffer_1`) — (b) (ways
     `kernel_name:name` / `kernel_name:order`); else `unknown`. `diag` (if given) receives the
     basis, the agreement, the events per module/instruction kind and the distinct hlo_ops."""
-    chosen = _module_choice(events, index)
+    chosen = _module_choice(events, pindex)
     rows = []
     agree = checked = order_agree = order_checked = 0
     mismatches = collections.Counter()
@@ -357,7 +352,7 @@ def map_profiler(events: list[ProfEvent], index, pindex, sanitize, steps: int,
             kinds[f"{m.name}/{m.entries[i][1]} (hlo_op)"] += 1
         elif by_name is not None:
             m, idxs, rule = by_name
-            ops = _ops_at(m, idxs)
+            ops = m.operators(idxs)
             ways["kernel_name:" + rule] += 1
             kinds[f"{m.name}/{m.entries[idxs[0]][1]} (kernel name: {rule})"] += 1
         else:
@@ -401,8 +396,8 @@ def stacklens_side(index, kernels, sanitize, from_ns: int = 0) -> tuple[dict, co
             continue
         for path, m in parts:
             src = [f for f in path if f.kind == "python"]
-            key = f"{Path(src[-1].file).name}:{src[-1].line} ({src[-1].name})" if src else \
-                f"[{next(f.name for f in path if f.kind == 'op')}]" if any(f.kind == "op" for f in path) else "[no operator]"
+            key = _line_key(src[-1].file, src[-1].line, src[-1].name) if src else \
+                _line_key(op_name=next((f.name for f in path if f.kind == "op"), None))
             sl[key] += m["gpu_time_ns"]
     return sl, counts, unknown
 
@@ -454,7 +449,6 @@ def check(a) -> int:
 
 def _check(a, res: dict, out_dir: Path, work: Path, t0: float) -> int:
     _importable_stacklens()
-    from stacklens.cct import Frame
     from stacklens.daemon.jaxjoin import COMPILE_METRIC, JaxIndex, sanitize
     from stacklens.inject import AgentServer, inject_agent
     from stacklens.inject.records import AgentStats, CompileRecord, HloMapRecord, KernelRecord, Note
@@ -542,7 +536,7 @@ def _check(a, res: dict, out_dir: Path, work: Path, t0: float) -> int:
 
     notes = [f"{r.level}: {r.message}" for r in recs if isinstance(r, Note)]
     hlo = [r for r in recs if isinstance(r, HloMapRecord)]
-    all_kernels = [r for r in recs if isinstance(r, KernelRecord) and r.end_ns > r.start_ns]
+    all_kernels = _launch_order(r for r in recs if isinstance(r, KernelRecord) and r.end_ns > r.start_ns)
     compiles = [r for r in recs if isinstance(r, CompileRecord)]
     stats = [r for r in recs if isinstance(r, AgentStats)]
     maps = collections.Counter(r.module for r in hlo if r.part == 0)
@@ -560,13 +554,9 @@ def _check(a, res: dict, out_dir: Path, work: Path, t0: float) -> int:
         return bool(frames) and Path(frames[-1][0]).name == Path(__file__).name and frames[-1][2] == grow_line
     grow_events = [c for c in compiles if at_grow(c.frames)]
     cidx = JaxIndex()                              # the daemon's compile charge (jaxjoin.compile_charge)
-    grow_ns = 0
-    grow_path_ok = False
-    for c in grow_events:
-        path, metrics = cidx.compile_charge(c)
-        grow_ns += metrics.get(COMPILE_METRIC, 0)
-        grow_path_ok = grow_path_ok or (path[-1] == Frame.python(c.frames[-1][0], c.frames[-1][1], grow_line)
-                                        and c.frames[-1][1].endswith("target_main"))
+    grow_ns = sum(cidx.compile_charge(c)[1].get(COMPILE_METRIC, 0) for c in grow_events)
+    # compile_charge's path ends with the event's innermost frame, the grow line (at_grow): target_main's?
+    grow_path_ok = any(c.frames[-1][1].endswith("target_main") for c in grow_events)
     res["recompile"] = {
         "grow_line": grow_line,
         "events_at_grow_site": sorted({c.event for c in grow_events}),
@@ -580,14 +570,11 @@ def _check(a, res: dict, out_dir: Path, work: Path, t0: float) -> int:
     # the module recompiled at the grow site (same name, same kernel names, maybe other operators);
     # `with_recompiled_module` below shows what the daemon's rules make of both.
     steady = [r for r in hlo if not (r.module.endswith("train_step") and at_grow(r.site))]
-    index, pindex = JaxIndex(), JaxIndex()
-    for r in steady:
-        index.add_hlo(r)
-        pindex.add_hlo(r)
+    index, pindex = _index(steady), _index(steady)
 
     # -- the profiler side: per HLO instruction (hlo_op), else kernel name ---------------------------
     pdiag: dict = {}
-    prof, ways, prof_unknown = map_profiler(events, index, pindex, sanitize, a.profile_steps, pdiag)
+    prof, ways, prof_unknown = map_profiler(events, pindex, sanitize, a.profile_steps, pdiag)
     res["profiler_mapping"] = ways
     res["profiler_side"] = pdiag
     if pdiag["basis"] != "hlo_op":
@@ -599,24 +586,20 @@ def _check(a, res: dict, out_dir: Path, work: Path, t0: float) -> int:
     res["profiler_command_buffer_events"] = sum(1 for ev in events if ev.hlo_op.startswith("command_buffer"))
 
     # -- the stacklens side: kernel records (GPU) or, in --cpu, the profiler's events named like XLA:GPU kernels
+    after = 0 if a.cpu else window.get("grow_ns", [0, 0])[1]   # the recompile's autotuning kernels are not steps
     if a.cpu:
-        kernels = [KernelRecord(sanitize(ev.hlo_op), ev.start_ns, ev.start_ns + max(1, int(ev.dur_ns)), 0, ev.stream, i)
-                   for i, ev in enumerate(events)]
+        kernels = _launch_order(KernelRecord(sanitize(ev.hlo_op), ev.start_ns, ev.start_ns + max(1, int(ev.dur_ns)),
+                                             0, ev.stream, i) for i, ev in enumerate(events))
         res["note"] = ("cpu smoke: the stacklens side is fed the profiler's CPU thunk events renamed as "
                        "XLA:GPU names kernels; this checks plumbing, not GPU timing")
     else:
-        after = window.get("grow_ns", [0, 0])[1]   # the recompile's autotuning kernels are not steps
-        kernels = [k for k in all_kernels if k.start_ns >= after]
+        kernels = [k for k in all_kernels if k.start_ns >= after]     # still in launch order
         res["agent"]["kernel_records_before_grow_end"] = len(all_kernels) - len(kernels)
-    kernels.sort(key=lambda k: (k.device, k.stream, k.start_ns))
     sl, sl_counts, sl_unknown = stacklens_side(index, kernels, sanitize)
     # the daemon's view with every map (the recompiled module too), fed every kernel since the
     # attach (its history of which module ran), charging those of the window
-    full = JaxIndex()
-    for r in hlo:
-        full.add_hlo(r)
-    hist = kernels if a.cpu else sorted(all_kernels, key=lambda k: (k.device, k.stream, k.start_ns))
-    sl_full, _c, _u = stacklens_side(full, hist, sanitize, from_ns=window.get("grow_ns", [0, 0])[1] if not a.cpu else 0)
+    full = _index(hlo)
+    sl_full, _c, _u = stacklens_side(full, kernels if a.cpu else all_kernels, sanitize, from_ns=after)
 
     # -- steps stacklens saw ----------------------------------------------------------------------
     est = step_estimates(sl_counts, prof_counts, a.profile_steps)
@@ -633,23 +616,27 @@ def _check(a, res: dict, out_dir: Path, work: Path, t0: float) -> int:
     total_prof = sum(prof.values())
     total_sl = sum(sl.values()) / sl_steps if sl_steps else 0.0
     res["total_gpu_ms_per_step"] = {"stacklens": total_sl / 1e6, "profiler": total_prof / 1e6}
+
+    def per_step(side: dict, key: str, p: float) -> tuple[float, float]:
+        """(stacklens ns per step on the line, its relative difference to the profiler's p)."""
+        s = side.get(key, 0.0) / sl_steps if sl_steps else 0.0
+        return s, abs(s - p) / p if p else (0.0 if not s else float("inf"))
+
     rows = []
     ok = total_prof > 0 and sl_steps > 0
+    worst = 0.0                                    # over the judged lines, with the recompiled module's maps too
     for key in sorted(set(prof) | set(sl), key=lambda k: -prof.get(k, 0.0)):
         p = prof.get(key, 0.0)
-        s = sl.get(key, 0.0) / sl_steps if sl_steps else 0.0
-        rel = abs(s - p) / p if p else (0.0 if not s else float("inf"))
+        s, rel = per_step(sl, key, p)
         share = p / total_prof if total_prof else 0.0
         judged = share >= 0.01
         good = (rel <= a.tolerance) if judged else True
         ok = ok and good
+        if judged and sl_steps:
+            worst = max(worst, per_step(sl_full, key, p)[1])
         rows.append({"line": key, "stacklens_ms_per_step": s / 1e6, "profiler_ms_per_step": p / 1e6,
                      "rel_diff": rel, "profiler_share": share, "judged": judged, "pass": good})
     res["lines"] = rows
-    worst = 0.0
-    for key, p in prof.items():
-        if total_prof and p / total_prof >= 0.01 and sl_steps:
-            worst = max(worst, abs(sl_full.get(key, 0.0) / sl_steps - p) / p)
     res["with_recompiled_module"] = {"max_rel_diff_judged_lines": worst, "index": full.meta(),
                                      "note": "info only: the daemon's module choice with the recompiled "
                                              "train_step in its maps (same kernel names)"}

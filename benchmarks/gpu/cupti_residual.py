@@ -46,105 +46,102 @@ def _bench(torch, x, steps=5000, reps=5) -> float:
 
 
 def child(kinds: list[str] | None) -> dict:
+    """One configuration's timeline. kinds None: the control, the same timeline with no CUPTI at all
+    (how much "after" moves on its own). RAW first: buffers through the agent's ctypes callbacks,
+    counted in bytes (`records.raw_bytes`; no per-record parse, so `seq_kernels_*` are null)."""
     import torch
+    if kinds is not None:
+        from cupti import cupti
+
+    x = torch.zeros(16, device="cuda")
+
+    def bench():
+        return _bench(torch, x)
+
     if kinds is None:
-        return _control(torch)
-    from cupti import cupti
-
-    x = torch.zeros(16, device="cuda")
-    w = torch.randn(512, 512, device="cuda")
-
-    def bench():
-        return _bench(torch, x)
-
-    def seq():
-        for _ in range(200):
-            x.add_(1.0)
-        for _ in range(50):
-            torch.mm(w, w)
-        torch.cuda.synchronize()
-
-    seq()
-    out = {"before": bench()}
-    got = {"kernel": 0, "api": 0, "other": 0, "buffers": 0}
-
-    def requested():
-        return 1 << 20, 0
-
-    def completed(acts):
-        got["buffers"] += 1
-        for r in acts:
-            if r.kind == cupti.ActivityKind.CONCURRENT_KERNEL:
-                got["kernel"] += 1
-            elif r.kind in (cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER):
-                got["api"] += 1
-            else:
-                got["other"] += 1
-
-    raw = None
-    if kinds and kinds[0] == "RAW":
-        import os
-
-        from stacklens.inject.agent.cupti import _ctypes_callbacks
-        kinds = kinds[1:]
-        cupti.get_timestamp()                  # libcupti mapped by now
-        lib = sorted(p.split(None, 5)[5].strip() for p in open("/proc/self/maps")
-                     if "libcupti" in p and len(p.split(None, 5)) == 6)[0]
-
-        def on_buffer(data, offs):
-            got["buffers"] += 1
-            got["other"] += len(data)          # bytes
-
-        raw = _ctypes_callbacks(lib, on_buffer, lambda: False)
-        got["lib"] = os.path.basename(lib)
+        out = {"before": bench(), "during": bench()}
+        got = None
+        time.sleep(0.5)
     else:
-        cupti.activity_register_callbacks(requested, completed)
-    flush = raw.flush_all if raw is not None else cupti.activity_flush_all
-    enabled = []
-    for k in kinds:
-        name = k.rstrip("*")
-        kind = getattr(cupti.ActivityKind, name)
-        cupti.activity_enable(kind)
-        enabled.append(kind)
-        if name in ("RUNTIME", "DRIVER") and not k.endswith("*"):
-            en = cupti.activity_enable_runtime_api if name == "RUNTIME" else cupti.activity_enable_driver_api
-            dom = cupti.CallbackDomain.RUNTIME_API if name == "RUNTIME" else cupti.CallbackDomain.DRIVER_API
-            for cbid in range(1, 2048):
-                try:
-                    nm = str(cupti.get_callback_name(dom, cbid))
-                except Exception:
-                    continue
-                en(cbid, 1 if "Launch" in nm else 0)
-    out["during"] = bench()
-    flush(1)
-    base = dict(got)
-    seq()
-    for kind in enabled:
-        cupti.activity_disable(kind)
-    flush(1)
-    out["seq_kernels_sync"] = got["kernel"] - base["kernel"]
-    time.sleep(0.5)
-    out["seq_kernels_0.5s"] = got["kernel"] - base["kernel"]
+        w = torch.randn(512, 512, device="cuda")
+
+        def seq():
+            for _ in range(200):
+                x.add_(1.0)
+            for _ in range(50):
+                torch.mm(w, w)
+            torch.cuda.synchronize()
+
+        seq()
+        out = {"before": bench()}
+        raw = kinds[:1] == ["RAW"]
+        if raw:
+            import os
+
+            from stacklens.inject.agent.cupti import _ctypes_callbacks
+            from stacklens.inject.agent.gpu import mapped_libraries
+            kinds = kinds[1:]
+            got = {"buffers": 0, "raw_bytes": 0}
+            cupti.get_timestamp()                  # libcupti mapped by now
+            lib = sorted(p for p in mapped_libraries() if "libcupti" in os.path.basename(p))[0]
+
+            def on_buffer(data, offs):
+                got["buffers"] += 1
+                got["raw_bytes"] += len(data)
+
+            flush = _ctypes_callbacks(lib, on_buffer, lambda: False).flush_all
+            got["lib"] = os.path.basename(lib)
+        else:
+            got = {"kernel": 0, "api": 0, "other": 0, "buffers": 0}
+
+            def requested():
+                return 1 << 20, 0
+
+            def completed(acts):
+                got["buffers"] += 1
+                for r in acts:
+                    if r.kind == cupti.ActivityKind.CONCURRENT_KERNEL:
+                        got["kernel"] += 1
+                    elif r.kind in (cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER):
+                        got["api"] += 1
+                    else:
+                        got["other"] += 1
+
+            cupti.activity_register_callbacks(requested, completed)
+            flush = cupti.activity_flush_all
+        enabled = []
+        for k in kinds:
+            name = k.rstrip("*")
+            kind = getattr(cupti.ActivityKind, name)
+            cupti.activity_enable(kind)
+            enabled.append(kind)
+            if name in ("RUNTIME", "DRIVER") and not k.endswith("*"):
+                en = cupti.activity_enable_runtime_api if name == "RUNTIME" else cupti.activity_enable_driver_api
+                dom = cupti.CallbackDomain.RUNTIME_API if name == "RUNTIME" else cupti.CallbackDomain.DRIVER_API
+                for cbid in range(1, 2048):
+                    try:
+                        nm = str(cupti.get_callback_name(dom, cbid))
+                    except Exception:
+                        continue
+                    en(cbid, 1 if "Launch" in nm else 0)
+        out["during"] = bench()
+        flush(1)
+        base = dict(got)
+        seq()
+        for kind in enabled:
+            cupti.activity_disable(kind)
+        flush(1)
+
+        def seq_kernels():              # raw buffers are not parsed here: no kernel count
+            return None if raw else got["kernel"] - base["kernel"]
+        out["seq_kernels_sync"] = seq_kernels()
+        time.sleep(0.5)
+        out["seq_kernels_0.5s"] = seq_kernels()
     out["after"] = bench()
     time.sleep(2.0)
     out["after_2s"] = bench()
-    out["records"] = got
-    return out
-
-
-def _control(torch) -> dict:
-    """The same timeline with no CUPTI at all: how much "after" moves on its own."""
-    x = torch.zeros(16, device="cuda")
-
-    def bench():
-        return _bench(torch, x)
-
-    out = {"before": bench()}
-    out["during"] = bench()
-    time.sleep(0.5)
-    out["after"] = bench()
-    time.sleep(2.0)
-    out["after_2s"] = bench()
+    if got is not None:
+        out["records"] = got
     return out
 
 

@@ -73,7 +73,7 @@ def _cpu_trace(tmp_path, steps):
 
 def test_profiler_side_spreads_cpu_thunk_time_over_dense_and_attention_lines(tmp_path):
     from tests.unit.test_jax import _check_jax
-    from stacklens.daemon.jaxjoin import JaxIndex, sanitize
+    from stacklens.daemon.jaxjoin import sanitize
     from stacklens.inject.agent.jaxmeta import parse_hlo_text
     from stacklens.inject.records import HloKernel, HloMapRecord
 
@@ -86,11 +86,8 @@ def test_profiler_side_spreads_cpu_thunk_time_over_dense_and_attention_lines(tmp
                        tuple(HloKernel(n, op, tuple(tuple(o) for o in ops)) for n, op, ops in entries))
 
     def mapped(evs):
-        index, pindex = JaxIndex(), JaxIndex()
-        index.add_hlo(rec)
-        pindex.add_hlo(rec)
         diag: dict = {}
-        prof, ways, unknown = cj.map_profiler(evs, index, pindex, sanitize, steps, diag)
+        prof, ways, unknown = cj.map_profiler(evs, cj._index([rec]), sanitize, steps, diag)
         return prof, ways, unknown, diag
 
     prof, ways, unknown, diag = mapped(events)

@@ -317,7 +317,6 @@ def test_index_matches_sanitized_names_order_rule_and_parts():
     assert ix.split(site, krec("input_exp_reduce_fusion_impl", 30)) is not None
     assert ix.stats["matched"] == 3 and ix.stats["by_order"] == 1 and ix.stats["unmatched"] == 1
     assert sanitize("wrapped_reduce-window.3") == "wrapped_reduce_window_3"
-    assert ix.ops_of("jit_step", "cublas-gemm.2") == (QK,)
 
 
 def test_same_name_in_two_modules_prefers_the_module_running_on_the_stream():
@@ -411,14 +410,19 @@ def test_graph_kernels_resolve_within_their_graph():
     assert (0, 5) not in ix._graph_module and ix._graph_module[(0, 6)] == "m2"   # m1 forgotten with its graphs
 
 
-def test_ops_of_prefers_the_module_that_ran_most():
+def test_module_named_prefers_the_module_holding_most_of_the_instructions():
     ix = JaxIndex()
-    ix.add_hlo(hlo_record("old", "jit_step", [HloKernel("fusion.1", "fusion", (DOT,))]))
+    ix.add_hlo(hlo_record("old", "jit_step", [HloKernel("fusion.1", "fusion", (DOT,)), HloKernel("fusion.2", "fusion", (ACT,))]))
     ix.add_hlo(hlo_record("new", "jit_step", [HloKernel("fusion.1", "fusion", (EXP,))]))
-    assert ix.ops_of("jit_step", "fusion.1") == (EXP,)          # nothing ran: the newest
-    ix._hits["old"] += 3
-    assert ix.ops_of("jit_step", "fusion.1") == (DOT,)
-    assert ix.ops_of("jit_step", "nope") is None and ix.ops_of("jit_other", "fusion.1") is None
+    ix.add_hlo(hlo_record("same", "jit_step", [HloKernel("fusion.1", "fusion", (QK,))]))
+    assert ix.module_named("jit_step", {"fusion.1", "fusion.2"}).module_id == "old"   # holds both
+    assert ix.module_named("jit_step", {"fusion.1", "nope"}).module_id == "old"       # one each: the larger
+    ix.add_hlo(hlo_record("big", "jit_step", [HloKernel("fusion.3", "fusion", (QK,)), HloKernel("fusion.4", "fusion", (QK,))]))
+    assert ix.module_named("jit_step", {"fusion.1"}).module_id == "old"               # big holds none of them
+    ix._forget("old")
+    assert ix.module_named("jit_step", {"fusion.1"}).module_id == "same"              # equal: the newest
+    assert ix.module_named("jit_step", {"nope"}) is None and ix.module_named("jit_other", {"fusion.1"}) is None
+    assert ix.modules["same"].operators([0, 0]) == (QK,)                              # distinct operators
 
 
 # ---- what the agent sends always passes the daemon's schema (GPU-sized data) ----------------------
@@ -514,9 +518,6 @@ def _check_jax():
 
 def test_check_jax_maps_command_buffer_events_by_kernel_name_and_estimates_steps():
     cj = _check_jax()
-    index, pindex = JaxIndex(), JaxIndex()
-    for ix in (index, pindex):
-        ix.add_hlo(hlo_record())
     E = cj.ProfEvent
     steps = 2
     events = []
@@ -529,7 +530,7 @@ def test_check_jax_maps_command_buffer_events_by_kernel_name_and_estimates_steps
         events.append(E("jit_step", "command_buffer_1", "loop_maximum_fusion_1", 2, t + 2, 10.0, 9))
         events.append(E("jit_step", "command_buffer_1", "sm90_xmma_gemm_f32f32_tn", 2, t + 3, 40.0, 9))
         events.append(E("jit_other", "command_buffer_2", "mystery_kernel", 3, t + 4, 5.0, 0))
-    prof, ways, unknown = cj.map_profiler(events, index, pindex, sanitize, steps)
+    prof, ways, unknown = cj.map_profiler(events, cj._index([hlo_record()]), sanitize, steps)
     assert ways == {"hlo_op": 2, "kernel_name:name": 4, "kernel_name:order": 2, "unknown": 2}
     assert prof["dense.py:7 (dense)"] == pytest.approx((100 + 10) / 2)
     assert prof["attn.py:8 (attention)"] == pytest.approx(40.0)         # the gemm, by launch order
