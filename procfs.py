@@ -97,6 +97,10 @@ class ProcFS:
         stat = self._read(pid, "stat")
         return int(stat[stat.rindex(")") + 2:].split()[19])
 
+    def thread_comm(self, pid: int, tid: int) -> str:
+        """/proc/PID/task/TID/comm: the thread's name (``prctl(PR_SET_NAME)``, 15 bytes at most)."""
+        return self._read(pid, f"task/{tid}/comm").strip()
+
     def thread_state(self, pid: int, tid: int) -> str:
         stat = self._read(pid, f"task/{tid}/stat")
         return stat[stat.rindex(")") + 2:].split()[0]

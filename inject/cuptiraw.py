@@ -6,8 +6,8 @@ every header are validated strictly (``ProtocolError``), every read is bounds-ch
 record with out-of-range values is skipped and counted, never fatal. Kernel names are pointers into
 the target's memory, read from ``/proc/PID/mem`` by ``NameReader`` (cached, never raising).
 
-No imports from ``server.py`` (it imports this module): ``ProtocolError`` / ``MAX_STR`` /
-``MAX_INT`` live here and ``server`` re-exports them.
+No imports from ``server.py`` (it imports this module): the checks both share, ``ProtocolError``,
+``MAX_STR`` and ``MAX_INT`` live in ``validate.py``; this module and ``server`` re-export them.
 """
 
 from __future__ import annotations
@@ -18,25 +18,24 @@ import struct
 import threading
 
 from .agent import wire
+from .memory import ProcMemReader, read_cstring
 from .records import KernelRecord, MemcpyRecord
+from .validate import (MAX_INT, MAX_STR, ProtocolError, check_choice, check_dict, check_int, check_message,
+                       check_row, check_str)
 
-MAX_STR = 8192
-MAX_INT = (1 << 63) - 1
 MAX_DEVICE = 1 << 16
 MAX_KINDS = 16
 MAX_FIELDS = 40
 MAX_OFFS = 200_000
 MAX_KIND_CODE = 1000
 ALIGNS = (1, 2, 4, 8, 16)
+MODES = ("sizes", "offsets")
 COPY_KINDS = wire.RAW_COPY_KINDS
 # required fields per record type (the first is always "kind"), in the order parse_raw reads them
 FIELDS = wire.RAW_FIELDS
 OPTIONAL = wire.RAW_OPTIONAL_FIELDS
+_FORMATS = tuple(wire.RAW_FORMATS)      # one-letter struct formats (a tuple: "" is no format)
 _U32 = struct.Struct("<I")
-
-
-class ProtocolError(ValueError):
-    pass
 
 
 class KindLayout:
@@ -112,38 +111,22 @@ def _code(k) -> int:
 
 def parse_layout(msg) -> Layout:
     """A ``cupti_layout`` message -> Layout. Raises ProtocolError on anything unexpected."""
-    if type(msg) is not dict or msg.get("t") != "cupti_layout":
-        raise ProtocolError("not a cupti_layout message")
-    kinds_in = msg.get("kinds")
-    if type(kinds_in) is not dict or not 0 < len(kinds_in) <= MAX_KINDS:
-        raise ProtocolError("bad layout kinds")
+    check_message(msg, "cupti_layout", "not a cupti_layout message")
+    kinds_in = check_dict(msg.get("kinds"), MAX_KINDS, "bad layout kinds", minlen=1)
     kinds = {}
     for k, v in kinds_in.items():
         code = _code(k)
         if code in kinds:
             raise ProtocolError("duplicate kind code")
-        if type(v) is not dict:
-            raise ProtocolError("bad kind layout")
-        rec = v.get("rec")
-        if type(rec) is not str or rec not in FIELDS:
-            raise ProtocolError("bad record type")
-        size = v.get("size")
-        if type(size) is not int or not 8 <= size <= 4096:
-            raise ProtocolError("bad record size")
-        fields_in = v.get("fields")
-        if type(fields_in) is not dict or len(fields_in) > MAX_FIELDS:
-            raise ProtocolError("bad fields")
+        check_dict(v, MAX_INT, "bad kind layout")
+        rec = check_choice(v.get("rec"), FIELDS, "bad record type")
+        size = check_int(v.get("size"), 8, 4096, "bad record size")
         fields = {}
-        for name, f in fields_in.items():
-            if type(name) is not str or len(name) > 64:
-                raise ProtocolError("bad field name")
-            if type(f) is not list or len(f) != 2:
-                raise ProtocolError("bad field")
-            off, fmt = f
-            if type(fmt) is not str or len(fmt) != 1 or fmt not in wire.RAW_FORMATS:
-                raise ProtocolError(f"bad field format {str(fmt)[:8]!r}")
-            if type(off) is not int or not 0 <= off or off + struct.calcsize("<" + fmt) > size:
-                raise ProtocolError(f"field {name[:64]!r} outside the record")
+        for name, f in check_dict(v.get("fields"), MAX_FIELDS, "bad fields").items():
+            check_str(name, 64, "bad field name")
+            off, fmt = check_row(f, 2, "bad field")
+            check_choice(fmt, _FORMATS, f"bad field format {str(fmt)[:8]!r}")
+            check_int(off, 0, size - struct.calcsize("<" + fmt), f"field {name!r} outside the record")
             fields[name] = (off, fmt)
         missing = [f for f in FIELDS[rec] if f not in fields]
         if missing:
@@ -151,22 +134,21 @@ def parse_layout(msg) -> Layout:
         if fields["kind"] != (0, "I") and fields["kind"] != (0, "i"):
             raise ProtocolError("the kind field must be a 4-byte integer at offset 0")
         kinds[code] = KindLayout(code, rec, size, fields)
-    ck_in = msg.get("copy_kinds", {})
-    if type(ck_in) is not dict or len(ck_in) > 64:
-        raise ProtocolError("bad copy_kinds")
     copy_kinds = {}
-    for k, v in ck_in.items():
-        if type(v) is not str or v not in COPY_KINDS:
-            raise ProtocolError("bad copy kind")
+    for k, v in check_dict(msg.get("copy_kinds", {}), 64, "bad copy_kinds").items():
+        v = check_choice(v, COPY_KINDS, "bad copy kind")
         copy_kinds[_code(k)] = v
     return Layout(kinds, copy_kinds)
 
 
 class NameReader:
     """Kernel names by pointer from the target's memory (``/proc/PID/mem``, one fd opened on
-    first use). Cached pointer -> name (bounded: cleared when full). A null pointer or a failed
-    read gives ``unresolved:0x…`` (cached, counted in ``unresolved``). Never raises."""
-    PAGE = 4096
+    first use, read with ``memory.read_cstring``). Cached pointer -> name (bounded: cleared when
+    full). A null pointer or a failed read gives ``unresolved:0x…`` (cached, counted in
+    ``unresolved``). Never raises.
+
+    Not ``RemoteMemory`` (process_vm_readv by PID): the fd stays bound to the target's address
+    space, so after the target exits a reused PID is never read, and ``close()`` releases it."""
 
     def __init__(self, pid: int, max_entries: int = 100_000, max_len: int = MAX_STR) -> None:
         self.pid = pid
@@ -197,28 +179,10 @@ class NameReader:
                 except OSError:
                     self._open_failed = True
                     return None
-            fd = self._fd
-            parts = []
-            got = 0
-            addr = ptr
-            while got < self.max_len:
-                n = min(self.PAGE - addr % self.PAGE, self.max_len - got)
-                try:
-                    chunk = os.pread(fd, n, addr)
-                except (OSError, OverflowError, ValueError):
-                    chunk = b""
-                if not chunk:
-                    if not parts:
-                        return None
-                    break                 # readable start, unmapped tail: keep what we have
-                z = chunk.find(b"\0")
-                if z >= 0:
-                    parts.append(chunk[:z])
-                    break
-                parts.append(chunk)
-                got += len(chunk)
-                addr += len(chunk)
-            return b"".join(parts)
+            try:
+                return read_cstring(ProcMemReader(self._fd), ptr, self.max_len)
+            except OSError:
+                return None
 
     def read(self, ptr: int) -> str:
         try:
@@ -254,20 +218,11 @@ class NameReader:
 
 
 def _header(h) -> tuple[int, str, int, int]:
-    if type(h) is not dict or h.get("t") != "cupti_raw":
-        raise ProtocolError("not a cupti_raw header")
-    off_ns = h.get("off_ns")
-    if type(off_ns) is not int or not -(1 << 63) <= off_ns < (1 << 63):
-        raise ProtocolError("bad off_ns")
-    mode = h.get("mode")
-    if mode != "sizes" and mode != "offsets":
-        raise ProtocolError("bad mode")
-    n_offs = h.get("n_offs")
-    if type(n_offs) is not int or not 0 <= n_offs <= MAX_OFFS or (mode == "sizes" and n_offs):
-        raise ProtocolError("bad n_offs")
-    align = h.get("align")
-    if type(align) is not int or align not in ALIGNS:
-        raise ProtocolError("bad align")
+    check_message(h, "cupti_raw", "not a cupti_raw header")
+    off_ns = check_int(h.get("off_ns"), -(1 << 63), MAX_INT, "bad off_ns")
+    mode = check_choice(h.get("mode"), MODES, "bad mode")
+    n_offs = check_int(h.get("n_offs"), 0, MAX_OFFS if mode == "offsets" else 0, "bad n_offs")
+    align = check_choice(h.get("align"), ALIGNS, "bad align", typ=int)
     return off_ns, mode, n_offs, align
 
 

@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import AlreadyAttached, AttachError, InputError, NoSuchProcess, Timeout, UnsupportedVersion
+from ..errors import (AlreadyAttached, AttachError, InputError, NoSuchProcess, PermissionDenied, Timeout,
+                      UnsupportedVersion)
 from . import pep768, ptrace_inject
 from .bootstrap import THREAD_NAME, pending_call_text, script_file_text
 from .memory import RemoteMemory
@@ -55,10 +56,15 @@ def choose_method(tp: TargetPython) -> str:
     return "pep768" if tp.minor >= PEP768_VERSION else "ptrace"
 
 
+def _syscall_desc(nr: str) -> str:
+    """A syscall number (decimal text from /proc/.../syscall) in words: "the futex syscall"."""
+    return f"the {SYSCALL_NAMES.get(int(nr), 'syscall ' + nr)} syscall"
+
+
 def _blocked_reason(procfs: ProcFS, pid: int) -> str:
     nr = procfs.thread_syscall(pid, pid)
     if nr.isdigit():
-        return f"its main thread is blocked in the {SYSCALL_NAMES.get(int(nr), 'syscall ' + nr)} syscall"
+        return f"its main thread is blocked in {_syscall_desc(nr)}"
     if nr == "running":
         return "its main thread is running native code (no eval-breaker check)"
     return "its main thread did not reach an eval-breaker check"
@@ -72,20 +78,14 @@ def _agent_threads(procfs: ProcFS, pid: int) -> dict[int, str]:
     except (NoSuchProcess, OSError):
         return out
     for tid in tids:
-        task = procfs.root / str(pid) / "task" / str(tid)
         try:
-            if (task / "comm").read_text().strip() != THREAD_NAME:
+            if procfs.thread_comm(pid, tid) != THREAD_NAME:
                 continue
-            stat = (task / "stat").read_text()
-            state = stat[stat.rindex(")") + 2:].split()[0]
-        except (OSError, ValueError):
-            continue
-        try:
+            state = procfs.thread_state(pid, tid)
             nr = procfs.thread_syscall(pid, tid)
-        except (NoSuchProcess, OSError):   # the thread (an exiting agent's) is gone meanwhile
-            continue
-        out[tid] = f"state {state}, " + (f"in the {SYSCALL_NAMES.get(int(nr), 'syscall ' + nr)} syscall"
-                                         if nr.isdigit() else nr)
+        except (NoSuchProcess, PermissionDenied, OSError, ValueError):
+            continue                        # the thread (an exiting agent's) is gone meanwhile
+        out[tid] = f"state {state}, " + (f"in {_syscall_desc(nr)}" if nr.isdigit() else nr)
     return out
 
 

@@ -15,9 +15,54 @@ from typing import Protocol
 from ..errors import NoSuchProcess, PermissionDenied
 
 
+PAGE = 4096
+
+
 class ProcessMemory(Protocol):
     def read(self, addr: int, n: int) -> bytes: ...
     def write(self, addr: int, data: bytes) -> None: ...
+
+
+def read_cstring(mem: ProcessMemory, addr: int, max_len: int) -> bytes:
+    """The NUL-terminated string at ``addr`` (without the NUL), at most ``max_len`` bytes, read
+    page by page so that it never reads past the page where the NUL is. Raises what ``mem.read``
+    raises when the first page is unreadable; an unreadable later page ends the string there."""
+    parts = []
+    got = 0
+    while got < max_len:
+        n = min(PAGE - addr % PAGE, max_len - got)
+        try:
+            chunk = mem.read(addr, n)
+        except (OSError, NoSuchProcess, PermissionDenied):
+            if not parts:
+                raise
+            break                         # readable start, unmapped tail: keep what we have
+        z = chunk.find(b"\0")
+        if z >= 0:
+            parts.append(chunk[:z])
+            break
+        parts.append(chunk)
+        got += n
+        addr += n
+    return b"".join(parts)
+
+
+class ProcMemReader:
+    """Reads through an open ``/proc/PID/mem`` fd (``os.pread``); the caller owns and closes the
+    fd. Unlike ``RemoteMemory`` (process_vm_readv by PID) the fd stays bound to the address space
+    it was opened on: once the target exits or execs, reads fail, even if its PID is reused."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def read(self, addr: int, n: int) -> bytes:
+        try:
+            data = os.pread(self.fd, n, addr)
+        except (OverflowError, ValueError):
+            raise OSError(errno.EINVAL, f"bad address {addr!r}") from None
+        if len(data) != n:
+            raise OSError(errno.EFAULT, f"short read at {addr:#x}: {len(data)}/{n}")
+        return data
 
 
 class _IOVec(ctypes.Structure):

@@ -25,14 +25,16 @@ from pathlib import Path
 
 from ..errors import AlreadyAttached, InputError, NoSuchProcess
 from .agent import wire
-from .cuptiraw import MAX_INT, MAX_STR, NameReader, ProtocolError, parse_layout, parse_raw
+from .cuptiraw import NameReader, parse_layout, parse_raw
 from .records import (AgentHello, AgentStats, ApiRecord, CompileRecord, HloKernel, HloMapRecord,
                       KernelRecord, MemcpyRecord, Note, PySample, SyncRecord)
+from .validate import MAX_BATCH, MAX_INT, MAX_STR, ProtocolError
+from .validate import check_int as _int, check_list as _list, check_num as _num, check_row as _row
+from .validate import check_str as _str
 
 AGENT_SRC = Path(__file__).parent / "agent"
-MAX_BATCH = 20000
 LEVELS = ("info", "warning", "error")
-MEMCPY_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "memset", "other")
+MEMCPY_KINDS = wire.RAW_COPY_KINDS + ("memset", "other")
 SYNC_TYPES = ("event", "stream", "context", "stream_wait_event", "other")
 API_DOMAINS = ("runtime", "driver", "hip")
 MAX_HLO_PARTS = 4096
@@ -48,36 +50,6 @@ MAX_RAW_HEADER = 4096       # bytes of a raw frame's JSON header
 # servers by socket path, so inject_agent(pid, socket_path=srv.path) can wait for the hello
 _REGISTRY: dict[str, "AgentServer"] = {}
 _REGISTRY_LOCK = threading.Lock()
-
-
-def _int(v, lo=0, hi=MAX_INT) -> int:
-    if type(v) is not int or not lo <= v <= hi:
-        raise ProtocolError(f"bad integer {v!r}")
-    return v
-
-
-def _str(v, maxlen=MAX_STR) -> str:
-    if type(v) is not str or len(v) > maxlen:
-        raise ProtocolError("bad string")
-    return v
-
-
-def _num(v) -> float:
-    if type(v) not in (int, float) or v != v or abs(v) > 1e18:
-        raise ProtocolError("bad number")
-    return float(v)
-
-
-def _list(v, maxlen=MAX_BATCH) -> list:
-    if type(v) is not list or len(v) > maxlen:
-        raise ProtocolError("bad list")
-    return v
-
-
-def _row(v, n) -> list:
-    if type(v) is not list or len(v) != n:
-        raise ProtocolError("bad row")
-    return v
 
 
 def _counts(v) -> dict:
@@ -358,7 +330,9 @@ class AgentServer:
                             return              # cannot resynchronise: drop the connection
                     if len(buf) < 4 + n:
                         break
-                    raw = bytes(buf[4:4 + n])
+                    # one copy of the frame; both views released before buf is resized
+                    with memoryview(buf) as mv, mv[4:4 + n] as frame:
+                        raw = bytes(frame)
                     del buf[:4 + n]
                     self._stats["frames"] += 1
                     if raw[:4] == wire.RAW_MAGIC:

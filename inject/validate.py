@@ -1,0 +1,74 @@
+"""Strict checks of what the agent sends (hostile input), shared by ``server.py`` (JSON messages)
+and ``cuptiraw.py`` (raw CUPTI layout and headers).
+
+Each ``check_*`` returns its value unchanged or raises ``ProtocolError`` (``what`` is the message).
+Types are exact (``type(v) is int``: a bool is not an integer here). No imports from the rest of
+``inject`` so that both modules can import it without a cycle; ``server`` and ``cuptiraw``
+re-export ``ProtocolError`` / ``MAX_STR`` / ``MAX_INT``.
+"""
+
+from __future__ import annotations
+
+MAX_STR = 8192
+MAX_INT = (1 << 63) - 1
+MAX_BATCH = 20000
+
+
+class ProtocolError(ValueError):
+    pass
+
+
+def check_int(v, lo=0, hi=MAX_INT, what: str | None = None) -> int:
+    if type(v) is not int or not lo <= v <= hi:
+        raise ProtocolError(what or f"bad integer {v!r}")
+    return v
+
+
+def check_str(v, maxlen=MAX_STR, what: str = "bad string") -> str:
+    if type(v) is not str or len(v) > maxlen:
+        raise ProtocolError(what)
+    return v
+
+
+def check_num(v, what: str = "bad number") -> float:
+    """A finite-ish number (int or float, not NaN, |v| <= 1e18) as a float."""
+    if type(v) not in (int, float) or v != v or abs(v) > 1e18:
+        raise ProtocolError(what)
+    return float(v)
+
+
+def check_list(v, maxlen=MAX_BATCH, what: str = "bad list") -> list:
+    if type(v) is not list or len(v) > maxlen:
+        raise ProtocolError(what)
+    return v
+
+
+def check_row(v, n: int, what: str = "bad row") -> list:
+    if type(v) is not list or len(v) != n:
+        raise ProtocolError(what)
+    return v
+
+
+def check_dict(v, maxlen: int, what: str = "bad object", minlen: int = 0) -> dict:
+    if type(v) is not dict or not minlen <= len(v) <= maxlen:
+        raise ProtocolError(what)
+    return v
+
+
+def check_choice(v, choices, what: str, typ: type = str):
+    """``v`` of exactly type ``typ`` and one of ``choices`` (the type check first, so an
+    unhashable value never reaches a dict/set ``in``)."""
+    if type(v) is not typ or v not in choices:
+        raise ProtocolError(what)
+    return v
+
+
+def check_message(msg, t: str, what: str) -> dict:
+    """A decoded JSON message: an object whose ``"t"`` is ``t``."""
+    if type(msg) is not dict or msg.get("t") != t:
+        raise ProtocolError(what)
+    return msg
+
+
+__all__ = ["ProtocolError", "MAX_STR", "MAX_INT", "MAX_BATCH", "check_int", "check_str", "check_num",
+           "check_list", "check_row", "check_dict", "check_choice", "check_message"]
