@@ -115,11 +115,9 @@ def make_workload(args: argparse.Namespace):
 
 
 def digest(snap) -> str:
+    """Every non-root path with a value, as (frame labels, exclusive values in metric order), sorted."""
     h = hashlib.sha256()
-    rows = []
-    for n in range(1, snap.node_count):
-        if any(snap.exclusive(n, m) for m in snap.metrics):
-            rows.append((tuple(f.label() for f in snap.path(n)), tuple(snap.exclusive(n, m) for m in snap.metrics)))
+    rows = [(tuple(f.label() for f in path), tuple(values.values())) for path, values in snap.iter_paths() if path]
     for r in sorted(rows):
         h.update(repr(r).encode())
     return h.hexdigest()[:16]

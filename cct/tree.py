@@ -126,6 +126,18 @@ class CCT:
                 raise self._unknown_metric(metric)
             col[leaf] += value
 
+    def add_row(self, path: tuple[Frame, ...], values: Sequence[int]) -> None:
+        """Add `values[i]` to metric `self.metrics[i]` of the context `path`; zeros are skipped and
+        items past the last metric ignored. One path lookup for all metrics: what
+        `WindowedCCT.flush` applies per staged path."""
+        leaf = self._leaf_of.get(path)
+        if leaf is None:
+            self._add_new(path, {m: v for m, v in zip(self.metrics, values) if v})
+            return
+        for col, v in zip(self._cols, values):
+            if v:
+                col[leaf] += v
+
     def _add_new(self, path: tuple[Frame, ...], deltas: Mapping[str, int]) -> None:
         for metric in deltas:
             if metric not in self._excl:

@@ -68,12 +68,6 @@ class WindowedCCT:
         # path alive, so an id is never reused while it is staged
         self._staged: dict[int, list] = {}
         self._zeros = [0] * len(self.metrics)
-        self._staged_upto = 0  # 1 + the highest metric index staged: flush() reads no further
-        # id(path) -> (path, node) in the open bucket, valid while the bucket's path cache is the
-        # dict in _leaf_ids_of (a fold renumbers nodes and replaces it): spares flush() hashing
-        # a 40-frame tuple per staged path
-        self._leaf_ids: dict[int, tuple] = {}
-        self._leaf_ids_of: dict | None = None
 
     def metric_index(self, metric: str) -> int:
         """The index `stage` takes for `metric` (KeyError if this tree does not record it)."""
@@ -94,8 +88,6 @@ class WindowedCCT:
                 self.flush()
             s = self._staged[id(path)] = [*self._zeros, path]
         s[i] += value
-        if i >= self._staged_upto:
-            self._staged_upto = i + 1
 
     def stage_pair(self, path: tuple[Frame, ...], i: int, value: int, j: int, value_j: int) -> None:
         """Two `stage` calls for one path (metric i += value, metric j += value_j) for the price of one."""
@@ -108,11 +100,7 @@ class WindowedCCT:
                 self.flush()
             s = self._staged[id(path)] = [*self._zeros, path]
         s[i] += value
-        if i >= self._staged_upto:
-            self._staged_upto = i + 1
         s[j] += value_j
-        if i >= self._staged_upto or j >= self._staged_upto:
-            self._staged_upto = max(i, j) + 1
 
     def flush(self) -> None:
         """Apply the staged sums to the open bucket (one path lookup per distinct staged path)."""
@@ -120,37 +108,13 @@ class WindowedCCT:
         if not staged:
             return
         self._staged = {}
-        tree = self._open
-        leaf_of = tree._leaf_of
-        upto = self._staged_upto
-        cols = tree._cols[:upto]
-        ids = self._leaf_ids
-        if self._leaf_ids_of is not leaf_of or len(ids) >= 65_536:
-            ids = self._leaf_ids = {}
-            self._leaf_ids_of = leaf_of
-        metrics = self.metrics
+        add_row = self._open.add_row
         error = None
-        for s in staged.values():
-            path = s[-1]
-            e = ids.get(id(path))
-            if e is not None and e[0] is path:
-                leaf = e[1]
-            else:
-                leaf = leaf_of.get(path)
-                if leaf is None:  # a new context (or one turned away): the tree's own insertion
-                    try:
-                        tree.add_many(path, {m: v for m, v in zip(metrics, s) if v})
-                    except (TypeError, KeyError) as exc:  # not a path of Frames: the others still count
-                        error = error or exc
-                    if tree._leaf_of is not leaf_of:  # a fold renumbered the nodes
-                        leaf_of, cols = tree._leaf_of, tree._cols[:upto]
-                        ids = self._leaf_ids = {}
-                        self._leaf_ids_of = leaf_of
-                    continue
-                ids[id(path)] = (path, leaf)
-            for col, v in zip(cols, s):  # stops before the metrics never staged
-                if v:
-                    col[leaf] += v
+        for s in staged.values():  # [value of metric 0, ..., path]: add_row stops at the metrics
+            try:
+                add_row(s[-1], s)
+            except (TypeError, KeyError) as exc:  # not a path of Frames: the others still count
+                error = error or exc
         if error is not None:
             raise error
 
@@ -176,7 +140,6 @@ class WindowedCCT:
         if not _empty(self._open):
             self._cumulative._absorb_tree(self._open)
             self._open._leaf_of = {}  # a closed bucket is only read: its path cache is dead weight
-            self._leaf_ids, self._leaf_ids_of = {}, None
             self._closed.append((self._open_idx, self._open))
             self._open = CCT(self.metrics, self.max_nodes)
         self._open_idx = idx

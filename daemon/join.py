@@ -16,13 +16,15 @@ first; `splice()` puts native frames between Python runs where the eval loop's f
 Cost (issue 9: ~25k launches/s and as many kernel records on an H200 ViT job, one thread): the
 launch and kernel paths are memoized tuples (the same object for the same stacks, api, kernel),
 so their counts are staged in the tree by path identity (`WindowedCCT.stage`) and applied once
-per distinct path when the batch is flushed — `flush()` at the end of a batch, and always before
-a snapshot, at `expire()` and at `finish()`, so nothing staged is missing from a snapshot and
-window buckets stay exact (moving to a new bucket flushes first).
+per distinct path when the tree flushes: at every `expire()` (the session calls it every 0.2 s),
+when time moves to a new window bucket (staged values land in the bucket they were staged in),
+before every snapshot (nothing staged is ever missing from one) and at `finish()`. The session
+does not call `Joiner.flush()`; it is there for callers that want the counts in the tree sooner.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import time
 from dataclasses import dataclass, field
@@ -139,6 +141,10 @@ class _Pending:
     path: tuple[Frame, ...]
 
 
+def _ktime_of(p: _Pending) -> int:
+    return p.ktime_ns
+
+
 @dataclass
 class JoinStats:
     events: int = 0
@@ -208,9 +214,10 @@ class Joiner:
         if kind == "launch" or kind == "graph":
             stats.launches += 1
             py, nat, ops = ev.py_stack, ev.native_stack, ev.op_path
-            m = self._splice_memo.get((id(py), id(nat), id(ops)))
+            key = (id(py), id(nat), id(ops))
+            m = self._splice_memo.get(key)  # _base_entry's lookup, inline
             if m is None or m[0] is not py or m[1] is not nat or m[2] is not ops:
-                m = self._base_entry(ev)
+                m = self._new_base_entry(ev, key)
             name = getattr(ev, "kernel_name", "") or ""
             if name.startswith("unresolved:"):  # CUPTI named this handle before: use the name
                 name = self._handle_names.get(name, name)
@@ -225,11 +232,8 @@ class Joiner:
                                      launch_sig(getattr(ev, "args", None)) if kind == "launch" else None)
             elif self.agent:
                 q = self._pending[ev.tid]
-                if q and ev.ktime_ns < q[-1].ktime_ns:  # out of order: keep the queue sorted
-                    i = len(q)
-                    while i and q[i - 1].ktime_ns > ev.ktime_ns:
-                        i -= 1
-                    q.insert(i, _Pending(ev.ktime_ns, path))
+                if q and ev.ktime_ns < q[-1].ktime_ns:  # out of order: keep the queue sorted (after equal times)
+                    q.insert(bisect.bisect_right(q, ev.ktime_ns, key=_ktime_of), _Pending(ev.ktime_ns, path))
                 else:
                     q.append(_Pending(ev.ktime_ns, path))
                 if len(q) > PENDING_MAX_PER_THREAD:
@@ -275,6 +279,11 @@ class Joiner:
         m = self._splice_memo.get(key)
         if m is not None and m[0] is py and m[1] is nat and m[2] is ops:
             return m
+        return self._new_base_entry(ev, key)
+
+    def _new_base_entry(self, ev: Any, key: tuple[int, int, int]) -> list:
+        """A memo miss: splice the event's stacks and remember them under `key` (their ids)."""
+        py, nat, ops = ev.py_stack, ev.native_stack, ev.op_path
         path = splice(tuple(py), tuple(getattr(ev, "py_entries", ()) or ()), tuple(ops), tuple(nat))
         if len(self._splice_memo) >= 65_536:
             self._splice_memo.clear()
@@ -352,22 +361,28 @@ class Joiner:
         for krec in self._kernels_waiting.pop(api.correlation_id, ()):
             self._charge(claim.path, krec)
 
+    def _charge_memoized(self, path: tuple[Frame, ...] | None, krec: Any) -> bool:
+        """`_charge`'s common case: the launching path (kept alive by the memo, so its id is its
+        own) and the record's name were seen before; stages the kernel on the memoized charged
+        path, learning the handle's name as `_charge` does. False (nothing done) on a miss.
+        Only without JAX (jaxjoin splits kernels by operator)."""
+        e = self._charge_memo.get(id(path))
+        if e is None:
+            return False
+        hit = e[1].get(krec.name)
+        if hit is None:
+            return False
+        if hit[1] is not None and len(self._handle_names) < HANDLE_NAMES_MAX and not getattr(krec, "graph_id", 0):
+            self._handle_names[hit[1]] = hit[2]
+        d = krec.end_ns - krec.start_ns
+        self.tree.stage_pair(hit[0], self._i_gpu, d if d > 0 else 0, self._i_kernels, 1)
+        self.stats.kernels_joined += 1
+        return True
+
     def _charge(self, path: tuple[Frame, ...], krec: Any) -> None:
         self.gpu_collector_active = True
-        if self.jax is None:
-            # memoized: the launching path (kept alive by the memo, so its id is its own) and the
-            # record's name give the charged path; the handle's name is learnt as before
-            e = self._charge_memo.get(id(path))
-            if e is not None:
-                hit = e[1].get(krec.name)
-                if hit is not None:
-                    if hit[1] is not None and len(self._handle_names) < HANDLE_NAMES_MAX \
-                            and not getattr(krec, "graph_id", 0):
-                        self._handle_names[hit[1]] = hit[2]
-                    d = krec.end_ns - krec.start_ns
-                    self.tree.stage_pair(hit[0], self._i_gpu, d if d > 0 else 0, self._i_kernels, 1)
-                    self.stats.kernels_joined += 1
-                    return
+        if self.jax is None and self._charge_memoized(path, krec):
+            return
         kname = demangle(krec.name)
         charged, handle = path, None
         if path[-1].kind != "kernel":
@@ -399,15 +414,9 @@ class Joiner:
         self.stats.kernels_joined += 1
 
     def _charge_ordered(self, path: tuple[Frame, ...] | None, krec: Any) -> None:
-        e = self._charge_memo.get(id(path))  # the common case, inline: _charge's memo hit
-        if e is not None and self.jax is None:
-            hit = e[1].get(krec.name)
-            if hit is not None and hit[1] is None:
-                self.gpu_collector_active = True
-                d = krec.end_ns - krec.start_ns
-                self.tree.stage_pair(hit[0], self._i_gpu, d if d > 0 else 0, self._i_kernels, 1)
-                self.stats.kernels_joined += 1
-                return
+        self.gpu_collector_active = True
+        if self.jax is None and self._charge_memoized(path, krec):  # never for None: not memoized
+            return
         if path is None:
             self.stats.kernels_unmatched += 1
             self.stats.kernels_joined -= 1     # _charge counts it; it was charged, not joined

@@ -28,6 +28,7 @@ the record itself, not a list; the oldest pending launch is tried before the loo
 
 from __future__ import annotations
 
+import bisect
 import collections
 import heapq
 from typing import Any, Callable
@@ -41,11 +42,14 @@ MAX_AGE_NS = 60_000_000_000
 
 
 def kernel_sig(rec: Any) -> tuple:
-    return tuple(rec.grid) + tuple(rec.block)
+    """(grid_x, grid_y, grid_z, block_x, block_y, block_z) of a kernel record."""
+    g, b = rec.grid, rec.block
+    if type(g) is tuple and type(b) is tuple:  # the common case: no copies
+        return g + b
+    return tuple(g) + tuple(b)
 
 
 _SIG_MEMO: dict[tuple, tuple] = {}
-_SIG_KEYS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 
 
 def launch_sig(args: dict | None) -> tuple | None:
@@ -58,7 +62,7 @@ def launch_sig(args: dict | None) -> tuple | None:
         raw = (args["grid_x"], args["grid_y"], args["grid_z"], args["block_x"], args["block_y"], args["block_z"])
         sig = _SIG_MEMO.get(raw)
     except (KeyError, TypeError):  # TypeError: not a mapping, or an unhashable value
-        return None if not hasattr(args, "__getitem__") else _launch_sig_slow(args)
+        return None
     if sig is None:
         try:
             sig = tuple(map(int, raw))
@@ -68,13 +72,6 @@ def launch_sig(args: dict | None) -> tuple | None:
             _SIG_MEMO.clear()
         _SIG_MEMO[raw] = sig
     return sig
-
-
-def _launch_sig_slow(args: Any) -> tuple | None:
-    try:
-        return tuple(int(args[k]) for k in _SIG_KEYS)
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 class OrderJoin:
@@ -93,16 +90,10 @@ class OrderJoin:
         self.stats = {"order_groups": 0, "order_skipped_launches": 0, "order_unseen_groups": 0,
                       "order_before_enable": 0, "order_sig_mismatch_skips": 0, "order_reordered": 0}
 
-    @property
-    def pending_launches(self) -> int:
-        return len(self.times)
-
     def on_launch(self, ktime_ns: int, path: tuple, sig: tuple | None) -> None:
         times = self.times
-        if times and ktime_ns < times[-1]:  # rare: keep entry-time order
-            i = len(times)
-            while i and times[i - 1] > ktime_ns:
-                i -= 1
+        if times and ktime_ns < times[-1]:  # rare: keep entry-time order (after equal times)
+            i = bisect.bisect_right(times, ktime_ns)
             times.insert(i, ktime_ns)
             self.paths.insert(i, path)
             self.sigs.insert(i, sig)
@@ -183,9 +174,7 @@ class OrderJoin:
                 while times and times[0] < enabled:
                     qpop()
                     before_enable += 1
-                g = first.grid
-                b = first.block
-                sig = g + b if type(g) is tuple and type(b) is tuple else kernel_sig(first)
+                sig = kernel_sig(first)
                 latest = first.start_ns + START_SLACK_NS
                 if times and times[0] <= latest:
                     s0 = sigs[0]
@@ -199,8 +188,8 @@ class OrderJoin:
                             for r in recs:
                                 charge(path, r)
                         continue
-                pick = None
-                for i in range(min(LOOKAHEAD, len(times))):
+                pick = None  # the oldest (index 0) did not fit: look further
+                for i in range(1, min(LOOKAHEAD, len(times))):
                     if times[i] > latest:
                         break
                     s0 = sigs[i]
@@ -215,18 +204,15 @@ class OrderJoin:
                         charge(None, r)
                     continue
                 claim_t, claim_path = times[pick], paths[pick]
-                if pick:
-                    stats["order_sig_mismatch_skips"] += 1
-                    del times[pick], paths[pick], sigs[pick]
-                    keep_from = claim_t - REORDER_NS
-                    while times and times[0] < keep_from and pick:
-                        qpop()
-                        pick -= 1
-                        stats["order_skipped_launches"] += 1
-                    if pick:  # launches from just before the claim stay: another thread's, id not yet seen
-                        stats["order_reordered"] += 1
-                else:
+                stats["order_sig_mismatch_skips"] += 1
+                del times[pick], paths[pick], sigs[pick]
+                keep_from = claim_t - REORDER_NS
+                while times and times[0] < keep_from and pick:
                     qpop()
+                    pick -= 1
+                    stats["order_skipped_launches"] += 1
+                if pick:  # launches from just before the claim stay: another thread's, id not yet seen
+                    stats["order_reordered"] += 1
                 for r in recs:
                     charge(claim_path, r)
         finally:
