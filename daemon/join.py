@@ -24,14 +24,13 @@ does not call `Joiner.flush()`; it is there for callers that want the counts in 
 
 from __future__ import annotations
 
-import bisect
 import collections
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from stacklens.cct import METRICS, Frame, Snapshot, WindowedCCT
-from stacklens.daemon.orderjoin import OrderJoin, launch_sig
+from stacklens.daemon.orderjoin import OrderJoin, launch_sig, sorted_pos_from_end
 from stacklens.demangle import demangle
 
 # Samples from the in-process Python sampler (all threads, wall clock): kept apart from the BPF
@@ -233,7 +232,7 @@ class Joiner:
             elif self.agent:
                 q = self._pending[ev.tid]
                 if q and ev.ktime_ns < q[-1].ktime_ns:  # out of order: keep the queue sorted (after equal times)
-                    q.insert(bisect.bisect_right(q, ev.ktime_ns, key=_ktime_of), _Pending(ev.ktime_ns, path))
+                    q.insert(sorted_pos_from_end(q, ev.ktime_ns, _ktime_of), _Pending(ev.ktime_ns, path))
                 else:
                     q.append(_Pending(ev.ktime_ns, path))
                 if len(q) > PENDING_MAX_PER_THREAD:

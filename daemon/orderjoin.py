@@ -28,7 +28,6 @@ the record itself, not a list; the oldest pending launch is tried before the loo
 
 from __future__ import annotations
 
-import bisect
 import collections
 import heapq
 from typing import Any, Callable
@@ -74,6 +73,19 @@ def launch_sig(args: dict | None) -> tuple | None:
     return sig
 
 
+def sorted_pos_from_end(q, t: int, key=None) -> int:
+    """Where t goes in the sorted q (after equal items), scanning back from the end: a launch out
+    of order is late by a few places, and bisect on a long deque (O(n) indexing) costs ~10x more."""
+    i = len(q)
+    if key is None:
+        while i and q[i - 1] > t:
+            i -= 1
+    else:
+        while i and key(q[i - 1]) > t:
+            i -= 1
+    return i
+
+
 class OrderJoin:
     def __init__(self) -> None:
         # pending launches in entry-time order, as parallel deques: entry time, path, and sig =
@@ -93,7 +105,7 @@ class OrderJoin:
     def on_launch(self, ktime_ns: int, path: tuple, sig: tuple | None) -> None:
         times = self.times
         if times and ktime_ns < times[-1]:  # rare: keep entry-time order (after equal times)
-            i = bisect.bisect_right(times, ktime_ns)
+            i = sorted_pos_from_end(times, ktime_ns)
             times.insert(i, ktime_ns)
             self.paths.insert(i, path)
             self.sigs.insert(i, sig)
