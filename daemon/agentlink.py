@@ -10,13 +10,15 @@ from stacklens.errors import StacklensError
 
 
 class AgentLink:
-    def __init__(self, pid: int, *, sample_hz: int = 100, timeout_s: float = 5.0,
-                 gpu_api_records: bool = False) -> None:
+    def __init__(self, pid: int, *, sample_hz: float = 100, timeout_s: float = 5.0,
+                 gpu_api_records: bool = False, config: dict | None = None) -> None:
+        """``config``: more agent settings (inject/agent DEFAULTS keys, e.g. ``{"gpu": False}``);
+        the agent ignores keys it does not know."""
         from stacklens.inject import AgentServer, inject_agent
 
         self.pid = pid
         self.server = AgentServer(pid, config={"sample_hz": sample_hz, "gpu": True,
-                                               "gpu_api_records": gpu_api_records})
+                                               "gpu_api_records": gpu_api_records, **(config or {})})
         try:
             self.result = inject_agent(pid, socket_path=self.server.path, timeout_s=timeout_s)
         except BaseException:

@@ -144,6 +144,9 @@ def _ktime_of(p: _Pending) -> int:
     return p.ktime_ns
 
 
+AGENT_DROP_KINDS = ("samples", "gpu", "gpu_buffers", "messages", "jax")
+
+
 @dataclass
 class JoinStats:
     events: int = 0
@@ -315,6 +318,14 @@ class Joiner:
             self._charge(path, rec)
         elif kind == "AgentStats":
             self.gpu_collector_active = bool(rec.gpu.get("active")) or self.gpu_collector_active
+            ex = self.stats.extra           # the agent's own view, latest report (stats, /metrics)
+            ex["agent_samples"] = int(rec.samples)
+            ex["agent_sample_hz"] = int(rec.sample_hz)
+            ex["agent_sample_cost_us"] = int(rec.sample_cost_us)
+            for k in AGENT_DROP_KINDS:        # known names only: the keys come from the target
+                v = rec.dropped.get(k)
+                if isinstance(v, int) and not isinstance(v, bool):
+                    ex[f"agent_dropped_{k}"] = v
             if self.order is not None and rec.gpu.get("enabled_at_ns"):
                 self.order.enabled_at_ns = max(self.order.enabled_at_ns, int(rec.gpu["enabled_at_ns"]))
         elif kind in ("HloMapRecord", "CompileRecord"):

@@ -59,10 +59,11 @@ def default_probe_factory(pid: int, *, cpu_hz: int, ops: bool) -> EventSource:
     return ProbeSession(pid, ProbeConfig(cpu_sample_hz=cpu_hz, ops=ops))
 
 
-def default_agent_factory(pid: int, *, sample_hz: int, gpu_api_records: bool = False) -> AgentSource:
+def default_agent_factory(pid: int, *, sample_hz: float, gpu_api_records: bool = False,
+                          config: dict | None = None) -> AgentSource:
     from stacklens.daemon.agentlink import AgentLink
 
-    return AgentLink(pid, sample_hz=sample_hz, gpu_api_records=gpu_api_records)
+    return AgentLink(pid, sample_hz=sample_hz, gpu_api_records=gpu_api_records, config=config)
 
 
 def _env_api_records() -> bool:
@@ -86,6 +87,7 @@ class ProcessSession:
         agent_factory: Callable[..., AgentSource] = default_agent_factory,
         on_close: Callable[["ProcessSession"], None] | None = None,
         gpu_api_records: bool | None = None,
+        agent_config: dict | None = None,
     ) -> None:
         if not pid_alive(pid):
             raise NoSuchProcess(f"no process {pid}: check the PID with `stacklens ps` or `ps -p {pid}`")
@@ -97,6 +99,7 @@ class ProcessSession:
         self._agent_factory = agent_factory
         self._on_close = on_close
         self.gpu_api_records = _env_api_records() if gpu_api_records is None else gpu_api_records
+        self.agent_config = dict(agent_config or {})   # more agent settings (benchmarks' variants)
         self.joiner = Joiner(pid, agent=agent, max_nodes=max_nodes, api_records=self.gpu_api_records)
         self.probes: EventSource | None = None
         self.agent: AgentSource | None = None
@@ -123,7 +126,9 @@ class ProcessSession:
             self.notes.extend(getattr(report, "notes", []) or [])
             if self.want_agent:
                 kw = {"gpu_api_records": True} if self.gpu_api_records else {}
-                self.agent = self._agent_factory(self.pid, sample_hz=100, **kw)
+                if self.agent_config:
+                    kw["config"] = self.agent_config
+                self.agent = self._agent_factory(self.pid, sample_hz=self.agent_config.get("sample_hz", 100), **kw)
                 self.notes.append("agent: injected (Python sampler; GPU collector if CUDA/ROCm is present)")
         except BaseException:
             self._teardown()

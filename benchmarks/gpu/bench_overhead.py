@@ -54,6 +54,19 @@ PROBE_VARIANTS = {
 }
 
 
+# agent variants (agent settings, inject/agent DEFAULTS): which part of the agent costs what.
+# Each is probes + an agent; against "probes" (probes alone) and "agent" (the default agent).
+AGENT_VARIANTS = {
+    "agent_no_gpu": {"gpu": False},           # the Python sampler alone
+    "agent_no_sampler": {"sample_hz": 0.1},   # CUPTI alone (one sample every ~10 s)
+}
+
+
+def base_key(key: str) -> str:
+    """Phase key without its round suffix ("agent@2" -> "agent")."""
+    return key.split("@", 1)[0]
+
+
 def log(msg: str) -> None:
     ts = datetime.datetime.now().strftime("%H:%M:%S")
     print(f"[{ts} +{time.monotonic() - T0:6.1f}s] {msg}", flush=True)
@@ -81,7 +94,7 @@ class Attached:
     """ProcessSession attach/detach with timings; start() runs under a watchdog."""
 
     def __init__(self, pid: int, agent: bool, timeout_s: float = 120.0, probe_kw: dict | None = None,
-                 gpu_api_records: bool | None = None) -> None:
+                 gpu_api_records: bool | None = None, agent_config: dict | None = None) -> None:
         from stacklens.daemon.session import ProcessSession
 
         kw = {}
@@ -91,7 +104,8 @@ class Attached:
             def factory(pid, *, cpu_hz, ops):
                 return ProbeSession(pid, ProbeConfig(**{"cpu_sample_hz": cpu_hz, "ops": ops, **probe_kw}))
             kw["probe_factory"] = factory
-        self.session = ProcessSession(pid, agent=agent, gpu_api_records=gpu_api_records, **kw)
+        self.session = ProcessSession(pid, agent=agent, gpu_api_records=gpu_api_records,
+                                      agent_config=agent_config, **kw)
         box: dict = {}
 
         def go():
@@ -207,9 +221,11 @@ class Runner:
         def plain():
             return self.run_steps(t, n, per_step)
 
-        def attached(agent: bool, probe_kw: dict | None = None, api_records: bool | None = None):
+        def attached(agent: bool, probe_kw: dict | None = None, api_records: bool | None = None,
+                     agent_config: dict | None = None):
             def fn():
-                att = Attached(t.pid, agent=agent, probe_kw=probe_kw, gpu_api_records=api_records)
+                att = Attached(t.pid, agent=agent, probe_kw=probe_kw, gpu_api_records=api_records,
+                               agent_config=agent_config)
                 r: dict = {"attach_s": round(att.attach_s, 3), "notes": att.notes}
                 try:
                     r.update(self.run_steps(t, n, per_step))
@@ -234,6 +250,24 @@ class Runner:
         variants = name in a.probe_variants.split(",")
         agent_ok = not is_jax or a.jax_agent
         phase("unprofiled", plain)
+        res["target"]["maps_lines"] = maps_lines(t.pid)
+        if name in a.agent_variants.split(",") and agent_ok:
+            # the agent split into its parts, R interleaved rounds (the phases are ~1 s and the
+            # machine drifts: one phase per configuration is too noisy to split a 10% cost)
+            for r in range(1, a.rounds + 1):
+                sfx = "" if r == 1 else f"@{r}"
+                phase("probes" + sfx, attached(False))
+                phase("after_detach" + sfx, plain)
+                phase("agent" + sfx, attached(True))
+                phase("after_detach_agent" + sfx, plain)
+                for vkey, cfg in AGENT_VARIANTS.items():
+                    phase(vkey + sfx, attached(True, agent_config=cfg))
+                    phase("plain_after_" + vkey + sfx, plain)
+            res["target"]["maps_lines_attached"] = maps_lines(t.pid)
+            if not is_jax:
+                phase("torchprof", torchprof(False))
+                phase("plain_after_torchprof", plain)
+            return self._finish(t, res, ph, dead)
         if a.memory_only:  # the long memory run alone (the device's calls last at most 10 minutes)
             phase("memory", memory, min_left=40.0)
             phase("after_detach_agent", plain)
@@ -277,7 +311,7 @@ class Runner:
                 r["ratio"] = r["median_s"] / base
         # drift-corrected ratio: against the mean of the unprofiled phases right before and after
         keys = list(ph)
-        is_plain = [k in PLAIN or k.startswith("plain_after_") for k in keys]
+        is_plain = [base_key(k) in PLAIN or k.startswith("plain_after_") for k in keys]
         for i, key in enumerate(keys):
             r = ph[key]
             if is_plain[i] or not r.get("median_s"):
@@ -288,6 +322,12 @@ class Runner:
             around = [m for m in around if m]
             if around:
                 r["ratio_local"] = r["median_s"] / (sum(around) / len(around))
+        rounds: dict[str, list[float]] = {}
+        for key, r in ph.items():
+            if r.get("ratio_local"):
+                rounds.setdefault(base_key(key), []).append(r["ratio_local"])
+        res["rounds"] = {k: {"ratios_local": [round(x, 4) for x in v], "median": statistics.median(v)}
+                         for k, v in rounds.items() if any("@" in key for key in ph)}
         mem = ph.get("memory", {})
         tp = ph.get("torchprof", {})
         if mem.get("steps") and tp.get("trace_bytes") and tp.get("n"):
@@ -356,6 +396,15 @@ class Runner:
 
 
 # ---- report -------------------------------------------------------------------------------
+
+
+def maps_lines(pid: int) -> int | None:
+    """How many mappings the target has (what reading /proc/PID/maps costs scales with)."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as fh:
+            return sum(1 for _ in fh)
+    except OSError:
+        return None
 
 
 def environment(args) -> dict:
@@ -439,6 +488,21 @@ def markdown(results: dict) -> str:
             lines.append(f"| {w['workload']} | {fmt_ratio(ph.get('probes'))} | "
                          + " | ".join(fmt_ratio(ph.get(k)) for k in PROBE_VARIANTS)
                          + f" | {fmt_ratio(ph.get('agent'))} | {fmt_ratio(ph.get('agent_api_records'))} |")
+    multi = [w for w in results["workloads"] if w.get("rounds")]
+    if multi:
+        keys = ["probes", "agent", *AGENT_VARIANTS, "torchprof"]
+        lines += ["", "Interleaved rounds (drift-corrected ratios; median, then each round):", "",
+                  "| workload | maps lines | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+        for w in multi:
+            rd = w["rounds"]
+            cells = []
+            for k in keys:
+                x = rd.get(k)
+                cells.append("—" if not x else f"**{x['median']:.3f}×** ("
+                             + ", ".join(f"{v:.3f}" for v in x["ratios_local"]) + ")")
+            tg = w.get("target") or {}
+            lines.append(f"| {w['workload']} | {tg.get('maps_lines')}/{tg.get('maps_lines_attached')} | "
+                         + " | ".join(cells) + " |")
     lines += ["", "Ratios are median step time over the unprofiled median, same process, same run; for "
               "attached phases the first number is against the mean of the unprofiled phases right before "
               "and after it (drift-corrected), the one in parentheses against the first unprofiled phase.", "",
@@ -530,6 +594,10 @@ def main(argv=None) -> int:
     ap.add_argument("--probe-variants", default="",
                     help="workloads (comma list) that also run the probe variants " + ", ".join(PROBE_VARIANTS))
     ap.add_argument("--jax-agent", action="store_true", help="also run the agent phase on JAX")
+    ap.add_argument("--agent-variants", default="",
+                    help="workloads (comma list) measured as interleaved rounds of probes / agent / "
+                         + " / ".join(AGENT_VARIANTS) + " (then torch.profiler once)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds for --agent-variants")
     ap.add_argument("--deadline-s", type=float, default=3600.0, help="skip phases that would start after this")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU sizes (harness test without a GPU)")
     a = ap.parse_args(argv)

@@ -11,6 +11,8 @@
 # default vit,launch); API_JOIN_TESTS=0 skips the second test pass (API-record join); JAX_CHECK=0 skips benchmarks/gpu/check_jax.py (JAX_TIMEOUT, default 240);
 # GT_STEPS (ground-truth steps, default 100); PY (python to use); MEM_WORKLOAD (memory phase's workload);
 # GPU_TESTS=0 skips the tests; MEMORY_ONLY=1 runs only the memory phase (+ unprofiled, torch.profiler).
+# AGENT_VARIANTS (workloads measured as ROUNDS interleaved rounds of probes / agent / the agent's
+# parts alone: sampler only, CUPTI only; default none, ROUNDS default 3).
 # The long memory run:  GPU_TESTS=0 JAX_CHECK=0 MEMORY_ONLY=1 WORKLOADS=resnet50 MEM_S=560 BUDGET_S=590
 # $OUT receives run_all.log, env.txt, overhead.md, check_jax.json and raw.tgz (everything else).
 # Every step is timestamped; a failing step is reported and the next one still runs.
@@ -173,6 +175,7 @@ say "overhead benchmark (deadline ${T_BENCH}s, memory phase ${MEM_S}s): $WORKLOA
 timeout -k 15 $(( T_BENCH + 30 )) "$PY" benchmarks/gpu/bench_overhead.py --out "$OUT/overhead" \
   --workloads "$WORKLOADS" --memory-s "$MEM_S" --memory-interval-s $([ "$CPU" = 1 ] && echo 5 || echo 10) \
   --deadline-s "$((T_BENCH - 15))" --probe-variants "${PROBE_VARIANTS-vit,launch}" \
+  --agent-variants "${AGENT_VARIANTS-}" --rounds "${ROUNDS:-3}" \
   ${MEM_WORKLOAD:+--memory-workload "$MEM_WORKLOAD"} $([ "${MEMORY_ONLY:-0}" = 1 ] && echo --memory-only) \
   $SMOKE "${STEPS_ARG[@]}" 2>&1 | tee "$OUT/bench_overhead.log" | tail -40
 rc_b=${PIPESTATUS[0]}

@@ -215,7 +215,7 @@ class CuptiCollector:
         if now < self._next_check_ns:
             return
         self._next_check_ns = now + PROFILER_CHECK_EVERY_NS
-        who = gpu.user_profiler_active()
+        who = gpu.user_profiler_active(maps=False)
         if who and self.active:
             self._disable(flush=True)
             self.yielded_to = who

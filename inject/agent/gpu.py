@@ -38,14 +38,18 @@ def mapped_libraries():
     return out
 
 
-def user_profiler_active():
-    """Name of a profiler of the user's own that owns the GPU tracing library, or None."""
+def user_profiler_active(maps=True):
+    """Name of a profiler of the user's own that owns the GPU tracing library, or None.
+
+    ``maps=False`` skips reading /proc/self/maps: the periodic check runs on the target's GIL
+    every second, and a CUDA process has thousands of mappings. Nsight injects itself at process
+    start (its environment and library are already there at attach), so once is enough for it."""
     env = os.environ
     if env.get("NSYS_PROFILING_SESSION_ID") or "ToolsInjection" in env.get("CUDA_INJECTION64_PATH", ""):
         return "Nsight Systems"
     if env.get("NV_COMPUTE_PROFILER_PERFWORKS_DIR") or env.get("NV_NSIGHT_INJECTION_TRANSPORT_TYPE"):
         return "Nsight Compute"
-    if any("ToolsInjection" in p for p in mapped_libraries()):
+    if maps and any("ToolsInjection" in p for p in mapped_libraries()):
         return "Nsight"
     torch = sys.modules.get("torch")
     if torch is not None:

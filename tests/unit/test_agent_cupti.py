@@ -113,8 +113,12 @@ def rec(kind, **kw):
 
 def fake_gpu(profiler=None):
     g = types.SimpleNamespace(**{k: getattr(gpu_mod, k) for k in ("ClockCalibration",)})
-    g.state = {"profiler": profiler}
-    g.user_profiler_active = lambda: g.state["profiler"]
+    g.state = {"profiler": profiler, "maps_reads": 0}
+
+    def user_profiler_active(maps=True):
+        g.state["maps_reads"] += bool(maps)
+        return g.state["profiler"]
+    g.user_profiler_active = user_profiler_active
     g.mapped_libraries = lambda: {"/opt/nvidia/cu13/lib/libcupti.so.13"}
     return g
 
@@ -148,8 +152,11 @@ def test_activity_only_launch_apis_system_tids_and_clock_conversion():
         rec(K.SYNCHRONIZATION, type=3, start=500, end=900, stream_id=7, correlation_id=15),
         rec(K.OVERHEAD),
     ]
+    c._next_check_ns = 0
     c.poll()
     assert lib.flushes == [0]                       # never a forced flush
+    # the periodic profiler check runs on the target's GIL: it never reads /proc/self/maps
+    assert c._gpu.state["maps_reads"] == 1          # once, at start
     kinds = [k for k, _ in rows]
     assert kinds == ["kernel", "api", "memcpy", "memcpy", "sync"]  # (a sync record, if CUPTI sends one, still parses)
     k = rows[0][1]

@@ -189,3 +189,17 @@ def test_cupti_names_an_unresolved_handle_for_later_launches():
     assert snap.inclusive(named, "launch_count") == 1          # the second launch, after the name was learnt
     first = snap.find(base + ["kernel:unresolved:0xabc"])
     assert snap.inclusive(first, "launch_count") == 1 and snap.inclusive(first, "gpu_time_ns") == 0
+
+
+def test_agent_stats_reach_the_session_stats_under_known_names_only():
+    """The agent's sampler rate/cost and drop counters show in stats (benchmarks, /metrics'
+    drop sum); drop kinds are the agent's known names — keys a target invents are ignored."""
+    from stacklens.inject.records import AgentStats
+
+    j = Joiner(1, agent=True)
+    j.on_agent(AgentStats(samples=250, sample_hz=99.6, sample_cost_us=41.7,
+                          dropped={"samples": 3, "gpu_buffers": 2, "evil\nname": 7}, gpu={}))
+    st = j.stats.as_dict()
+    assert (st["agent_samples"], st["agent_sample_hz"], st["agent_sample_cost_us"]) == (250, 99, 41)
+    assert st["agent_dropped_samples"] == 3 and st["agent_dropped_gpu_buffers"] == 2
+    assert not any("evil" in k for k in st)
