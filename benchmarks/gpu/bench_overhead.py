@@ -62,6 +62,11 @@ AGENT_VARIANTS = {
 }
 
 
+# session stats kept with each memory sample (plus every drop/lost counter)
+MEMORY_STATS = ("events", "launches", "cpu_samples", "agent_records", "kernels_joined", "kernels_unmatched",
+                "launches_unmatched", "agent_samples", "agent_sample_hz", "agent_sample_cost_us")
+
+
 def base_key(key: str) -> str:
     """Phase key without its round suffix ("agent@2" -> "agent")."""
     return key.split("@", 1)[0]
@@ -372,11 +377,19 @@ class Runner:
                      "daemon_rss": rss_bytes(os.getpid()), "median_s": ans.get("median_s")}
                 try:
                     s.update(profile_size(att.session.snapshot()))
+                    # what a user looks at (TUI, /metrics, `report --window`): the last minute
+                    s["window60"] = profile_size(att.session.snapshot(window_s=60.0))
+                    st = att.session.stats()
+                    s["stats"] = {k: v for k, v in st.items() if k in MEMORY_STATS or "drop" in k or "lost" in k}
                 except Exception as e:  # noqa: BLE001
                     s["snapshot_error"] = err_text(e)
+                s["daemon_cpu_s"] = round(sum(os.times()[:2]), 2)
                 r["samples"].append(s)
                 log(f"memory: t={s['t_s']}s steps={s['steps']} rss={s['rss'] / 2**20:.1f} MiB "
-                    f"profile={s.get('json_gz_bytes', 0) / 1024:.1f} KiB gz, {s.get('nodes')} nodes")
+                    f"profile={s.get('json_gz_bytes', 0) / 1024:.1f} KiB gz, {s.get('nodes')} nodes, "
+                    f"last 60 s {s.get('window60', {}).get('json_gz_bytes', 0) / 1024:.1f} KiB gz, "
+                    f"daemon cpu {s['daemon_cpu_s']} s")
+                (self.out / "memory_partial.json").write_text(json.dumps(r, default=str))  # if cut short
             try:
                 r.update(att.measure())
             except Exception as e:  # noqa: BLE001
@@ -389,6 +402,9 @@ class Runner:
             first = smp[0]["rss"]
             r["rss_growth_frac"] = (smp[-1]["rss"] - first) / first if first else None
             r["rss_growth_vs_pre_attach_frac"] = (smp[-1]["rss"] - rss_pre) / rss_pre if rss_pre else None
+            w60 = [x["window60"]["json_gz_bytes"] for x in smp if x.get("window60")]
+            if w60:
+                r["window60_gz_first"], r["window60_gz_last"], r["window60_gz_max"] = w60[0], w60[-1], max(w60)
             sizes = [x.get("json_gz_bytes") for x in smp if x.get("json_gz_bytes")]
             if sizes:
                 r["profile_gz_first"], r["profile_gz_last"], r["profile_gz_max"] = sizes[0], sizes[-1], max(sizes)
@@ -548,13 +564,21 @@ def markdown(results: dict) -> str:
                       f"- stacklens profile (gzip JSON): {kib(mem.get('profile_gz_first'))} → "
                       f"{kib(mem.get('profile_gz_last'))} KiB (max {kib(mem.get('profile_gz_max'))})",
                       f"- torch.profiler trace for the same number of steps (estimated from its per-step size): "
-                      f"{mib(mem.get('torchprof_trace_bytes_same_steps_est'))} MiB", "",
-                      "| t s | steps | target RSS MiB | median ms/step | profile gz KiB | nodes | daemon (bench) RSS MiB |",
-                      "|---|---|---|---|---|---|---|"]
+                      f"{mib(mem.get('torchprof_trace_bytes_same_steps_est'))} MiB",
+                      f"- last 60 s window (what the TUI and /metrics show): {kib(mem.get('window60_gz_first'))} → "
+                      f"{kib(mem.get('window60_gz_last'))} KiB (max {kib(mem.get('window60_gz_max'))})", "",
+                      "| t s | steps | target RSS MiB | median ms/step | profile gz KiB | nodes | last 60 s gz KiB "
+                      "| last 60 s nodes | daemon (bench) RSS MiB | daemon CPU s | kernels joined | drops |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for s in mem["samples"]:
                 med = f"{s['median_s'] * 1e3:.2f}" if s.get("median_s") else "—"
+                win = s.get("window60") or {}
+                st = s.get("stats") or {}
+                drops = sum(v for k, v in st.items() if ("drop" in k or "lost" in k) and isinstance(v, int))
                 lines.append(f"| {s['t_s']} | {s['steps']} | {mib(s['rss'])} | {med} | {kib(s.get('json_gz_bytes'))} | "
-                             f"{s.get('nodes', '—')} | {mib(s.get('daemon_rss'))} |")
+                             f"{s.get('nodes', '—')} | {kib(win.get('json_gz_bytes'))} | {win.get('nodes', '—')} | "
+                             f"{mib(s.get('daemon_rss'))} | {s.get('daemon_cpu_s', '—')} | "
+                             f"{st.get('kernels_joined', '—')} | {drops} |")
     fails = [(w["workload"], k, r["status"]) for w in results["workloads"]
              for k, r in w.get("phases", {}).items() if str(r.get("status", "ok")) != "ok"]
     fails += [(w["workload"], "target", w["status"]) for w in results["workloads"] if w.get("status") != "ok"]
