@@ -11,6 +11,7 @@
 # default vit,launch); API_JOIN_TESTS=0 skips the second test pass (API-record join); JAX_CHECK=0 skips benchmarks/gpu/check_jax.py (JAX_TIMEOUT, default 240);
 # GT_STEPS (ground-truth steps, default 100); PY (python to use); MEM_WORKLOAD (memory phase's workload);
 # GPU_TESTS=0 skips the tests; MEMORY_ONLY=1 runs only the memory phase (+ unprofiled, torch.profiler).
+# MEM_BG=1 [MEM_BG_S=620 MEM_BG_GPU=1]: the memory run in the background on a second GPU (below).
 # AGENT_VARIANTS (workloads measured as ROUNDS interleaved rounds of probes / agent / the agent's
 # parts alone: sampler only, CUPTI only; default none, ROUNDS default 3).
 # The long memory run:  GPU_TESTS=0 JAX_CHECK=0 MEMORY_ONLY=1 WORKLOADS=resnet50 MEM_S=560 BUDGET_S=590
@@ -86,6 +87,23 @@ fi
 SLPATH=$(mktemp -d /tmp/stacklens-path.XXXXXX)
 ln -s "$REPO" "$SLPATH/stacklens"
 export PYTHONPATH=$SLPATH${PYTHONPATH:+:$PYTHONPATH}
+# MEM_BG=1 (a machine with 2 GPUs): the long memory run goes on GPU ${MEM_BG_GPU:-1} in its own process
+# session, so it outlives this call (the device runs a command for at most 10 minutes); everything
+# else here uses GPU 0. Collect it with benchmarks/gpu/collect_bg.sh in the next call.
+if [ "${MEM_BG:-0}" = 1 ] && [ "$CPU" = 0 ]; then
+  BG=/tmp/stacklens-membg
+  rm -rf "$BG"; mkdir -p "$BG"
+  BGPATH=$(mktemp -d /tmp/stacklens-bgpath.XXXXXX)   # never removed: the run imports lazily
+  ln -s "$REPO" "$BGPATH/stacklens"
+  MEM_BG_S=${MEM_BG_S:-620}
+  say "memory run in the background on GPU ${MEM_BG_GPU:-1}: ${MEM_WORKLOAD:-vit}, ${MEM_BG_S}s -> $BG"
+  CUDA_VISIBLE_DEVICES=${MEM_BG_GPU:-1} PYTHONPATH=$BGPATH:$PYTHONPATH setsid nohup "$PY" \
+    benchmarks/gpu/bench_overhead.py --out "$BG" --workloads "${MEM_WORKLOAD:-vit}" --memory-only \
+    --memory-workload "${MEM_WORKLOAD:-vit}" --memory-s "$MEM_BG_S" --memory-interval-s 20 \
+    --deadline-s $(( MEM_BG_S + 300 )) > "$BG/bench.log" 2>&1 < /dev/null &
+  echo $! > "$BG/pid"
+  export CUDA_VISIBLE_DEVICES=0
+fi
 export STACKLENS_GPU_OUT="$OUT/attribution"
 export STACKLENS_GT_STEPS=$GT_STEPS
 mkdir -p "$STACKLENS_GPU_OUT"
