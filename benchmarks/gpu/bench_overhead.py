@@ -131,14 +131,19 @@ class Attached:
         self.notes = [str(n)[:300] for n in box.get("notes", [])]
 
     def measure(self) -> dict:
-        snap = self.session.snapshot()
-        out = {"profile": profile_size(snap), "totals": totals(snap),
-               "unavailable": sorted(snap.unavailable)}
+        """Stats while attached, then (bench_overhead calls it after detach) the final profile: the
+        order join holds kernel records SETTLE_NS (3 s) before joining them, and the detach's
+        forced drain joins the rest, so a snapshot right after the steps would miss GPU time."""
+        out: dict = {}
         try:
             out["stats"] = self.session.stats()
         except Exception as e:  # noqa: BLE001
             out["stats_error"] = err_text(e)
         return out
+
+    def final_profile(self) -> dict:
+        snap = self.session.snapshot()   # after stop(): read inline, the tree is final
+        return {"profile": profile_size(snap), "totals": totals(snap), "unavailable": sorted(snap.unavailable)}
 
     def detach(self) -> float:
         t = time.monotonic()
@@ -234,14 +239,15 @@ class Runner:
                 r: dict = {"attach_s": round(att.attach_s, 3), "notes": att.notes}
                 try:
                     r.update(self.run_steps(t, n, per_step))
-                    time.sleep(1.0 if agent else 0.3)  # let the last records arrive
-                    try:
-                        r.update(att.measure())
-                    except Exception as e:  # noqa: BLE001
-                        r["measure_error"] = err_text(e)
+                    time.sleep(0.3)  # let the last events arrive
+                    r.update(att.measure())
                 finally:
                     r["detach_s"] = round(att.detach(), 3)
                     r["rss_after_detach"] = t.rss()
+                try:
+                    r.update(att.final_profile())
+                except Exception as e:  # noqa: BLE001
+                    r["measure_error"] = err_text(e)
                 return r
             return fn
 
@@ -397,6 +403,10 @@ class Runner:
         finally:
             r["detach_s"] = round(att.detach(), 3)
             r["rss_after_detach"] = t.rss()
+        try:
+            r.update(att.final_profile())
+        except Exception as e:  # noqa: BLE001
+            r["measure_error"] = err_text(e)
         smp = r["samples"]
         if smp:
             first = smp[0]["rss"]
