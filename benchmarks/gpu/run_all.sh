@@ -13,7 +13,8 @@
 # GPU_TESTS=0 skips the tests; MEMORY_ONLY=1 runs only the memory phase (+ unprofiled, torch.profiler).
 # MEM_BG=1 [MEM_BG_S=620 MEM_BG_GPU=1]: the memory run in the background on a second GPU (below).
 # AGENT_VARIANTS (workloads measured as ROUNDS interleaved rounds of probes / agent / the agent's
-# parts alone: sampler only, CUPTI only; default none, ROUNDS default 3).
+# parts alone: sampler only, CUPTI only; default none, ROUNDS default 3; ROUND_SET=core: probes and
+# agent only).
 # The long memory run:  GPU_TESTS=0 JAX_CHECK=0 MEMORY_ONLY=1 WORKLOADS=resnet50 MEM_S=560 BUDGET_S=590
 # $OUT receives run_all.log, env.txt, overhead.md, check_jax.json and raw.tgz (everything else).
 # Every step is timestamped; a failing step is reported and the next one still runs.
@@ -193,7 +194,7 @@ say "overhead benchmark (deadline ${T_BENCH}s, memory phase ${MEM_S}s): $WORKLOA
 timeout -k 15 $(( T_BENCH + 30 )) "$PY" benchmarks/gpu/bench_overhead.py --out "$OUT/overhead" \
   --workloads "$WORKLOADS" --memory-s "$MEM_S" --memory-interval-s $([ "$CPU" = 1 ] && echo 5 || echo 10) \
   --deadline-s "$((T_BENCH - 15))" --probe-variants "${PROBE_VARIANTS-vit,launch}" \
-  --agent-variants "${AGENT_VARIANTS-}" --rounds "${ROUNDS:-3}" \
+  --agent-variants "${AGENT_VARIANTS-}" --rounds "${ROUNDS:-3}" --round-set "${ROUND_SET:-split}" \
   ${MEM_WORKLOAD:+--memory-workload "$MEM_WORKLOAD"} $([ "${MEMORY_ONLY:-0}" = 1 ] && echo --memory-only) \
   $SMOKE "${STEPS_ARG[@]}" 2>&1 | tee "$OUT/bench_overhead.log" | tail -40
 rc_b=${PIPESTATUS[0]}
