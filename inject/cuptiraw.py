@@ -24,6 +24,7 @@ from .validate import (MAX_INT, MAX_STR, ProtocolError, check_choice, check_dict
                        check_row, check_str)
 
 MAX_DEVICE = 1 << 16
+MAX_BLOCK = wire.MAX_RAW_FRAME   # bytes of one CUPTI buffer read in place (cupti_ref)
 MAX_KINDS = 16
 MAX_FIELDS = 40
 MAX_OFFS = 200_000
@@ -169,20 +170,40 @@ class NameReader:
         if type(ptr) is not int or ptr <= 0 or ptr > MAX_INT - self.max_len:
             return None
         with self._lock:
-            if self._closed:
+            if self._closed or not self._open():
                 return None
-            if self._fd is None:
-                if self._open_failed:
-                    return None
-                try:
-                    self._fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-                except OSError:
-                    self._open_failed = True
-                    return None
             try:
                 return read_cstring(ProcMemReader(self._fd), ptr, self.max_len)
             except OSError:
                 return None
+
+    def read_block(self, addr: int, n: int) -> bytes | None:
+        """n bytes at addr (a CUPTI buffer the agent left in place: ``cupti_ref``), or None if
+        the range cannot be read. The agent names the address; what comes back is parsed as
+        untrusted data like any raw frame."""
+        if type(addr) is not int or type(n) is not int or addr <= 0 or not 0 < n <= MAX_BLOCK \
+                or addr > MAX_INT - n:
+            return None
+        with self._lock:
+            if self._closed or not self._open():
+                return None
+            try:
+                data = os.pread(self._fd, n, addr)
+            except OSError:
+                return None
+        return data if len(data) == n else None
+
+    def _open(self) -> bool:
+        """The /proc/PID/mem fd (caller holds the lock); False if it cannot be opened."""
+        if self._fd is None:
+            if self._open_failed:
+                return False
+            try:
+                self._fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self._open_failed = True
+                return False
+        return True
 
     def read(self, ptr: int) -> str:
         try:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..errors import AlreadyAttached, InputError, NoSuchProcess
 from .agent import wire
-from .cuptiraw import NameReader, parse_layout, parse_raw
+from .cuptiraw import MAX_BLOCK, NameReader, parse_layout, parse_raw
 from .records import (AgentHello, AgentStats, ApiRecord, CompileRecord, HloKernel, HloMapRecord,
                       KernelRecord, MemcpyRecord, Note, PySample, SyncRecord)
 from .validate import MAX_BATCH, MAX_INT, MAX_STR, ProtocolError
@@ -44,7 +44,8 @@ HLO_LIMITS = {"id": 128, "module": 512, "platform": 32, "instr": 1024, "opcode":
               "file": MAX_STR, "func": 1024, "event": 128, "fun_name": 256}
 
 KNOWN_KINDS = ("samples", "kernel", "api", "memcpy", "sync", "note", "stats", "hlo", "compile", "bye",
-               "cupti_layout", "cupti_raw")
+               "cupti_layout", "cupti_raw", "cupti_ref")
+MAX_FREE = 256              # addresses per "free" message back to the agent
 MAX_RAW_HEADER = 4096       # bytes of a raw frame's JSON header
 
 # servers by socket path, so inject_agent(pid, socket_path=srv.path) can wait for the hello
@@ -249,6 +250,7 @@ class AgentServer:
         self._send_lock = threading.Lock()
         self._layout = None                 # cuptiraw.Layout of the current agent (cupti_layout message)
         self._names: NameReader | None = None   # kernel names of raw CUPTI records, from /proc/PID/mem
+        self._to_free: list[int] = []       # addresses of cupti_ref buffers read, not yet handed back
         self._thread = threading.Thread(target=self._serve, name=f"stacklens-agent-server-{pid}", daemon=True)
         self._thread.start()
         with _REGISTRY_LOCK:
@@ -359,11 +361,17 @@ class AgentServer:
                             self._layout = parse_layout(msg)
                             self._stats["cupti_layouts"] += 1
                             continue
+                        if kind == "cupti_ref":
+                            self._ref_frame(msg)
+                            continue
                         recs = parse_message(msg)
                     except (ProtocolError, TypeError, IndexError, KeyError, RecursionError):
                         self._reject(kind)
                         continue
                     self._push(recs)
+                while self._to_free:        # the buffers read in place go back to the agent
+                    self._send({"t": "free", "a": self._to_free[:MAX_FREE]})
+                    del self._to_free[:MAX_FREE]
                 if len(buf) > wire.MAX_RAW_FRAME + 4:
                     self._stats["rejected_oversize"] += 1
                     return
@@ -395,6 +403,36 @@ class AgentServer:
             recs, counts = parse_raw(header, memoryview(raw)[8 + hl:], self._layout, self._names)
         except (ProtocolError, ValueError, TypeError, IndexError, KeyError, RecursionError, struct.error):
             self._reject("cupti_raw")
+            return
+        st = self._stats
+        for k, v in counts.items():
+            if v:
+                st[k] += v
+        self._push(recs)
+
+    def _ref_frame(self, msg: dict) -> None:
+        """A CUPTI buffer left in place in the target (``cupti_ref``: header, address, length):
+        read through /proc/PID/mem, parsed like a raw frame, then handed back (``free``) so the
+        agent can reuse it. The target sends no bulk bytes over the socket for these buffers."""
+        self._stats["ref_frames"] += 1
+        try:
+            addr = _int(msg.get("a"), 1, MAX_INT)
+            n = _int(msg.get("n"), 1, MAX_BLOCK)
+            self._to_free.append(addr)
+            if self._layout is None:
+                raise ProtocolError("CUPTI buffer reference before any cupti_layout")
+            header = msg.get("h")
+            if type(header) is not dict:
+                raise ProtocolError("bad cupti_ref header")
+            if self._names is None:
+                self._names = NameReader(self.pid)
+            data = self._names.read_block(addr, n)
+            if data is None:
+                self._stats["ref_unreadable"] += 1
+                raise ProtocolError("CUPTI buffer reference not readable")
+            recs, counts = parse_raw(header, data, self._layout, self._names)
+        except (ProtocolError, ValueError, TypeError, IndexError, KeyError, RecursionError, struct.error):
+            self._reject("cupti_ref")
             return
         st = self._stats
         for k, v in counts.items():

@@ -74,6 +74,8 @@ class CuptiCollector:
         self._codes = None
         self.api_records = True          # False: kernel/copy activity only (the daemon joins by order)
         self.raw = True                  # without API records: ship CUPTI's buffers as bytes (ctypes)
+        self.ref = True                  # raw: leave verified buffers in place, the daemon reads them
+        self.max_shipped = 64            # buffers left in place at once (64 MiB); beyond: copied
         self._raw_factory = raw_factory  # on_buffer -> object with flush_all(flag); None: the ctypes one
         self._raw_cb = None              # the registered raw callbacks while they are ours
         self._raw_sizes = {}             # record kind -> layout size (the size walk)
@@ -198,6 +200,8 @@ class CuptiCollector:
             self._flush_all(1)
         if self._raw_cb is not None:         # the trampolines stay registered (and alive), idle
             self._raw_cb.on_buffer = self._raw_cb.want_offsets = None
+            if hasattr(self._raw_cb, "on_ref"):
+                self._raw_cb.on_ref = None       # buffers left in place stay until freed
         self.active = False
 
     def _flush_all(self, flag):
@@ -270,6 +274,9 @@ class CuptiCollector:
                                  "cupti-python (higher overhead)")
             return None
         self._verified = 0
+        if hasattr(cb, "on_ref"):
+            cb.max_shipped = self.max_shipped
+            cb.on_ref = self._raw_ref if self.ref else None
         self.sink("cupti_layout", layout)
         return cb
 
@@ -339,6 +346,41 @@ class CuptiCollector:
             sink("raw", (head, offs.tobytes() + data))
         except BaseException:
             pass
+
+    def _raw_ref(self, addr, valid):
+        """A completed, verified buffer left in place (CUPTI's thread, GIL held): only its address
+        and length travel; the daemon reads it from /proc/PID/mem and hands it back (``free``).
+        No copy of the buffer and no bulk socket writes in the target. True if taken."""
+        try:
+            sink = self.sink
+            if sink is None:
+                return False
+            self.counts["buffers"] += 1
+            self.counts["raw_bytes"] += valid
+            self.counts["ref_buffers"] = self.counts.get("ref_buffers", 0) + 1
+            head = {"t": "cupti_raw", "off_ns": self.clock.offset_ns, "mode": "sizes", "n_offs": 0,
+                    "align": RAW_ALIGN}
+            sink("rawref", (head, addr, valid))
+            return True
+        except BaseException:
+            return False
+
+    def release(self, addrs):
+        """Buffers the daemon has read (its ``free`` message) go back to the pool."""
+        cb = self._raw_cb
+        if cb is not None and hasattr(cb, "release"):
+            cb.release(addrs)
+
+    def shipped(self):
+        """How many buffers are left in place, not yet read and freed by the daemon."""
+        cb = self._raw_cb
+        return len(cb.shipped) if cb is not None and hasattr(cb, "shipped") else 0
+
+    def drop_shipped(self):
+        """At detach, after waiting for the daemon: forget buffers it never freed."""
+        cb = self._raw_cb
+        if cb is not None and hasattr(cb, "shipped"):
+            cb.shipped.clear()
 
     @property
     def raw_mode(self):
@@ -515,10 +557,14 @@ class _RawCallbacks:
         self._flush.argtypes, self._flush.restype = [ctypes.c_uint32], ctypes.c_int
         self._live = {}       # address -> buffer object, between request and completion
         self._free = []
+        self.shipped = {}     # address -> buffer left in place for the daemon to read (cupti_ref)
+        self.on_ref = None    # (address, valid) -> bool: takes a verified buffer in place
+        self.max_shipped = 64
         self.on_buffer = None
         self.want_offsets = None   # callable -> bool (the collector's wants_offsets)
 
     def register(self):
+        self.shipped.clear()   # a previous session's daemon is gone: nobody will free those
         rc = self._reg(self._req, self._done)
         if rc != 0:
             raise OSError(f"cuptiActivityRegisterCallbacks returned {rc}")
@@ -541,16 +587,28 @@ class _RawCallbacks:
             except BaseException:
                 pass
 
+    def release(self, addrs):
+        for a in addrs:
+            b = self.shipped.pop(a, None)
+            if b is not None and len(self._free) < 4:
+                self._free.append(b)
+
     def _completed(self, ctx, stream_id, buf, size, valid):
         try:
             b = self._live.pop(buf, None)
             target = self.on_buffer
             if valid and target is not None:
-                ct = self.ct
+                want = self.want_offsets
+                verifying = want is not None and want()
+                ref = self.on_ref
+                if (ref is not None and b is not None and not verifying
+                        and len(self.shipped) < self.max_shipped and ref(buf, valid)):
+                    self.shipped[buf] = b      # the daemon reads it in place, then frees it
+                    return
+                ct = self.ct                   # copied: verifying, or too many left in place
                 data = ct.string_at(buf, valid)
                 offsets = None
-                want = self.want_offsets
-                if want is not None and want():
+                if verifying:
                     offsets = []
                     rec = ct.c_void_p()
                     nxt = self._next

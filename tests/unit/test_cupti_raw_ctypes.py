@@ -72,3 +72,43 @@ def test_no_walk_once_verified_and_a_failing_target_never_raises_into_cupti(libc
     stage(libcupti, records(2), 10, 36)
     cb.flush_all(1)                      # detached: buffers come back and are dropped
     assert cb._live == {}
+
+
+def test_verified_buffers_stay_in_place_until_the_daemon_frees_them(libcupti):
+    """The zero-copy path: a verified buffer is not copied; its address goes out (on_ref) and the
+    daemon's reader (NameReader.read_block, /proc/PID/mem — here our own) sees its bytes; 'free'
+    returns it to the pool; beyond max_shipped buffers fall back to the copy path."""
+    import os
+
+    from stacklens.inject.cuptiraw import NameReader
+
+    copied, refs = [], []
+    cb = cupti_mod._ctypes_callbacks(libcupti, lambda data, offs: copied.append(data), lambda: False)
+    cb.on_ref = lambda addr, valid: refs.append((addr, valid)) or True
+    cb.max_shipped = 2
+    reader = NameReader(os.getpid())
+    try:
+        datas = [records(4 + i) for i in range(3)]
+        for d in datas:
+            stage(libcupti, d, 10, 36)
+            cb.flush_all(0)
+        assert [v for _, v in refs] == [len(datas[0]), len(datas[1])] and copied == [datas[2]]
+        assert set(cb.shipped) == {a for a, _ in refs}
+        for (addr, valid), d in zip(refs, datas):
+            assert reader.read_block(addr, valid) == d      # what the daemon reads, in place
+        assert reader.read_block(0, 8) is None and reader.read_block(refs[0][0], 1 << 30) is None
+        cb.release([refs[0][0], 12345])                      # an unknown address is ignored
+        assert set(cb.shipped) == {refs[1][0]} and len(cb._free) >= 1
+        stage(libcupti, datas[0], 10, 36)
+        cb.flush_all(0)                                      # room again: in place
+        assert len(refs) == 3 and len(copied) == 1
+        cb.on_ref = lambda addr, valid: False                # the collector declined: copied
+        stage(libcupti, datas[1], 10, 36)
+        cb.flush_all(0)
+        assert copied[-1] == datas[1] and len(cb.shipped) == 2
+        cb.register()                                        # a new attach: old ones forgotten
+        assert cb.shipped == {}
+    finally:
+        reader.close()
+        cb.on_ref = None
+        cb.on_buffer = cb.want_offsets = None

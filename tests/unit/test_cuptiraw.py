@@ -389,3 +389,57 @@ def test_server_reexports_protocol_error():
     assert server.ProtocolError is cr.ProtocolError and server.MAX_STR == cr.MAX_STR
     assert "cupti_layout" in server.KNOWN_KINDS and "cupti_raw" in server.KNOWN_KINDS
     json.dumps(LAYOUT)
+
+
+def _recv_msgs(c, want, timeout=5.0):
+    """JSON messages the server sent back until `want` of them arrived."""
+    c.settimeout(timeout)
+    buf, out = b"", []
+    while len(out) < want:
+        data = c.recv(1 << 16)
+        if not data:
+            break
+        buf += data
+        while len(buf) >= 4 and len(buf) >= 4 + int.from_bytes(buf[:4], "big"):
+            n = int.from_bytes(buf[:4], "big")
+            out.append(json.loads(buf[4:4 + n]))
+            buf = buf[4 + n:]
+    return out
+
+
+def test_buffers_left_in_place_are_read_from_target_memory_and_freed(tmp_path):
+    """cupti_ref: the agent sends an address and a length, the server reads the buffer through
+    /proc/PID/mem (here our own memory), parses it like a raw frame, and sends "free" back —
+    also for a reference it could not read or parse, so the agent never leaks a buffer. A bad
+    address or length is rejected and counted; the connection stays up."""
+    import ctypes
+
+    srv = AgentServer(os.getpid(), tmp_path / "agents")
+    try:
+        c = _connect(srv)
+        assert _recv_msgs(c, 1)[0]["t"] == "config"
+        data = pack_sizes([kernel(7, 10, 20), kernel(8, 30, 40)])
+        buf = ctypes.create_string_buffer(data, len(data))
+        addr = ctypes.addressof(buf)
+        c.sendall(wire.encode({"t": "cupti_ref", "h": hdr(off_ns=OFF), "a": addr, "n": len(data)}))  # no layout yet
+        c.sendall(wire.encode(LAYOUT))
+        c.sendall(wire.encode({"t": "cupti_ref", "h": hdr(off_ns=OFF), "a": addr, "n": len(data)}))
+        c.sendall(wire.encode({"t": "cupti_ref", "h": hdr(), "a": 8, "n": 64}))           # unmapped
+        c.sendall(wire.encode({"t": "cupti_ref", "h": hdr(), "a": addr, "n": 1 << 30}))   # too long
+        c.sendall(wire.encode({"t": "cupti_ref", "h": hdr(), "a": "x", "n": 8}))
+        c.sendall(wire.encode({"t": "note", "level": "info", "msg": "after", "t_ns": 1}))
+        assert _wait(lambda: srv.stats().get("records", 0) >= 1 + 2 + 1)
+        recs = srv.poll()[1:]
+        assert [r.correlation_id for r in recs[:2]] == [7, 8]
+        assert recs[0].start_ns == 10 + OFF and recs[1].end_ns == 40 + OFF and recs[-1].message == "after"
+        freed = [a for m in _recv_msgs(c, 1) if m["t"] == "free" for a in m["a"]]
+        while freed.count(addr) < 2 or 8 not in freed:
+            more = _recv_msgs(c, 1, timeout=2.0)
+            assert more, freed
+            freed += [a for m in more if m["t"] == "free" for a in m["a"]]
+        st = srv.stats()
+        assert st["ref_frames"] == 5 and st["ref_unreadable"] == 1
+        assert st["rejected_message:cupti_ref"] == 4 and st["raw_records"] == 2
+        c.close()
+    finally:
+        srv.close()
