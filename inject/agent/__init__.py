@@ -19,7 +19,7 @@ import time
 
 DEFAULTS = {"sample_hz": 100.0, "max_depth": 128, "max_overhead": 0.02, "flush_ms": 200,
             "gpu": True, "max_outbox": 4 << 20, "max_gpu_queue": 100_000, "jax": True,
-            "gpu_api_records": False, "gpu_raw": True, "max_raw_bytes": 64 << 20}
+            "gpu_api_records": False, "gpu_raw": True, "gpu_ref": True, "max_raw_bytes": 64 << 20}
 
 
 def _sub(name):
@@ -225,6 +225,9 @@ class Agent:
             self.raw_in += n
             self.raw_queue.append(("raw", rec))
             return
+        if kind == "rawref":           # (header, address, length): bounded by the collector
+            self.raw_queue.append(("ref", rec))
+            return
         if kind == "cupti_layout":
             self.raw_queue.append(("json", rec))
             return
@@ -240,6 +243,24 @@ class Agent:
                 self.stop_requested = True
             elif t == "config":
                 self._apply_config(m)
+            elif t == "free":
+                self._release(m.get("a"))
+
+    def _release(self, addrs):
+        """The daemon has read these buffers in place: the collector may reuse them."""
+        release = getattr(self.gpu, "release", None)
+        if release is not None and type(addrs) is list:
+            try:
+                release([a for a in addrs if type(a) is int])
+            except BaseException as e:
+                self.note("warning", f"GPU buffer release failed: {e}")
+
+    def _shipped(self):
+        shipped = getattr(self.gpu, "shipped", None)
+        try:
+            return shipped() if shipped is not None else 0
+        except BaseException:
+            return 0
 
     # -- main loop ---------------------------------------------------------------------
     def run(self):
@@ -294,6 +315,9 @@ class Agent:
                 self.gpu.api_records = bool(self.cfg["gpu_api_records"])
             if self.gpu is not None and hasattr(self.gpu, "raw"):
                 self.gpu.raw = bool(self.cfg["gpu_raw"])
+            if self.gpu is not None and hasattr(self.gpu, "ref"):   # buffers read in place
+                self.gpu.ref = bool(self.cfg["gpu_ref"])
+                self.gpu.max_shipped = max(1, int(self.cfg["max_raw_bytes"]) >> 20)
             if self.gpu is not None and not self.gpu.start(self.gpu_sink):
                 self.gpu = None
         except BaseException as e:  # a collector must never take the agent (or target) down
@@ -336,6 +360,10 @@ class Agent:
             if kind == "json":
                 if not ch.send(item) and ch.out:
                     break                          # outbox full: retried (the layout must arrive)
+            elif kind == "ref":                    # a buffer left in place: address and length
+                head, addr, n = item
+                if not ch.send({"t": "cupti_ref", "h": head, "a": addr, "n": n}) and ch.out:
+                    break                          # outbox full: retried (the buffer waits)
             elif ch.send_raw(*item):
                 self.raw_out += len(item[1])
             else:
@@ -388,9 +416,18 @@ class Agent:
                 self.note("warning", f"GPU collector stop failed: {e}")
         self._flush(batch)
         end = time.monotonic() + 2.0
-        while (self.gpu_queue or self.raw_queue) and time.monotonic() < end:   # the final forced flush can exceed one batch
+        # the final forced flush can exceed one batch; buffers left in place wait for the
+        # daemon's "free" (it reads them from our memory), then are forgotten in any case
+        while (self.gpu_queue or self.raw_queue or self._shipped()) and time.monotonic() < end \
+                and not self.ch.closed:
             self._send_gpu_records()
-            self.ch.pump(0.01)
+            self._handle(self.ch.pump(0.01))
+        drop = getattr(self.gpu, "drop_shipped", None)
+        if drop is not None:
+            try:
+                drop()
+            except BaseException:
+                pass
         self._send_stats(sampler)
         self.ch.send({"t": "bye"})
         self.ch.drain(2.0)

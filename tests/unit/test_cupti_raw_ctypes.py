@@ -112,3 +112,57 @@ def test_verified_buffers_stay_in_place_until_the_daemon_frees_them(libcupti):
         reader.close()
         cb.on_ref = None
         cb.on_buffer = cb.want_offsets = None
+
+
+def test_agent_and_daemon_move_buffers_in_place_end_to_end(libcupti, tmp_path):
+    """The agent's collector (ctypes callbacks on the fake libcupti, a native completion thread)
+    leaves verified buffers in place; the agent sends their addresses; a real AgentServer reads
+    them from this process's memory, parses them, and frees them; the agent's detach wait sees
+    none left. No raw frame crosses the socket."""
+    import os
+    import socket
+    import time
+
+    from stacklens.inject import AgentServer
+    from stacklens.inject.agent import Agent, wire
+    from tests.unit.test_cuptiraw import K_KERNEL, KERNEL_SIZE, LAYOUT, OFF, kernel, pack_sizes
+
+    srv = AgentServer(os.getpid(), tmp_path / "agents")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(srv.path)
+    agent = Agent(sock, srv.token)
+    col = cupti_mod.CuptiCollector(lambda *a: None)
+    try:
+        agent.ch.send({"t": "hello", "v": wire.VERSION, "token": srv.token, "pid": os.getpid(), "tid": 1,
+                       "python": [3, 11, 0], "executable": "python"})
+        end = time.monotonic() + 5
+        while not any(m.get("t") == "config" for m in agent.ch.pump(0.05)) and time.monotonic() < end:
+            pass
+        col.sink = agent.gpu_sink
+        col.clock = type("C", (), {"offset_ns": OFF})()
+        col._raw_sizes = {K_KERNEL: KERNEL_SIZE}
+        col._verified = cupti_mod.VERIFY_BUFFERS           # the size walk verified
+        cb = cupti_mod._ctypes_callbacks(libcupti, col._raw_buffer, col.wants_offsets)
+        cb.on_ref, cb.max_shipped = col._raw_ref, 8
+        col._raw_cb = cb
+        agent.gpu = col
+        agent.gpu_sink("cupti_layout", LAYOUT)
+        for i in range(2):
+            stage(libcupti, pack_sizes([kernel(10 * i + j, 100 * j + 1, 100 * j + 50) for j in range(3)]),
+                  K_KERNEL, KERNEL_SIZE)
+            cb.flush_all(0)
+        assert col.shipped() == 2 and col.counts["ref_buffers"] == 2
+        end = time.monotonic() + 5
+        while (col.shipped() or srv.stats().get("raw_records", 0) < 6) and time.monotonic() < end:
+            agent._send_gpu_records()
+            agent._handle(agent.ch.pump(0.02))
+        recs = [r for r in srv.poll() if type(r).__name__ == "KernelRecord"]
+        assert [r.correlation_id for r in recs] == [0, 1, 2, 10, 11, 12]
+        assert recs[1].start_ns == 101 + OFF
+        assert col.shipped() == 0 and len(cb._free) >= 1          # freed back into the pool
+        st = srv.stats()
+        assert st["ref_frames"] == 2 and st.get("raw_frames", 0) == 0
+    finally:
+        cb.on_ref = cb.on_buffer = cb.want_offsets = None
+        sock.close()
+        srv.close()
