@@ -1,12 +1,15 @@
 """The agent's own cost per raw CUPTI buffer, on the target's side (issue 9), without a GPU.
 
 A fake libcupti (tests/fakes/fake_cupti.c, built here with cc) hands 1 MiB buffers of 216-byte
-records back from a native thread, as CUPTI does; the agent's real path takes them: ctypes
-trampoline → copy out → collector (`_raw_buffer`, sizes mode) → byte-bounded queue → raw frame →
-outbox → a socketpair drained by a reader thread. Reported: wall µs per buffer and per record for
-the collector + send path (what holds the target's GIL), measured over N buffers.
+records back from a native thread, as CUPTI does; the agent's real path takes them:
+- copy: ctypes trampoline → copy out → collector (`_raw_buffer`, sizes mode) → byte-bounded queue
+  → raw frame → outbox → a socketpair drained by a reader thread;
+- ref (the default since session 4): trampoline → collector (`_raw_ref`) → the buffer stays in
+  place, a small `cupti_ref` message goes out; the reader plays the daemon's `free`.
+Reported: wall µs per buffer and per record for the collector + send path (what holds the
+target's GIL) and the agent thread's wake-ups, measured over N buffers.
 
-    .venv/bin/python benchmarks/bench_agent_raw.py [--buffers 200]
+    .venv/bin/python benchmarks/bench_agent_raw.py [--buffers 200] [--mode copy|ref]
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ BUFFER = 1 << 20
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--buffers", type=int, default=200)
+    ap.add_argument("--mode", choices=("copy", "ref"), default="ref")
     a = ap.parse_args()
     cc = shutil.which("cc") or shutil.which("gcc")
     d = Path(tempfile.mkdtemp())
@@ -58,16 +62,24 @@ def main() -> None:
     col._raw_sizes = {10: RECORD}               # what _layout() learns from cupti-python's dtypes
     col._verified = cupti_mod.VERIFY_BUFFERS    # the size walk verified: no walk per buffer
     cb = cupti_mod._ctypes_callbacks(str(lib), col._raw_buffer, col.wants_offsets)
+    col._raw_cb = cb
+    agent.gpu = col
+    if a.mode == "ref":
+        cb.on_ref, cb.max_shipped = col._raw_ref, 64
     t_cb = t_send = 0.0
+    pumps = 0
     for _ in range(a.buffers):
         fake.fake_cupti_stage(data, ctypes.c_size_t(len(data)), ctypes.c_uint32(10), ctypes.c_size_t(RECORD))
         t0 = time.perf_counter()
         cb.flush_all(0)                         # request + copy + completion from a native thread
         t1 = time.perf_counter()
-        agent._send_gpu_records()               # frame the buffer into the outbox
+        agent._send_gpu_records()               # frame the buffer (or its address) into the outbox
         while agent.ch.out:
             agent.ch.pump(0.01)                 # what the socket takes
+            pumps += 1
         t2 = time.perf_counter()
+        if a.mode == "ref":                     # the daemon has read it: free (not timed)
+            agent._release(list(cb.shipped))
         t_cb += t1 - t0
         t_send += t2 - t1
     a_sock.close()
@@ -75,7 +87,8 @@ def main() -> None:
     print(f"{a.buffers} buffers of {len(data)} bytes ({n} records): callback+copy+collector "
           f"{t_cb / a.buffers * 1e6:.0f} us, frame+send {t_send / a.buffers * 1e6:.0f} us per buffer; "
           f"{per_buf / n * 1000:.0f} ns per record; at 140k records/s: {per_buf / n * 140_000 / 1e4:.2f}% of a core "
-          f"(buffers dropped: {agent.raw_dropped})")
+          f"(mode {a.mode}; socket writes needing a wake-up: {pumps / a.buffers:.1f} per buffer; "
+          f"buffers dropped: {agent.raw_dropped}; valid bytes per buffer {len(data)})")
 
 
 if __name__ == "__main__":

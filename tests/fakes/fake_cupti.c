@@ -12,7 +12,7 @@ typedef void (*done_fn)(void *ctx, uint32_t stream_id, uint8_t *buffer, size_t s
 
 static req_fn g_req;
 static done_fn g_done;
-static uint8_t g_stage[1 << 16];
+static uint8_t g_stage[1 << 20];   /* a whole 1 MiB CUPTI buffer */
 static size_t g_staged;
 static size_t g_sizes[64];
 static int g_registrations;
