@@ -17,6 +17,13 @@ Raw CUPTI buffers (the agent's default GPU path; no Python object per record in 
   little-endian uint32 record offsets (mode "offsets", from cuptiActivityGetNextRecord), then the
   buffer's valid bytes. In mode "sizes" records follow each other: the next record starts at
   align_up(offset + layout size of this record's kind, A); a kind not in the layout ends the walk.
+- once the size walk is verified (the first buffers travel as raw frames with offsets), a buffer
+  stays where CUPTI filled it and only ``{"t": "cupti_ref", "h": the raw header, "a": address,
+  "n": valid bytes}`` travels: the daemon reads the bytes from the target's memory
+  (/proc/PID/mem), parses them as it parses a raw frame, and answers ``{"t": "free", "a":
+  [addresses]}`` (also for a reference it could not read), after which the agent reuses the
+  buffer. The target copies nothing and writes no bulk bytes to the socket. At most 64 buffers
+  (``max_raw_bytes``) are out at once; beyond that a buffer is copied into a raw frame.
 Shared by both sides as constants only; the daemon validates every field it receives
 (``stacklens.inject.server``, ``stacklens.inject.cuptiraw``) and never executes anything the
 target sends.
