@@ -59,6 +59,14 @@ def default_probe_factory(pid: int, *, cpu_hz: int, ops: bool) -> EventSource:
     return ProbeSession(pid, ProbeConfig(cpu_sample_hz=cpu_hz, ops=ops))
 
 
+# The agent's wall-clock Python sampler: each sample takes the GIL from the target's threads. On
+# the H200 machine a GIL hand-off to another thread waits for that vCPU to wake, and a ViT loop
+# lost 1.5x to the sampler at 100 Hz (with a poll(0) spin, since fixed; docs/benchmarks/gpu.md run
+# 14). On-CPU Python stacks come from BPF at cpu_hz without the GIL; the agent adds off-CPU and
+# all-thread samples, for which 20 Hz is enough. ProcessSession(agent_config={"sample_hz": ...}).
+AGENT_SAMPLE_HZ = 20
+
+
 def default_agent_factory(pid: int, *, sample_hz: float, gpu_api_records: bool = False,
                           config: dict | None = None) -> AgentSource:
     from stacklens.daemon.agentlink import AgentLink
@@ -128,7 +136,8 @@ class ProcessSession:
                 kw = {"gpu_api_records": True} if self.gpu_api_records else {}
                 if self.agent_config:
                     kw["config"] = self.agent_config
-                self.agent = self._agent_factory(self.pid, sample_hz=self.agent_config.get("sample_hz", 100), **kw)
+                hz = self.agent_config.get("sample_hz", AGENT_SAMPLE_HZ)
+                self.agent = self._agent_factory(self.pid, sample_hz=hz, **kw)
                 self.notes.append("agent: injected (Python sampler; GPU collector if CUDA/ROCm is present)")
         except BaseException:
             self._teardown()

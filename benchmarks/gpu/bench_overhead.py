@@ -59,6 +59,8 @@ PROBE_VARIANTS = {
 AGENT_VARIANTS = {
     "agent_no_gpu": {"gpu": False},           # the Python sampler alone
     "agent_no_sampler": {"sample_hz": 0.1},   # CUPTI alone (one sample every ~10 s)
+    "agent_hz100": {"sample_hz": 100},        # the sampler at 100 Hz (the default is 20 Hz)
+    "agent_copy": {"gpu_ref": False},         # CUPTI buffers copied and sent (before cupti_ref)
 }
 
 
