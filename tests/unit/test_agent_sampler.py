@@ -1,9 +1,17 @@
 """The frame sampler, in this process."""
 
+import gc
+import json
+import socket
+import sys
 import threading
 import time
+import types
+import weakref
 
+from stacklens.inject.agent import Agent, _SampleBatch, wire
 from stacklens.inject.agent.sampler import Sampler
+from stacklens.inject.server import parse_message
 
 
 def _spin_in_marker(stop):
@@ -52,3 +60,133 @@ def test_rate_adapts_when_sampling_is_expensive():
     for _ in range(50):
         s._adapt()
     assert abs(s.hz - 100) < 1e-6
+
+
+def _park(ready, stop, seen):
+    seen["caller_line"] = sys._getframe(1).f_lineno
+    ready.set()
+    stop.wait()
+
+
+def _sample_parked(sampler, target, *args):
+    """Rows of one sample taken while a thread is parked inside target(ready, stop, seen, *args)."""
+    ready, stop, seen = threading.Event(), threading.Event(), {}
+    t = threading.Thread(target=target, args=(ready, stop, seen) + args)
+    t.start()
+    try:
+        ready.wait(5)
+        rows = sampler.sample()
+    finally:
+        stop.set()
+        t.join()
+    return next(r for r in rows if r[0] == t.native_id)[2], seen
+
+
+def _two_call_sites(ready, stop, seen, first):
+    if first:
+        _park(ready, stop, seen)
+    else:
+        _park(ready, stop, seen)
+
+
+def test_cached_frames_keep_the_line_of_each_call_site():
+    s = Sampler(skip_idents={threading.get_ident()})
+    for first in (True, False, True):
+        stack, seen = _sample_parked(s, _two_call_sites, first)
+        caller = next(f for f in stack if f[1] == "_two_call_sites")
+        assert caller == (__file__, "_two_call_sites", seen["caller_line"])
+    names = [f[1] for f in stack]
+    assert names[names.index("_park") + 1] == "Event.wait"
+
+
+def test_frame_cache_is_bounded_and_keeps_no_frames_alive():
+    class Local:
+        pass
+
+    s = Sampler(skip_idents={threading.get_ident()})
+    s.MAX_CACHED = 40
+    refs = []
+    for i in range(60):                 # a distinct code object per round, like generated code
+        ns = {"_park": _park}
+        exec(f"def gen_{i}(ready, stop, seen, obj):\n    _park(ready, stop, seen)\n", ns)
+        obj = Local()
+        refs.append(weakref.ref(obj))
+        stack, _ = _sample_parked(s, ns[f"gen_{i}"], obj)
+        assert [f[1] for f in stack][-4:-2] == [f"gen_{i}", "_park"]
+        del obj, ns
+        assert len(s._frames) <= s.MAX_CACHED + len(stack) + 16    # one sample's frames at most over
+    gc.collect()
+    assert all(r() is None for r in refs)                         # the frames' locals are gone
+    assert all(type(v) is tuple and [type(x) for x in v] == [str, str, int] for v in s._frames.values())
+    assert all(isinstance(c, types.CodeType) for c in s._codes.values())
+    # every cached id belongs to a code object the cache holds: no id can be reused meanwhile
+    assert all(id(s._codes[k[0]]) == k[0] for k in s._frames)
+
+
+def test_batch_dedups_stacks_and_encodes_as_before():
+    a = (("a.py", "main", 1), ("a.py", "f", 7))
+    b = (("a.py", "main", 1), ("a.py", "g", 9))
+    batch = _SampleBatch()
+    for row in [(10, 1, a, False), (10, 2, a, False), (11, 3, a, True), (10, 4, b, False), (10, 5, a, False),
+                (11, 6, tuple(list(a)), False)]:
+        assert batch.add(row)
+    msg = batch.message()
+    assert [r[2] for r in msg["s"]] == [0, 0, 0, 1, 0, 0]
+    decoded = json.loads(wire.encode(msg)[4:])
+    assert decoded["stacks"] == [[list(f) for f in a], [list(f) for f in b]]
+    assert [(p.tid, p.frames, p.truncated) for p in parse_message(decoded)] == [
+        (10, a, False), (10, a, False), (11, a, True), (10, b, False), (10, a, False), (11, a, False)]
+    batch.clear()
+    assert batch.add((10, 7, b, False)) and batch.message()["s"] == [[10, 7, 0, 0]]
+
+
+def test_a_reused_thread_ident_gets_the_new_threads_native_id():
+    s = Sampler(skip_idents={threading.get_ident()})
+    seen = []
+    for _ in range(5):                  # a joined thread's ident (its pthread_t) is handed out again
+        ready, stop = threading.Event(), threading.Event()
+        t = threading.Thread(target=lambda: (ready.set(), stop.wait()))
+        t.start()
+        ready.wait(5)
+        rows = s.sample()
+        stop.set()
+        t.join()
+        seen.append((t.ident, t.native_id))
+        assert t.native_id in {r[0] for r in rows}
+    assert len({i for i, _ in seen}) < len({n for _, n in seen})
+
+
+def test_agent_loop_wakes_once_per_sample_without_polling_zero():
+    """poll() takes whole ms; a wait rounded down to 0 made the loop spin on poll(0), giving the
+    GIL away and taking it back thousands of times a second between two samples."""
+    a, d = socket.socketpair()
+    d.sendall(wire.encode({"t": "config", "sample_hz": 100.0, "gpu": False}))
+    agent = Agent(a, "tok")
+    timeouts = []
+    pump = agent.ch.pump
+    agent.ch.pump = lambda t: (timeouts.append(t), pump(t))[1]
+    got = bytearray()
+
+    def drain():
+        while chunk := d.recv(1 << 16):
+            got.extend(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    th = threading.Thread(target=agent.run)
+    th.start()
+    time.sleep(1.0)
+    agent.stop_requested = True
+    th.join(5)
+    a.close()
+    reader.join(5)
+    d.close()
+    msgs, i = [], 0
+    while i + 4 <= len(got):
+        n = int.from_bytes(got[i:i + 4], "big")
+        msgs.append(json.loads(got[i + 4:i + 4 + n]))
+        i += 4 + n
+    samples = sum(len(m["s"]) for m in msgs if m["t"] == "samples")
+    assert samples >= 50
+    assert min(timeouts) >= 0.001
+    assert len(timeouts) < 2 * samples + 20       # one wake per sample, plus flushes and sends
