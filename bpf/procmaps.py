@@ -4,6 +4,21 @@ Maps are parsed by `stacklens.procfs`, ELF files read by `stacklens.elf`. No pri
 reading /proc/PID (root for other users' processes). Files are opened through /proc/PID/root so
 a target in a container resolves to its own files. Symbol tables are cached per (device, inode,
 mtime), so each file is parsed once per daemon however many processes map it.
+
+Frames name functions, never addresses: a frame is part of a CCT node's identity, and a name per
+address made a new node for every return address or sampled instruction not covered by a symbol.
+A steady loop through a stripped library (libcuda.so exports only its cu* API) grew its profile
+until max_nodes (docs/benchmarks/profile-growth.md). So an address no symbol covers is named by
+where it lies, one frame per library:
+- in a file: Frame.native(lib, "[stripped]") when the file has no .symtab (only its exports are
+  known), Frame.native(lib, "[no symbol]") when it has one (PLT stubs, code between functions)
+  or cannot be read. Not the nearest exported symbol before it: for internal static functions
+  that name would be wrong, and "libcuda.so [stripped]" is what is known;
+- in anonymous executable memory (JIT code, trampolines): Frame.other("[anon]"); in a kernel
+  pseudo-mapping: its name, e.g. Frame.other("[vdso]");
+- outside every executable mapping: Frame.other("[unknown]").
+`collapse_unsymbolized` folds a run of such frames of one library into one. The exact address
+is still named by `Symbolizer.exact_name` (kernels named from a host stub: one name per stub).
 """
 
 from __future__ import annotations
@@ -56,29 +71,53 @@ def find_libraries(pid: int, pattern: re.Pattern[str], proc: str = "/proc",
     return list(seen.values())
 
 
-_TABLES: dict[tuple, SymbolTable | None] = {}
+STRIPPED = "[stripped]"
+NO_SYMBOL = "[no symbol]"
+UNSYMBOLIZED = (STRIPPED, NO_SYMBOL)
+ANON = Frame.other("[anon]")
+UNKNOWN = Frame.other("[unknown]")
+CACHE_MAX = 1 << 16  # addresses remembered per process and cache
+
+_TABLES: dict[tuple, tuple[SymbolTable | None, str]] = {}
 
 
-def symbol_table(host_path: str) -> SymbolTable | None:
-    """Cached symbol table of a file, keyed by (dev, inode, mtime); None if unreadable."""
+def _file_symbols(host_path: str) -> tuple[SymbolTable | None, str]:
+    """(cached symbol table or None if unreadable, the name of an address no symbol covers),
+    keyed by (dev, inode, mtime)."""
     try:
         st = os.stat(host_path)
     except OSError:
-        return None
+        return None, NO_SYMBOL
     key = (st.st_dev, st.st_ino, st.st_mtime_ns)
     if key not in _TABLES:
         try:
             with ElfFile(host_path) as elf:
-                _TABLES[key] = SymbolTable(elf)
+                _TABLES[key] = (SymbolTable(elf), NO_SYMBOL if ".symtab" in elf.sections else STRIPPED)
         except Exception:
-            _TABLES[key] = None
+            _TABLES[key] = (None, NO_SYMBOL)
     return _TABLES[key]
 
 
-class Symbolizer:
-    """Address -> Frame.native(lib, symbol) for one process, caching every answer.
+def is_unsymbolized(f: Frame) -> bool:
+    """A native frame that names its library only (no symbol covered the address)."""
+    return f.kind == "native" and f.name in UNSYMBOLIZED
 
-    Unknown addresses become Frame.native(lib, "0x<file offset>") or Frame.other("[unknown]")."""
+
+def collapse_unsymbolized(frames: Iterable[Frame]) -> tuple[Frame, ...]:
+    """Frames (either order) with each run of equal unsymbolized frames (one library, no symbol)
+    as one: how deep a library's internals went says nothing without their names."""
+    out: list[Frame] = []
+    for f in frames:
+        if not (out and f == out[-1] and is_unsymbolized(f)):
+            out.append(f)
+    return tuple(out)
+
+
+class Symbolizer:
+    """Address -> Frame for one process: Frame.native(lib, symbol), or for an address no symbol
+    covers the frame of its library or memory (see the module docstring). Answers are cached per
+    address (up to CACHE_MAX addresses, then the cache starts again: a sample's leaf can be any
+    instruction)."""
 
     def __init__(self, pid: int, proc: str = "/proc"):
         self.pid = pid
@@ -87,6 +126,8 @@ class Symbolizer:
         self._maps: list[Mapping] = []
         self._starts: list[int] = []
         self._cache: dict[int, Frame] = {}
+        self._exact: dict[int, str] = {}
+        self._unsymbolized: dict[tuple[str, str], Frame] = {}  # one frame object per (lib, name)
         self.refresh()
 
     def refresh(self) -> None:
@@ -103,28 +144,65 @@ class Symbolizer:
             return self._maps[i]
         return None
 
+    def _mapping(self, addr: int) -> Mapping | None:
+        m = self._find(addr)
+        if m is None:
+            self.refresh()  # mapped since the last read (dlopen)
+            m = self._find(addr)
+        return m
+
+    def _lookup(self, m: Mapping, addr: int) -> tuple[str, int, str | None, str]:
+        """(library basename, file offset, symbol or None, what to call it without one)."""
+        file_off = addr - m.start + m.offset
+        host = str(self._procfs.target_path(self.pid, m.path.removesuffix(" (deleted)")))
+        table, unsymbolized = _file_symbols(host)
+        name = None if table is None else table.lookup_offset(file_off)
+        return os.path.basename(m.path), file_off, name, unsymbolized
+
     def frame(self, addr: int) -> Frame:
         f = self._cache.get(addr)
         if f is not None:
             return f
-        m = self._find(addr)
+        m = self._mapping(addr)
         if m is None:
-            self.refresh()
-            m = self._find(addr)
-        if m is None or not m.path.startswith("/"):
-            f = Frame.other(f"[unknown 0x{addr:x}]" if m is None else f"[{m.path or 'anon'} 0x{addr:x}]")
+            f = UNKNOWN
+        elif not m.path.startswith("/"):
+            f = Frame.other(m.path) if m.path.startswith("[") else ANON
         else:
-            lib = os.path.basename(m.path)
-            file_off = addr - m.start + m.offset
-            table = symbol_table(str(self._procfs.target_path(self.pid, m.path.removesuffix(" (deleted)"))))
-            name = None if table is None else table.lookup_offset(file_off)
-            if name is None:
-                f = Frame.native(lib, f"0x{file_off:x}")
-            else:
+            lib, _, name, unsymbolized = self._lookup(m, addr)
+            if name is not None:
                 f = Frame.native(lib, demangle(name))  # cached there
+            else:
+                f = self._unsymbolized.get((lib, unsymbolized))
+                if f is None:
+                    f = self._unsymbolized[(lib, unsymbolized)] = Frame.native(lib, unsymbolized)
+        if len(self._cache) >= CACHE_MAX:
+            self._cache.clear()
         self._cache[addr] = f
         return f
 
+    def exact_name(self, addr: int) -> str:
+        """The symbol at `addr`, or a name for the address itself: "0x<file offset>" in a file,
+        "anon 0x<addr>" / "[vdso] 0x<addr>" in memory without a file, "unknown 0x<addr>" outside
+        every executable mapping. For what must stay apart per address (a kernel named from its
+        host stub); never a CCT frame (see the module docstring). Cached like `frame`."""
+        s = self._exact.get(addr)
+        if s is not None:
+            return s
+        m = self._mapping(addr)
+        if m is None:
+            s = f"unknown 0x{addr:x}"
+        elif not m.path.startswith("/"):
+            s = f"{m.path or 'anon'} 0x{addr:x}"
+        else:
+            _, file_off, name, _ = self._lookup(m, addr)
+            s = f"0x{file_off:x}" if name is None else demangle(name)
+        if len(self._exact) >= CACHE_MAX:
+            self._exact.clear()
+        self._exact[addr] = s
+        return s
+
     def stack(self, addrs) -> tuple[Frame, ...]:
-        """Innermost-first addresses (as BPF returns them) -> outermost-first frames."""
-        return tuple(self.frame(a) for a in reversed(addrs))
+        """Innermost-first addresses (as BPF returns them) -> outermost-first frames, each run
+        of unsymbolized frames of one library collapsed into one."""
+        return collapse_unsymbolized(self.frame(a) for a in reversed(addrs))

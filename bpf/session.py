@@ -27,7 +27,7 @@ from .events_abi import (COUNTERS, SL_BLOB, SL_EV_API, SL_EV_NAME, SL_EV_SAMPLE,
                          SlOpPath, SlSpec)
 from .frames import Frame
 from .ops import LIBTORCH_RE, OpSymbol, find_op_symbols, select_ops
-from .procmaps import LibraryFile, Symbolizer, find_libraries
+from .procmaps import LibraryFile, Symbolizer, collapse_unsymbolized, find_libraries
 from .ringbuf import BUSY, DISCARD, RingBufReader
 from .spec import DEFAULT_SPEC, MEMCPY_KINDS, ProbeSpec, load_specs
 from .uprobe_multi import BPF_TRACE_UPROBE_MULTI, UprobeMultiError, attach_uprobe_multi
@@ -495,7 +495,7 @@ class ProbeSession:
                 if h >= 0:
                     h = a[h]
                     if sh[4]:
-                        kernel = self._symbolizer.frame(h).name if h else "unresolved:0x0"
+                        kernel = self._symbolizer.exact_name(h) if h else "unresolved:0x0"
                     else:
                         kernel = names.get(h) or self._unresolved(h)
                 # args: raw (spec, values, blob), decoded by Event.args on access
@@ -560,7 +560,7 @@ class ProbeSession:
                     cut = True
                     break
                 inner.append(f)
-            frames = tuple(reversed(inner))
+            frames = collapse_unsymbolized(reversed(inner))
             root = frames[0].name if frames else ""
             if cut or not any(root == r or root.startswith(r + "@") for r in _STACK_ROOTS):
                 frames = (TRUNCATED,) + frames
