@@ -311,6 +311,7 @@ class AgentServer:
         buf = bytearray()
         hello = False
         self._layout = None                 # each agent connection sends its own layout
+        self._to_free = []                  # and gets back only its own buffers
         self._conn = conn
         try:
             while not self._closing.is_set():
@@ -417,8 +418,8 @@ class AgentServer:
         self._stats["ref_frames"] += 1
         try:
             addr = _int(msg.get("a"), 1, MAX_INT)
+            self._to_free.append(addr)          # freed back whatever else is wrong with it
             n = _int(msg.get("n"), 1, MAX_BLOCK)
-            self._to_free.append(addr)
             if self._layout is None:
                 raise ProtocolError("CUPTI buffer reference before any cupti_layout")
             header = msg.get("h")

@@ -366,8 +366,11 @@ class Agent:
                     break                          # outbox full: retried (the layout must arrive)
             elif kind == "ref":                    # a buffer left in place: address and length
                 head, addr, n = item
-                if not ch.send({"t": "cupti_ref", "h": head, "a": addr, "n": n}) and ch.out:
-                    break                          # outbox full: retried (the buffer waits)
+                if not ch.send({"t": "cupti_ref", "h": head, "a": addr, "n": n}):
+                    if ch.out:
+                        break                      # outbox full: retried (the buffer waits)
+                    self.raw_dropped += 1          # never sendable: the buffer is reused
+                    self._release([addr])
             elif ch.send_raw(*item):
                 self.raw_out += len(item[1])
             else:

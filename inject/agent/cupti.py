@@ -76,6 +76,8 @@ class CuptiCollector:
         self.raw = True                  # without API records: ship CUPTI's buffers as bytes (ctypes)
         self.ref = True                  # raw: leave verified buffers in place, the daemon reads them
         self.max_shipped = 64            # buffers left in place at once (64 MiB); beyond: copied
+        self._shipped = {}               # this session's buffers left in place: address -> buffer
+        self._stopped = False            # stop() ran: poll() never enables again
         self._raw_factory = raw_factory  # on_buffer -> object with flush_all(flag); None: the ctypes one
         self._raw_cb = None              # the registered raw callbacks while they are ours
         self._raw_sizes = {}             # record kind -> layout size (the size walk)
@@ -214,6 +216,8 @@ class CuptiCollector:
             pass
 
     def poll(self):
+        if self._stopped:
+            return
         gpu = self._gpu or _sibling("gpu")
         now = time.monotonic_ns()
         if now < self._next_check_ns:
@@ -240,6 +244,8 @@ class CuptiCollector:
             self._flush_all(0)
 
     def stop(self):
+        self._stopped = True             # also while yielded: poll() must not enable again
+        self.yielded_to = None
         if self.active:
             self._disable(flush=True)
 
@@ -275,6 +281,7 @@ class CuptiCollector:
             return None
         self._verified = 0
         if hasattr(cb, "on_ref"):
+            cb.shipped = self._shipped   # the same dict on a resume; a new attach, a new dict
             cb.max_shipped = self.max_shipped
             cb.on_ref = self._raw_ref if self.ref else None
         self.sink("cupti_layout", layout)
@@ -373,14 +380,16 @@ class CuptiCollector:
 
     def shipped(self):
         """How many buffers are left in place, not yet read and freed by the daemon."""
-        cb = self._raw_cb
-        return len(cb.shipped) if cb is not None and hasattr(cb, "shipped") else 0
+        return len(self._shipped)
 
     def drop_shipped(self):
-        """At detach, after waiting for the daemon: forget buffers it never freed."""
+        """At detach, after waiting for the daemon: buffers it has not freed may still be read
+        (a daemon far behind), so they are not freed but parked on the process's callbacks
+        until the next attach replaces them (at most max_shipped buffers)."""
         cb = self._raw_cb
-        if cb is not None and hasattr(cb, "shipped"):
-            cb.shipped.clear()
+        if cb is not None and self._shipped:
+            cb.orphans = dict(self._shipped)
+        self._shipped.clear()
 
     @property
     def raw_mode(self):
@@ -558,13 +567,13 @@ class _RawCallbacks:
         self._live = {}       # address -> buffer object, between request and completion
         self._free = []
         self.shipped = {}     # address -> buffer left in place for the daemon to read (cupti_ref)
+        self.orphans = {}     # left in place by a detached session, never freed: kept alive
         self.on_ref = None    # (address, valid) -> bool: takes a verified buffer in place
         self.max_shipped = 64
         self.on_buffer = None
         self.want_offsets = None   # callable -> bool (the collector's wants_offsets)
 
     def register(self):
-        self.shipped.clear()   # a previous session's daemon is gone: nobody will free those
         rc = self._reg(self._req, self._done)
         if rc != 0:
             raise OSError(f"cuptiActivityRegisterCallbacks returned {rc}")
@@ -601,10 +610,12 @@ class _RawCallbacks:
                 want = self.want_offsets
                 verifying = want is not None and want()
                 ref = self.on_ref
-                if (ref is not None and b is not None and not verifying
-                        and len(self.shipped) < self.max_shipped and ref(buf, valid)):
-                    self.shipped[buf] = b      # the daemon reads it in place, then frees it
-                    return
+                shipped = self.shipped
+                if ref is not None and b is not None and not verifying and len(shipped) < self.max_shipped:
+                    shipped[buf] = b           # before the address leaves: a quick free finds it
+                    if ref(buf, valid):
+                        return                 # the daemon reads it in place, then frees it
+                    shipped.pop(buf, None)
                 ct = self.ct                   # copied: verifying, or too many left in place
                 data = ct.string_at(buf, valid)
                 offsets = None

@@ -258,3 +258,15 @@ def test_without_api_records_only_kernel_and_copy_activity_and_the_enable_time_i
     assert any("join by launch order" in m for _, m in notes)
     c.stop()
     assert lib.enabled == set()
+
+
+def test_a_detach_while_yielded_never_enables_cupti_again():
+    """stop() while the user's profiler owns CUPTI, then the profiler finishes: the detach's last
+    poll must not switch collection back on in a target we are leaving."""
+    c, lib, notes, rows = make(profiler="torch.profiler")
+    assert c.start(lambda k, r: rows.append((k, r))) and not c.active
+    c._gpu.state["profiler"] = None
+    c.stop()
+    c._next_check_ns = 0
+    c.poll()
+    assert not c.active and lib.enabled == set()

@@ -86,6 +86,7 @@ def test_verified_buffers_stay_in_place_until_the_daemon_frees_them(libcupti):
     cb = cupti_mod._ctypes_callbacks(libcupti, lambda data, offs: copied.append(data), lambda: False)
     cb.on_ref = lambda addr, valid: refs.append((addr, valid)) or True
     cb.max_shipped = 2
+    cb.shipped = {}                  # a session's own dict (the collector hands it over)
     reader = NameReader(os.getpid())
     try:
         datas = [records(4 + i) for i in range(3)]
@@ -106,7 +107,12 @@ def test_verified_buffers_stay_in_place_until_the_daemon_frees_them(libcupti):
         stage(libcupti, datas[1], 10, 36)
         cb.flush_all(0)
         assert copied[-1] == datas[1] and len(cb.shipped) == 2
-        cb.register()                                        # a new attach: old ones forgotten
+        cb.release(list(cb.shipped))
+        # the daemon can free a buffer before the completion callback has returned (the agent
+        # thread sent the ref while CUPTI's thread waited for the GIL): it must not leak
+        cb.on_ref = lambda addr, valid: cb.release([addr]) or True
+        stage(libcupti, datas[2], 10, 36)
+        cb.flush_all(0)
         assert cb.shipped == {}
     finally:
         reader.close()
@@ -143,7 +149,7 @@ def test_agent_and_daemon_move_buffers_in_place_end_to_end(libcupti, tmp_path):
         col._raw_sizes = {K_KERNEL: KERNEL_SIZE}
         col._verified = cupti_mod.VERIFY_BUFFERS           # the size walk verified
         cb = cupti_mod._ctypes_callbacks(libcupti, col._raw_buffer, col.wants_offsets)
-        cb.on_ref, cb.max_shipped = col._raw_ref, 8
+        cb.on_ref, cb.max_shipped, cb.shipped = col._raw_ref, 8, col._shipped
         col._raw_cb = cb
         agent.gpu = col
         agent.gpu_sink("cupti_layout", LAYOUT)
