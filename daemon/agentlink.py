@@ -17,8 +17,9 @@ class AgentLink:
         from stacklens.inject import AgentServer, inject_agent
 
         self.pid = pid
-        self.server = AgentServer(pid, config={"sample_hz": sample_hz, "gpu": True,
-                                               "gpu_api_records": gpu_api_records, **(config or {})})
+        # the explicit arguments win: the session's join is built for them
+        self.server = AgentServer(pid, config={"gpu": True, **(config or {}), "sample_hz": sample_hz,
+                                               "gpu_api_records": gpu_api_records})
         try:
             self.result = inject_agent(pid, socket_path=self.server.path, timeout_s=timeout_s)
         except BaseException:

@@ -145,6 +145,16 @@ def _ktime_of(p: _Pending) -> int:
 
 
 AGENT_DROP_KINDS = ("samples", "gpu", "gpu_buffers", "messages", "jax")
+AGENT_STAT_MAX = 1 << 53
+
+
+def _agent_gauge(v) -> int:
+    """A number the target reported, as a stats value: never negative, never huge (the values
+    are summed into uint64 fields across processes: Health, /metrics)."""
+    try:
+        return min(max(0, round(v)), AGENT_STAT_MAX)
+    except (TypeError, ValueError, OverflowError):
+        return 0
 
 
 @dataclass
@@ -319,13 +329,13 @@ class Joiner:
         elif kind == "AgentStats":
             self.gpu_collector_active = bool(rec.gpu.get("active")) or self.gpu_collector_active
             ex = self.stats.extra           # the agent's own view, latest report (stats, /metrics)
-            ex["agent_samples"] = int(rec.samples)
-            ex["agent_sample_hz"] = int(rec.sample_hz)
-            ex["agent_sample_cost_us"] = int(rec.sample_cost_us)
+            ex["agent_samples"] = _agent_gauge(rec.samples)
+            ex["agent_sample_hz"] = _agent_gauge(rec.sample_hz)
+            ex["agent_sample_cost_us"] = _agent_gauge(rec.sample_cost_us)
             for k in AGENT_DROP_KINDS:        # known names only: the keys come from the target
                 v = rec.dropped.get(k)
                 if isinstance(v, int) and not isinstance(v, bool):
-                    ex[f"agent_dropped_{k}"] = v
+                    ex[f"agent_dropped_{k}"] = _agent_gauge(v)
             if self.order is not None and rec.gpu.get("enabled_at_ns"):
                 self.order.enabled_at_ns = max(self.order.enabled_at_ns, int(rec.gpu["enabled_at_ns"]))
         elif kind in ("HloMapRecord", "CompileRecord"):

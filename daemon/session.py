@@ -65,6 +65,7 @@ def default_probe_factory(pid: int, *, cpu_hz: int, ops: bool) -> EventSource:
 # 14). On-CPU Python stacks come from BPF at cpu_hz without the GIL; the agent adds off-CPU and
 # all-thread samples, for which 20 Hz is enough. ProcessSession(agent_config={"sample_hz": ...}).
 AGENT_SAMPLE_HZ = 20
+AGENT_SAMPLE_HZ_ALONE = 100     # when BPF has no Python stacks (unsupported CPython, no CPU sampling)
 
 
 def default_agent_factory(pid: int, *, sample_hz: float, gpu_api_records: bool = False,
@@ -136,7 +137,7 @@ class ProcessSession:
                 kw = {"gpu_api_records": True} if self.gpu_api_records else {}
                 if self.agent_config:
                     kw["config"] = self.agent_config
-                hz = self.agent_config.get("sample_hz", AGENT_SAMPLE_HZ)
+                hz = self.agent_config.get("sample_hz", self._default_sample_hz())
                 self.agent = self._agent_factory(self.pid, sample_hz=hz, **kw)
                 self.notes.append("agent: injected (Python sampler; GPU collector if CUDA/ROCm is present)")
         except BaseException:
@@ -147,6 +148,12 @@ class ProcessSession:
         self._thread = threading.Thread(target=self._run, name=f"stacklens-agg-{self.pid}", daemon=True)
         self._thread.start()
         return self.notes
+
+    def _default_sample_hz(self) -> float:
+        """AGENT_SAMPLE_HZ when BPF samples on-CPU Python stacks (the probes' note says which
+        CPython it reads), else the agent's sampler is the only Python view: 100 Hz."""
+        bpf_py = self.cpu_hz > 0 and any(str(n).startswith("python stacks: CPython") for n in self.notes)
+        return AGENT_SAMPLE_HZ if bpf_py else AGENT_SAMPLE_HZ_ALONE
 
     def stop(self, state: str = "detached") -> None:
         self._stop.set()

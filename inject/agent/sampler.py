@@ -9,8 +9,9 @@ A frame costs one dict lookup: ``(filename, qualname, lineno)`` is cached per (c
 instruction offset), so the names and ``f_lineno`` (a line-table scan) are computed once per call
 site, and equal frames are one shared tuple. The cache keys on ``id(code)`` (hashing a code
 object hashes its constants: ~0.2–0.4 µs) and keeps the code objects it names alive, so an id
-cannot be reused while its entry exists; it holds no frames, and is cleared when it exceeds
-``MAX_CACHED`` entries.
+cannot be reused while its entry exists; it holds no frames, and is cleared before it exceeds
+``MAX_CACHED`` entries or ``MAX_CODES`` code objects (what it keeps alive is bounded by count:
+generated code such as torch.fx's ``forward`` can be large).
 """
 
 import sys
@@ -19,7 +20,8 @@ import time
 
 
 class Sampler:
-    MAX_CACHED = 4096      # (code, offset) entries; ~1 MB at most
+    MAX_CACHED = 4096      # (code, offset) entries
+    MAX_CODES = 256        # code objects kept alive by the cache (a generated forward() can be MBs)
 
     def __init__(self, hz=100.0, max_depth=128, max_overhead=0.02, skip_idents=()):
         self.base_interval = 1.0 / max(0.1, min(float(hz), 1000.0))
@@ -49,9 +51,6 @@ class Sampler:
         t0 = time.perf_counter()
         now = time.monotonic_ns()
         cache = self._frames
-        if len(cache) > self.MAX_CACHED:
-            cache.clear()
-            self._codes.clear()
         codes = self._codes
         skip = self.skip
         # the live Thread objects by ident (an ident is reused as soon as a thread is joined, so a
@@ -74,6 +73,9 @@ class Sampler:
                     key = (id(co), f.f_lasti)
                     fr = cache.get(key)
                     if fr is None:
+                        if len(cache) >= self.MAX_CACHED or len(codes) >= self.MAX_CODES:
+                            cache.clear()
+                            codes.clear()
                         fr = cache[key] = (co.co_filename, getattr(co, "co_qualname", co.co_name), f.f_lineno or 0)
                         codes[key[0]] = co
                     push(fr)

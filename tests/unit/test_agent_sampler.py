@@ -190,3 +190,24 @@ def test_agent_loop_wakes_once_per_sample_without_polling_zero():
     assert samples >= 50
     assert min(timeouts) >= 0.001
     assert len(timeouts) < 2 * samples + 20       # one wake per sample, plus flushes and sends
+
+
+def test_the_frame_cache_keeps_a_bounded_number_of_code_objects_alive():
+    """Generated code (torch.fx forward(), exec'd per recompile) must not be kept alive without
+    bound by the sampler's per-code cache."""
+    import threading
+    import weakref
+
+    from stacklens.inject.agent.sampler import Sampler
+
+    s = Sampler(hz=100)
+    refs = []
+    for i in range(Sampler.MAX_CODES + 20):
+        ns = {}
+        exec(compile(f"def gen_{i}():\n    return sample()\n", f"<gen {i}>", "exec"), {"sample": s.sample}, ns)
+        refs.append(weakref.ref(ns[f"gen_{i}"].__code__))
+        ns[f"gen_{i}"]()                       # samples with the generated frame on the stack
+        del ns
+    assert len(s._codes) <= Sampler.MAX_CODES and len(s._frames) <= Sampler.MAX_CACHED
+    alive = sum(r() is not None for r in refs)
+    assert alive <= Sampler.MAX_CODES, alive   # the oldest were let go

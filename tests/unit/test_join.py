@@ -200,6 +200,29 @@ def test_agent_stats_reach_the_session_stats_under_known_names_only():
     j.on_agent(AgentStats(samples=250, sample_hz=99.6, sample_cost_us=41.7,
                           dropped={"samples": 3, "gpu_buffers": 2, "evil\nname": 7}, gpu={}))
     st = j.stats.as_dict()
-    assert (st["agent_samples"], st["agent_sample_hz"], st["agent_sample_cost_us"]) == (250, 99, 41)
+    assert (st["agent_samples"], st["agent_sample_hz"], st["agent_sample_cost_us"]) == (250, 100, 42)
     assert st["agent_dropped_samples"] == 3 and st["agent_dropped_gpu_buffers"] == 2
     assert not any("evil" in k for k in st)
+    # values are the target's too: a negative or huge one must not break uint64 sums (Health)
+    j.on_agent(AgentStats(samples=-5, sample_hz=1e300, sample_cost_us=float("nan"),
+                          dropped={"samples": -7, "gpu": 2 ** 80}, gpu={}))
+    st = j.stats.as_dict()
+    assert st["agent_samples"] == 0 and st["agent_dropped_samples"] == 0
+    assert 0 <= st["agent_sample_hz"] <= 1 << 53 and st["agent_dropped_gpu"] <= 1 << 53
+    assert st["agent_sample_cost_us"] == 0
+
+
+def test_the_agent_samples_at_20_hz_only_where_bpf_reads_python_stacks():
+    """The agent's sampler takes the GIL: 20 Hz when BPF samples on-CPU Python stacks, 100 Hz
+    when it does not (unsupported CPython, CPU sampling off) — then it is the only Python view."""
+    import os
+
+    from stacklens.daemon.session import AGENT_SAMPLE_HZ, AGENT_SAMPLE_HZ_ALONE, ProcessSession
+
+    s = ProcessSession(os.getpid(), agent=True)
+    s.notes = ["python stacks: CPython 3.12 (table layout, tls thread-state lookup)"]
+    assert s._default_sample_hz() == AGENT_SAMPLE_HZ == 20
+    s.notes = ["python stacks: unavailable (no libpython); events carry an empty py_stack"]
+    assert s._default_sample_hz() == AGENT_SAMPLE_HZ_ALONE == 100
+    s.notes, s.cpu_hz = ["python stacks: CPython 3.12 (table layout)"], 0
+    assert s._default_sample_hz() == AGENT_SAMPLE_HZ_ALONE
