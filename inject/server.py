@@ -392,48 +392,46 @@ class AgentServer:
     def _raw_frame(self, raw: bytes) -> None:
         """A raw CUPTI buffer frame (magic, header length, JSON header, body; wire.py) -> records."""
         self._stats["raw_frames"] += 1
-        try:
-            if self._layout is None:
-                raise ProtocolError("raw CUPTI buffer before any cupti_layout")
+
+        def body():
             hl = int.from_bytes(raw[4:8], "big")
             if len(raw) < 8 or hl > MAX_RAW_HEADER or 8 + hl > len(raw):
                 raise ProtocolError("bad raw header length")
-            header = json.loads(raw[8:8 + hl])
-            if self._names is None:
-                self._names = NameReader(self.pid)
-            recs, counts = parse_raw(header, memoryview(raw)[8 + hl:], self._layout, self._names)
-        except (ProtocolError, ValueError, TypeError, IndexError, KeyError, RecursionError, struct.error):
-            self._reject("cupti_raw")
-            return
-        st = self._stats
-        for k, v in counts.items():
-            if v:
-                st[k] += v
-        self._push(recs)
+            return json.loads(raw[8:8 + hl]), memoryview(raw)[8 + hl:]
+        self._parse_buffer("cupti_raw", body)
 
     def _ref_frame(self, msg: dict) -> None:
         """A CUPTI buffer left in place in the target (``cupti_ref``: header, address, length):
         read through /proc/PID/mem, parsed like a raw frame, then handed back (``free``) so the
         agent can reuse it. The target sends no bulk bytes over the socket for these buffers."""
         self._stats["ref_frames"] += 1
-        try:
+
+        def body():
             addr = _int(msg.get("a"), 1, MAX_INT)
             self._to_free.append(addr)          # freed back whatever else is wrong with it
             n = _int(msg.get("n"), 1, MAX_BLOCK)
-            if self._layout is None:
-                raise ProtocolError("CUPTI buffer reference before any cupti_layout")
             header = msg.get("h")
             if type(header) is not dict:
                 raise ProtocolError("bad cupti_ref header")
-            if self._names is None:
-                self._names = NameReader(self.pid)
             data = self._names.read_block(addr, n)
             if data is None:
                 self._stats["ref_unreadable"] += 1
                 raise ProtocolError("CUPTI buffer reference not readable")
+            return header, data
+        self._parse_buffer("cupti_ref", body)
+
+    def _parse_buffer(self, kind: str, body) -> None:
+        """One CUPTI buffer (``body()`` -> header, bytes; raises ProtocolError) -> records, with
+        the parser's counters; anything wrong rejects it (counted) and the connection goes on."""
+        try:
+            if self._names is None:
+                self._names = NameReader(self.pid)
+            header, data = body()
+            if self._layout is None:
+                raise ProtocolError("CUPTI buffer before any cupti_layout")
             recs, counts = parse_raw(header, data, self._layout, self._names)
         except (ProtocolError, ValueError, TypeError, IndexError, KeyError, RecursionError, struct.error):
-            self._reject("cupti_ref")
+            self._reject(kind)
             return
         st = self._stats
         for k, v in counts.items():

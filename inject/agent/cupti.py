@@ -334,8 +334,7 @@ class CuptiCollector:
             sink = self.sink
             if sink is None or not data:
                 return
-            head = {"t": "cupti_raw", "off_ns": self.clock.offset_ns, "mode": "sizes", "n_offs": 0,
-                    "align": RAW_ALIGN}
+            head = self._raw_head()
             if offsets is None:                   # verified: the callbacks did not walk it
                 sink("raw", (head, data))
                 return
@@ -354,6 +353,11 @@ class CuptiCollector:
         except BaseException:
             pass
 
+    def _raw_head(self):
+        """The header of a buffer in mode "sizes" (wire.py); mode "offsets" sets two fields."""
+        return {"t": "cupti_raw", "off_ns": self.clock.offset_ns, "mode": "sizes", "n_offs": 0,
+                "align": RAW_ALIGN}
+
     def _raw_ref(self, addr, valid):
         """A completed, verified buffer left in place (CUPTI's thread, GIL held): only its address
         and length travel; the daemon reads it from /proc/PID/mem and hands it back (``free``).
@@ -365,8 +369,7 @@ class CuptiCollector:
             self.counts["buffers"] += 1
             self.counts["raw_bytes"] += valid
             self.counts["ref_buffers"] = self.counts.get("ref_buffers", 0) + 1
-            head = {"t": "cupti_raw", "off_ns": self.clock.offset_ns, "mode": "sizes", "n_offs": 0,
-                    "align": RAW_ALIGN}
+            head = self._raw_head()
             sink("rawref", (head, addr, valid))
             return True
         except BaseException:
