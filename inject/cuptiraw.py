@@ -193,6 +193,12 @@ class NameReader:
                 return None
         return data if len(data) == n else None
 
+    def readable(self) -> bool:
+        """Whether the target's memory can be read at all (opens the fd now: it then stays bound
+        to this process, see the class docstring)."""
+        with self._lock:
+            return not self._closed and self._open()
+
     def _open(self) -> bool:
         """The /proc/PID/mem fd (caller holds the lock); False if it cannot be opened."""
         if self._fd is None:

@@ -382,6 +382,8 @@ class AgentServer:
                 conn.close()
             except OSError:
                 pass
+            if self._names is not None:       # the target's memory is not held between agents
+                self._names.close()
             if hello:
                 self._gone_event.set()
 
@@ -455,7 +457,17 @@ class AgentServer:
         self._hello = hello
         self._gone_event.clear()
         self._push([hello])
-        self._send({"t": "config", **self.config})
+        if self._names is not None:
+            self._names.close()
+        self._names = NameReader(self.pid)      # this connection's; closed when it ends
+        config = dict(self.config)
+        if not self._names.readable():
+            # no access to /proc/PID/mem (a daemon without CAP_SYS_PTRACE in a container, a
+            # non-dumpable target): buffers left in place could not be read, so they travel as
+            # copies (kernel names then stay unresolved, counted)
+            config["gpu_ref"] = False
+            self._stats["target_memory_unreadable"] += 1
+        self._send({"t": "config", **config})
         self._hello_event.set()
         return True
 

@@ -445,3 +445,23 @@ def test_buffers_left_in_place_are_read_from_target_memory_and_freed(tmp_path):
         c.close()
     finally:
         srv.close()
+
+
+def test_agents_copy_buffers_when_the_daemon_cannot_read_target_memory(tmp_path, monkeypatch):
+    """Without access to /proc/PID/mem buffers left in place would be lost (read as unreadable):
+    the hello's config then turns them off, and the agent sends copies."""
+    srv = AgentServer(os.getpid(), tmp_path / "agents")
+    try:
+        c = _connect(srv)
+        cfg = _recv_msgs(c, 1)[0]
+        assert cfg["t"] == "config" and cfg.get("gpu_ref", True) is True     # readable here
+        c.close()
+        monkeypatch.setattr(cr.NameReader, "readable", lambda self: False)
+        assert _wait(lambda: not srv.connected)
+        c = _connect(srv)
+        cfg = _recv_msgs(c, 1)[0]
+        assert cfg["t"] == "config" and cfg["gpu_ref"] is False
+        assert srv.stats()["target_memory_unreadable"] == 1
+        c.close()
+    finally:
+        srv.close()
