@@ -426,9 +426,7 @@ class AgentServer:
         """One CUPTI buffer (``body()`` -> header, bytes; raises ProtocolError) -> records, with
         the parser's counters; anything wrong rejects it (counted) and the connection goes on."""
         try:
-            if self._names is None:
-                self._names = NameReader(self.pid)
-            header, data = body()
+            header, data = body()          # self._names: this connection's, opened at hello
             if self._layout is None:
                 raise ProtocolError("CUPTI buffer before any cupti_layout")
             recs, counts = parse_raw(header, data, self._layout, self._names)

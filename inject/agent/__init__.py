@@ -246,21 +246,22 @@ class Agent:
             elif t == "free":
                 self._release(m.get("a"))
 
+    def _gpu_call(self, name, *args, default=None):
+        """A collector call that not every collector has (buffers left in place are CUPTI's);
+        never raises into the agent loop."""
+        fn = getattr(self.gpu, name, None)
+        if fn is None:
+            return default
+        try:
+            return fn(*args)
+        except BaseException as e:
+            self.note("warning", f"GPU collector {name} failed: {type(e).__name__}: {e}")
+            return default
+
     def _release(self, addrs):
         """The daemon has read these buffers in place: the collector may reuse them."""
-        release = getattr(self.gpu, "release", None)
-        if release is not None and type(addrs) is list:
-            try:
-                release([a for a in addrs if type(a) is int])
-            except BaseException as e:
-                self.note("warning", f"GPU buffer release failed: {e}")
-
-    def _shipped(self):
-        shipped = getattr(self.gpu, "shipped", None)
-        try:
-            return shipped() if shipped is not None else 0
-        except BaseException:
-            return 0
+        if type(addrs) is list:
+            self._gpu_call("release", [a for a in addrs if type(a) is int])
 
     # -- main loop ---------------------------------------------------------------------
     def run(self):
@@ -424,17 +425,13 @@ class Agent:
         self._flush(batch)
         end = time.monotonic() + 2.0
         # the final forced flush can exceed one batch; buffers left in place wait for the
-        # daemon's "free" (it reads them from our memory), then are forgotten in any case
-        while (self.gpu_queue or self.raw_queue or self._shipped()) and time.monotonic() < end \
+        # daemon's "free" (it reads them from our memory); those it never frees are parked
+        while (self.gpu_queue or self.raw_queue or self._gpu_call("shipped", default=0)) \
+                and time.monotonic() < end \
                 and not self.ch.closed:
             self._send_gpu_records()
             self._handle(self.ch.pump(0.01))
-        drop = getattr(self.gpu, "drop_shipped", None)
-        if drop is not None:
-            try:
-                drop()
-            except BaseException:
-                pass
+        self._gpu_call("drop_shipped")
         self._send_stats(sampler)
         self.ch.send({"t": "bye"})
         self.ch.drain(2.0)
