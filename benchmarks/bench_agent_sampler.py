@@ -173,11 +173,8 @@ def _run_agent_phase(mod, hz: float, settle: float, window: float, main_tid: int
         buf += chunk
     d.close()
     sys.setswitchinterval(prev)
-    samples, stats, i = 0, {}, 0
-    while i + 4 <= len(buf):
-        n = int.from_bytes(buf[i:i + 4], "big")
-        msg = json.loads(buf[i + 4:i + 4 + n])
-        i += 4 + n
+    samples, stats = 0, {}
+    for msg in mod._sub("wire").decode_all(buf)[0]:
         if msg["t"] == "samples":
             samples += sum(1 for s in msg["s"] if t0 <= s[1] <= t1 and s[0] == main_tid)
         elif msg["t"] == "stats":

@@ -55,6 +55,20 @@ def encode(msg: dict) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
+def decode_all(data) -> tuple[list, int]:
+    """The complete JSON frames at the start of data (what encode() wrote, concatenated) and how
+    many bytes they took; a partial frame at the end is left. For tests and tools: the two ends
+    of a live connection validate as they read (Channel._parse, stacklens.inject.server)."""
+    msgs, i = [], 0
+    while i + 4 <= len(data):
+        n = HEADER.unpack_from(data, i)[0]
+        if i + 4 + n > len(data):
+            break
+        msgs.append(json.loads(bytes(data[i + 4:i + 4 + n])))
+        i += 4 + n
+    return msgs, i
+
+
 def raw_prefix(header: dict, body_len: int) -> bytes:
     """What goes before a raw frame's body: length, magic, header length, JSON header."""
     head = json.dumps(header, separators=(",", ":")).encode()

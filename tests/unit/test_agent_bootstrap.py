@@ -135,11 +135,8 @@ def test_kernel_rows_travel_with_a_per_message_name_table():
             ag.gpu_sink("kernel", [names[i % 2], i, i + 5, 0, 7, i, 1, 1, 1, 128, 1, 1, 0])
         ag._send_gpu_records()
         data = bytes(ag.ch.out)
-        msgs, off = [], 0
-        while off < len(data):
-            n = int.from_bytes(data[off:off + 4], "big")
-            msgs.append(json.loads(data[off + 4:off + 4 + n]))
-            off += 4 + n
+        msgs, used = wire.decode_all(data)
+        assert used == len(data)
         assert len(msgs) == 2 and all(m["n"] == names for m in msgs)
         assert len(data) < 3000 * 60            # ~40 bytes a row instead of the names' 80+
         recs = [r for m in msgs for r in parse_message(m)]

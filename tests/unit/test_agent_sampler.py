@@ -181,11 +181,7 @@ def test_agent_loop_wakes_once_per_sample_without_polling_zero():
     a.close()
     reader.join(5)
     d.close()
-    msgs, i = [], 0
-    while i + 4 <= len(got):
-        n = int.from_bytes(got[i:i + 4], "big")
-        msgs.append(json.loads(got[i + 4:i + 4 + n]))
-        i += 4 + n
+    msgs = wire.decode_all(got)[0]
     samples = sum(len(m["s"]) for m in msgs if m["t"] == "samples")
     assert samples >= 50
     assert min(timeouts) >= 0.001

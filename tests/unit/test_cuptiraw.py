@@ -400,10 +400,9 @@ def _recv_msgs(c, want, timeout=5.0):
         if not data:
             break
         buf += data
-        while len(buf) >= 4 and len(buf) >= 4 + int.from_bytes(buf[:4], "big"):
-            n = int.from_bytes(buf[:4], "big")
-            out.append(json.loads(buf[4:4 + n]))
-            buf = buf[4 + n:]
+        msgs, used = wire.decode_all(buf)
+        out += msgs
+        buf = buf[used:]
     return out
 
 
