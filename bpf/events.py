@@ -133,3 +133,4 @@ class AttachReport:
     attach_s: float
     notes: tuple[str, ...] = ()
     method: str = "uprobe_multi"   # or "perf_event" (fallback on kernels without uprobe_multi)
+    python_stacks: bool = False    # BPF reads the target's Python stacks (a supported CPython)

@@ -234,7 +234,7 @@ class ProbeSession:
         n = sum(lib.probes for lib in self._libraries)
         return AttachReport(self.pid, tuple(self._libraries), n, cfg.cpu_sample_hz,
                             time.perf_counter() - t0, tuple(self._notes),
-                            "perf_event" if self._fallback else "uprobe_multi")
+                            "perf_event" if self._fallback else "uprobe_multi", self._py is not None)
 
     def _compile_and_load(self) -> None:
         from bcc import BPF  # imported here: no import-time side effects, tests without bcc still import

@@ -109,6 +109,7 @@ class ProcessSession:
         self._on_close = on_close
         self.gpu_api_records = _env_api_records() if gpu_api_records is None else gpu_api_records
         self.agent_config = dict(agent_config or {})   # more agent settings (benchmarks' variants)
+        self._bpf_python = False        # the probes read Python stacks on CPU samples (attach report)
         self.joiner = Joiner(pid, agent=agent, max_nodes=max_nodes, api_records=self.gpu_api_records)
         self.probes: EventSource | None = None
         self.agent: AgentSource | None = None
@@ -133,6 +134,8 @@ class ProcessSession:
         try:
             report = self.probes.attach()
             self.notes.extend(getattr(report, "notes", []) or [])
+            self._bpf_python = bool(getattr(report, "python_stacks", False)) and \
+                getattr(report, "cpu_sampling_hz", self.cpu_hz) > 0
             if self.want_agent:
                 kw = {"gpu_api_records": True} if self.gpu_api_records else {}
                 if self.agent_config:
@@ -150,10 +153,9 @@ class ProcessSession:
         return self.notes
 
     def _default_sample_hz(self) -> float:
-        """AGENT_SAMPLE_HZ when BPF samples on-CPU Python stacks (the probes' note says which
-        CPython it reads), else the agent's sampler is the only Python view: 100 Hz."""
-        bpf_py = self.cpu_hz > 0 and any(str(n).startswith("python stacks: CPython") for n in self.notes)
-        return AGENT_SAMPLE_HZ if bpf_py else AGENT_SAMPLE_HZ_ALONE
+        """AGENT_SAMPLE_HZ when BPF samples on-CPU Python stacks (the attach report says so),
+        else the agent's sampler is the only Python view: 100 Hz."""
+        return AGENT_SAMPLE_HZ if self._bpf_python else AGENT_SAMPLE_HZ_ALONE
 
     def stop(self, state: str = "detached") -> None:
         self._stop.set()

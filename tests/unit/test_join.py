@@ -219,10 +219,17 @@ def test_the_agent_samples_at_20_hz_only_where_bpf_reads_python_stacks():
 
     from stacklens.daemon.session import AGENT_SAMPLE_HZ, AGENT_SAMPLE_HZ_ALONE, ProcessSession
 
-    s = ProcessSession(os.getpid(), agent=True)
-    s.notes = ["python stacks: CPython 3.12 (table layout, tls thread-state lookup)"]
-    assert s._default_sample_hz() == AGENT_SAMPLE_HZ == 20
-    s.notes = ["python stacks: unavailable (no libpython); events carry an empty py_stack"]
-    assert s._default_sample_hz() == AGENT_SAMPLE_HZ_ALONE == 100
-    s.notes, s.cpu_hz = ["python stacks: CPython 3.12 (table layout)"], 0
-    assert s._default_sample_hz() == AGENT_SAMPLE_HZ_ALONE
+    from stacklens.bpf.events import AttachReport
+
+    def attached(python_stacks, hz):
+        report = AttachReport(os.getpid(), (), 0, hz, 0.0, python_stacks=python_stacks)
+        probes = type("P", (), {"attach": lambda self: report, "poll": lambda self, *a, **k: [],
+                                "detach": lambda self: None, "stats": lambda self: {}})()
+        s = ProcessSession(os.getpid(), agent=False, cpu_hz=hz, probe_factory=lambda pid, **kw: probes)
+        s.start()
+        s.stop()
+        return s
+
+    assert attached(True, 99)._default_sample_hz() == AGENT_SAMPLE_HZ == 20
+    assert attached(False, 99)._default_sample_hz() == AGENT_SAMPLE_HZ_ALONE == 100
+    assert attached(True, 0)._default_sample_hz() == AGENT_SAMPLE_HZ_ALONE
