@@ -65,7 +65,7 @@ def main() -> None:
     col._raw_cb = cb
     agent.gpu = col
     if a.mode == "ref":
-        cb.on_ref, cb.max_shipped = col._raw_ref, 64
+        cb.on_ref, cb.max_shipped, cb.shipped = col._raw_ref, col.max_shipped, col._shipped
     t_cb = t_send = 0.0
     pumps = 0
     for _ in range(a.buffers):

@@ -133,9 +133,9 @@ class Attached:
         self.notes = [str(n)[:300] for n in box.get("notes", [])]
 
     def measure(self) -> dict:
-        """Stats while attached, then (bench_overhead calls it after detach) the final profile: the
-        order join holds kernel records SETTLE_NS (3 s) before joining them, and the detach's
-        forced drain joins the rest, so a snapshot right after the steps would miss GPU time."""
+        """The session's stats while attached (never raises). The profile is read after detach
+        (final_profile): the order join holds kernel records SETTLE_NS (3 s) before joining them,
+        and the detach's forced drain joins the rest."""
         out: dict = {}
         try:
             out["stats"] = self.session.stats()
@@ -277,6 +277,7 @@ class Runner:
                     phase(vkey + sfx, attached(True, agent_config=cfg))
                     phase("plain_after_" + vkey + sfx, plain)
             res["target"]["maps_lines_attached"] = maps_lines(t.pid)
+            res["round_mode"] = a.round_set
             if not is_jax:  # last: Kineto leaves a cost behind (measured), see ratio_clean
                 phase("torchprof", torchprof(False))
                 phase("plain_after_torchprof", plain)
@@ -353,8 +354,9 @@ class Runner:
             x = r.get("ratio_clean") or r.get("ratio_local")
             if x:
                 rounds.setdefault(base_key(key), []).append(x)
-        res["rounds"] = {k: {"ratios_local": [round(x, 4) for x in v], "median": statistics.median(v)}
-                         for k, v in rounds.items() if any("@" in key for key in ph)}
+        if res.get("round_mode"):       # set by the agent-variants branch (also with --rounds 1)
+            res["rounds"] = {k: {"ratios_local": [round(x, 4) for x in v], "median": statistics.median(v)}
+                             for k, v in rounds.items()}
         mem = ph.get("memory", {})
         tp = ph.get("torchprof", {})
         if mem.get("steps") and tp.get("trace_bytes") and tp.get("n"):
@@ -412,10 +414,7 @@ class Runner:
                     f"last 60 s {s.get('window60', {}).get('json_gz_bytes', 0) / 1024:.1f} KiB gz, "
                     f"daemon cpu {s['daemon_cpu_s']} s")
                 (self.out / "memory_partial.json").write_text(json.dumps(r, default=str))  # if cut short
-            try:
-                r.update(att.measure())
-            except Exception as e:  # noqa: BLE001
-                r["measure_error"] = err_text(e)
+            r.update(att.measure())
         finally:
             r["detach_s"] = round(att.detach(), 3)
             r["rss_after_detach"] = t.rss()
@@ -595,7 +594,7 @@ def markdown(results: dict) -> str:
                       f"- last 60 s window (what the TUI and /metrics show): {kib(mem.get('window60_gz_first'))} → "
                       f"{kib(mem.get('window60_gz_last'))} KiB (max {kib(mem.get('window60_gz_max'))})", "",
                       "| t s | steps | target RSS MiB | median ms/step | profile gz KiB | nodes | last 60 s gz KiB "
-                      "| last 60 s nodes | daemon (bench) RSS MiB | daemon CPU s | kernels joined | drops |",
+                      "| last 60 s nodes | daemon (bench) RSS MiB | bench process CPU s (daemon + snapshots) | kernels joined | drops |",
                       "|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for s in mem["samples"]:
                 med = f"{s['median_s'] * 1e3:.2f}" if s.get("median_s") else "—"

@@ -97,6 +97,7 @@ if [ "${MEM_BG:-0}" = 1 ] && [ "$CPU" = 0 ]; then
   BGPATH=$(mktemp -d /tmp/stacklens-bgpath.XXXXXX)   # never removed: the run imports lazily
   ln -s "$REPO" "$BGPATH/stacklens"
   MEM_BG_S=${MEM_BG_S:-620}
+  MEM_S=0                       # the memory run is the background one: none here as well
   say "memory run in the background on GPU ${MEM_BG_GPU:-1}: ${MEM_WORKLOAD:-vit}, ${MEM_BG_S}s -> $BG"
   CUDA_VISIBLE_DEVICES=${MEM_BG_GPU:-1} PYTHONPATH=$BGPATH:$PYTHONPATH setsid nohup "$PY" \
     benchmarks/gpu/bench_overhead.py --out "$BG" --workloads "${MEM_WORKLOAD:-vit}" --memory-only \
