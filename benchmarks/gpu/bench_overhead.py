@@ -51,6 +51,8 @@ PROBE_VARIANTS = {
     "probes_no_pystacks": {"python_stacks": False},
     "probes_no_native": {"native_stacks": False},
     "probes_no_ops": {"ops": False},
+    # the GPU API uprobes alone, no stacks, no operator probes: the floor of what the probes cost
+    "probes_bare": {"python_stacks": False, "native_stacks": False, "ops": False},
 }
 
 
@@ -61,7 +63,36 @@ AGENT_VARIANTS = {
     "agent_no_sampler": {"sample_hz": 0.1},   # CUPTI alone (one sample every ~10 s)
     "agent_hz100": {"sample_hz": 100},        # the sampler at 100 Hz (the default is 20 Hz)
     "agent_copy": {"gpu_ref": False},         # CUPTI buffers copied and sent (before cupti_ref)
+    "agent_no_flush": {"gpu_flush": False},   # no cuptiActivityFlushAll(0) each second (CUPTI's period only)
+    "agent_switch5": {"switch_s": 0.005},     # CPython's default GIL switch interval, not the bootstrap's 0.5 ms
 }
+SPLIT = ("agent_no_gpu", "agent_no_sampler", "agent_hz100", "agent_copy")   # --round-set split
+
+
+def round_variant(key: str) -> tuple[bool, dict | None, dict | None]:
+    """A round's extra configuration: (agent?, probe ProbeConfig fields, agent settings).
+    Keys: AGENT_VARIANTS, PROBE_VARIANTS (probes alone), and agent_<x> for probes_<x> in
+    PROBE_VARIANTS (the default agent over that probe variant)."""
+    if key in AGENT_VARIANTS:
+        return True, None, AGENT_VARIANTS[key]
+    if key in PROBE_VARIANTS:
+        return False, PROBE_VARIANTS[key], None
+    if key.startswith("agent_") and "probes_" + key[6:] in PROBE_VARIANTS:
+        return True, PROBE_VARIANTS["probes_" + key[6:]], None
+    raise ValueError(f"unknown round variant {key!r}: one of {', '.join(AGENT_VARIANTS)}, "
+                     f"{', '.join(PROBE_VARIANTS)}, or agent_<x> for probes_<x>")
+
+
+def round_set(spec: str) -> list[str]:
+    """--round-set: core (probes and agent), split (+ the agent's parts), or a comma list of variants."""
+    if spec == "core":
+        return []
+    if spec == "split":
+        return list(SPLIT)
+    keys = [k for k in spec.split(",") if k]
+    for k in keys:
+        round_variant(k)   # raises on an unknown key
+    return keys
 
 
 # session stats kept with each memory sample (plus every drop/lost counter)
@@ -273,8 +304,9 @@ class Runner:
                 phase("after_detach" + sfx, plain)
                 phase("agent" + sfx, attached(True))
                 phase("after_detach_agent" + sfx, plain)
-                for vkey, cfg in (AGENT_VARIANTS.items() if a.round_set == "split" else ()):
-                    phase(vkey + sfx, attached(True, agent_config=cfg))
+                for vkey in round_set(a.round_set):
+                    agent, probe_kw, cfg = round_variant(vkey)
+                    phase(vkey + sfx, attached(agent, probe_kw, agent_config=cfg))
                     phase("plain_after_" + vkey + sfx, plain)
             res["target"]["maps_lines_attached"] = maps_lines(t.pid)
             res["round_mode"] = a.round_set
@@ -338,6 +370,10 @@ class Runner:
             around = [m for m in around if m]
             if around:
                 r["ratio_local"] = r["median_s"] / (sum(around) / len(around))
+                host = [ph[keys[j]].get("host_median_s") for j in
+                        (i - 1, i + 1) if 0 <= j < len(keys) and is_plain[j] and ph[keys[j]].get("host_median_s")]
+                if host and r.get("host_median_s"):   # the host part of a step (until step() returns)
+                    r["host_ratio_local"] = r["host_median_s"] / (sum(host) / len(host))
         # torch.profiler runs last and leaves a cost in the process (Kineto: 1.2-1.4x measured), so
         # the unprofiled phases after it are slow: its ratio against the clean ones before it
         clean = []
@@ -357,6 +393,25 @@ class Runner:
         if res.get("round_mode"):       # set by the agent-variants branch (also with --rounds 1)
             res["rounds"] = {k: {"ratios_local": [round(x, 4) for x in v], "median": statistics.median(v)}
                              for k, v in rounds.items()}
+            # where a step's time went, per configuration (median over its rounds): wall, host
+            # part (until step() returns), CPU of the main thread and of the whole process, per step
+            split: dict[str, dict[str, list[float]]] = {}
+            for key, r in ph.items():
+                n = r.get("n") or 0
+                if not r.get("median_s") or not n or key.startswith("plain_after_torchprof"):
+                    continue   # (Kineto leaves a cost behind: the phases after it are not clean)
+                d = split.setdefault(base_key(key) if not key.startswith("plain_after_") and
+                                     base_key(key) not in PLAIN else "unprofiled", {})
+                d.setdefault("step_ms", []).append(r["median_s"] * 1e3)
+                if r.get("host_median_s"):
+                    d.setdefault("host_ms", []).append(r["host_median_s"] * 1e3)
+                if r.get("cpu_main_s") is not None:
+                    d.setdefault("cpu_main_ms", []).append(r["cpu_main_s"] / n * 1e3)
+                    d.setdefault("cpu_process_ms", []).append(r["cpu_process_s"] / n * 1e3)
+                if r.get("host_ratio_local"):
+                    d.setdefault("host_ratio", []).append(r["host_ratio_local"])
+            res["step_split"] = {k: {m: round(statistics.median(v), 4) for m, v in d.items()}
+                                 for k, d in split.items()}
         mem = ph.get("memory", {})
         tp = ph.get("torchprof", {})
         if mem.get("steps") and tp.get("trace_bytes") and tp.get("n"):
@@ -531,7 +586,10 @@ def markdown(results: dict) -> str:
                          + f" | {fmt_ratio(ph.get('agent'))} | {fmt_ratio(ph.get('agent_api_records'))} |")
     multi = [w for w in results["workloads"] if w.get("rounds")]
     if multi:
-        keys = ["probes", "agent", *AGENT_VARIANTS, "torchprof", "torchprof_stack"]
+        keys = ["probes", "agent"]
+        for w in multi:
+            keys += [k for k in w["rounds"] if k not in keys and not k.startswith("torchprof")]
+        keys += ["torchprof", "torchprof_stack"]
         lines += ["", "Interleaved rounds (drift-corrected ratios; median, then each round; torch.profiler, "
                   "run once at the end, against the median of the unprofiled phases before it):", "",
                   "| workload | maps lines | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
@@ -545,6 +603,17 @@ def markdown(results: dict) -> str:
             tg = w.get("target") or {}
             lines.append(f"| {w['workload']} | {tg.get('maps_lines')}/{tg.get('maps_lines_attached')} | "
                          + " | ".join(cells) + " |")
+    splits = [w for w in results["workloads"] if w.get("step_split")]
+    if splits:
+        lines += ["", "Where a step's time went (median over rounds; host = until step() returns, before the "
+                  "device sync; CPU per step of the main thread and of the whole process):", "",
+                  "| workload | configuration | step ms | host ms | host ratio | main-thread CPU ms | process CPU ms |",
+                  "|---|---|---|---|---|---|---|"]
+        for w in splits:
+            for k, d in w["step_split"].items():
+                cell = lambda m, f="{:.2f}": f.format(d[m]) if m in d else "—"  # noqa: E731
+                lines.append(f"| {w['workload']} | {k} | {cell('step_ms')} | {cell('host_ms')} | "
+                             f"{cell('host_ratio', '{:.3f}×')} | {cell('cpu_main_ms')} | {cell('cpu_process_ms')} |")
     lines += ["", "Ratios are median step time over the unprofiled median, same process, same run; for "
               "attached phases the first number is against the mean of the unprofiled phases right before "
               "and after it (drift-corrected), the one in parentheses against the first unprofiled phase.", "",
@@ -648,11 +717,17 @@ def main(argv=None) -> int:
                     help="workloads (comma list) measured as interleaved rounds of probes / agent / "
                          + " / ".join(AGENT_VARIANTS) + " (then torch.profiler once)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds for --agent-variants")
-    ap.add_argument("--round-set", choices=("split", "core"), default="split",
-                    help="split: probes, agent and the agent's parts per round; core: probes and agent")
+    ap.add_argument("--round-set", default="split",
+                    help="split: probes, agent and the agent's parts per round; core: probes and agent; "
+                         "or a comma list of variants (" + ", ".join(AGENT_VARIANTS) + ", "
+                         + ", ".join(PROBE_VARIANTS) + ", agent_<x> for probes_<x>)")
     ap.add_argument("--deadline-s", type=float, default=3600.0, help="skip phases that would start after this")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU sizes (harness test without a GPU)")
     a = ap.parse_args(argv)
+    try:
+        round_set(a.round_set)
+    except ValueError as e:
+        ap.error(str(e))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:

@@ -19,7 +19,12 @@ import time
 
 DEFAULTS = {"sample_hz": 100.0, "max_depth": 128, "max_overhead": 0.02, "flush_ms": 200,
             "gpu": True, "max_outbox": 4 << 20, "max_gpu_queue": 100_000, "jax": True,
-            "gpu_api_records": False, "gpu_raw": True, "gpu_ref": True, "max_raw_bytes": 64 << 20}
+            "gpu_api_records": False, "gpu_raw": True, "gpu_ref": True, "max_raw_bytes": 64 << 20,
+            "gpu_flush": True, "switch_s": 0.0}
+# gpu_flush: the collector asks CUPTI once a second for completed buffers (CUPTI's own flush
+# period is 1 s too); False leaves it to CUPTI. switch_s > 0: the GIL switch interval while the
+# agent runs (the bootstrap's 0.5 ms otherwise), restored at detach. Both exist to measure what
+# each costs a job (benchmarks/gpu/bench_overhead.py variants).
 
 
 def _sub(name):
@@ -275,6 +280,7 @@ class Agent:
             self._handle(msgs)
             if any(m.get("t") == "config" for m in msgs) or self.stop_requested:
                 break
+        switch_prev = self._set_switch_interval()
         sampler_mod = _sub("sampler")
         sampler = sampler_mod.Sampler(self.cfg["sample_hz"], self.cfg["max_depth"],
                                       self.cfg["max_overhead"], skip_idents={threading.get_ident()})
@@ -311,6 +317,18 @@ class Agent:
             wait = min(next_sample, next_flush) - time.monotonic()
             self._handle(ch.pump(max(0.0, wait) + 0.001))
         self._detach(batch, sampler)
+        if switch_prev is not None and sys.getswitchinterval() == self._switch_set:
+            sys.setswitchinterval(switch_prev)   # unless the program changed it since
+
+    def _set_switch_interval(self):
+        """switch_s > 0: that GIL switch interval while attached; returns the one to restore."""
+        want = self.cfg["switch_s"]
+        if not 0.0 < want <= 1.0:
+            return None
+        prev = sys.getswitchinterval()
+        sys.setswitchinterval(want)
+        self._switch_set = sys.getswitchinterval()   # as CPython rounded it
+        return prev
 
     def _start_gpu(self):
         try:
@@ -320,6 +338,8 @@ class Agent:
                 self.gpu.api_records = bool(self.cfg["gpu_api_records"])
             if self.gpu is not None and hasattr(self.gpu, "raw"):
                 self.gpu.raw = bool(self.cfg["gpu_raw"])
+            if self.gpu is not None and hasattr(self.gpu, "periodic_flush"):
+                self.gpu.periodic_flush = bool(self.cfg["gpu_flush"])
             if self.gpu is not None and hasattr(self.gpu, "ref"):   # buffers read in place
                 self.gpu.ref = bool(self.cfg["gpu_ref"])
                 self.gpu.max_shipped = max(1, int(self.cfg["max_raw_bytes"]) >> 20)

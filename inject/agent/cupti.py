@@ -75,6 +75,7 @@ class CuptiCollector:
         self.api_records = True          # False: kernel/copy activity only (the daemon joins by order)
         self.raw = True                  # without API records: ship CUPTI's buffers as bytes (ctypes)
         self.ref = True                  # raw: leave verified buffers in place, the daemon reads them
+        self.periodic_flush = True       # poll() asks CUPTI for completed buffers (False: CUPTI's period alone)
         self.max_shipped = 64            # buffers left in place at once (64 MiB); beyond: copied
         self._shipped = {}               # this session's buffers left in place: address -> buffer
         self._stopped = False            # stop() ran: poll() never enables again
@@ -241,7 +242,8 @@ class CuptiCollector:
         elif self.active:
             if self.clock.mono() - self.clock.calibrated_at > CALIBRATE_EVERY_NS:
                 self.clock.calibrate()
-            self._flush_all(0)
+            if self.periodic_flush:
+                self._flush_all(0)
 
     def stop(self):
         self._stopped = True             # also while yielded: poll() must not enable again

@@ -328,13 +328,27 @@ def main() -> int:
     sys.stdout.write("ready " + json.dumps(info) + "\n")
     sys.stdout.flush()
 
+    cpu_split: dict = {}
+
     def run(n: int) -> list[float]:
-        times = []
+        """n steps; their wall times. ``cpu_split`` gets where each step's time went: the host
+        part (until step() returns: Python, framework, launches), the wait in sync() (the device
+        still busy), and the main thread's and the whole process's CPU time over the n steps."""
+        times, host = [], []
+        thread0, proc0 = time.thread_time(), time.process_time()
         for _ in range(n):
             t = time.perf_counter()
             step()
+            t1 = time.perf_counter()
             sync()
-            times.append(time.perf_counter() - t)
+            t2 = time.perf_counter()
+            times.append(t2 - t)
+            host.append(t1 - t)
+        cpu_split.clear()
+        cpu_split.update(host_s=[round(h, 7) for h in host],
+                         host_median_s=statistics.median(host) if host else None,
+                         cpu_main_s=round(time.thread_time() - thread0, 6),
+                         cpu_process_s=round(time.process_time() - proc0, 6))
         return times
 
     def summary(cmd: str, n: int, times: list[float], **extra) -> dict:
@@ -357,7 +371,7 @@ def main() -> int:
                 n = int(parts[1])
                 t = time.perf_counter()
                 times = run(n)
-                say(summary("run", n, times, wall_s=time.perf_counter() - t))
+                say(summary("run", n, times, wall_s=time.perf_counter() - t, **cpu_split))
             elif parts[0] == "torchprof":
                 if not is_torch:
                     say({"cmd": "torchprof", "error": "n/a: torch.profiler does not profile JAX"})
@@ -385,7 +399,7 @@ def main() -> int:
                     os.unlink(path)
                 t_exp = time.perf_counter()
                 say(summary("torchprof", n, times, with_stack=stack, trace_bytes=size, trace_kernel_events=kernels,
-                            profile_wall_s=t_stop - t, export_s=t_exp - t_stop))
+                            profile_wall_s=t_stop - t, export_s=t_exp - t_stop, **cpu_split))
                 del prof
             else:
                 say({"cmd": parts[0], "error": f"unknown command {parts[0]!r}"})

@@ -270,3 +270,17 @@ def test_a_detach_while_yielded_never_enables_cupti_again():
     c._next_check_ns = 0
     c.poll()
     assert not c.active and lib.enabled == set()
+
+
+def test_periodic_flush_off_leaves_completed_buffers_to_cuptis_own_period():
+    """gpu_flush=False (a benchmark variant): poll() never calls cuptiActivityFlushAll; CUPTI's
+    1 s flush period is still set, and the forced flush at detach still happens."""
+    c, lib, notes, rows = make()
+    c.periodic_flush = False
+    assert c.start(lambda k, r: rows.append((k, r)))
+    for _ in range(3):
+        c._next_check_ns = 0
+        c.poll()
+    assert lib.flushes == [] and lib.flush_period == 1000
+    c.stop()
+    assert lib.flushes == [1]

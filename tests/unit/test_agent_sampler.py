@@ -207,3 +207,26 @@ def test_the_frame_cache_keeps_a_bounded_number_of_code_objects_alive():
     assert len(s._codes) <= Sampler.MAX_CODES and len(s._frames) <= Sampler.MAX_CACHED
     alive = sum(r() is not None for r in refs)
     assert alive <= Sampler.MAX_CODES, alive   # the oldest were let go
+
+
+def test_switch_interval_setting_holds_while_attached_and_is_restored():
+    """switch_s (a benchmark variant): the GIL switch interval the agent runs under, put back as
+    found at detach; an out-of-range value changes nothing."""
+    before = sys.getswitchinterval()
+    for want, expect in ((0.004, 0.004), (5.0, before)):
+        a, d = socket.socketpair()
+        d.sendall(wire.encode({"t": "config", "sample_hz": 50.0, "gpu": False, "switch_s": want}))
+        agent = Agent(a, "tok")
+        seen = []
+        pump = agent.ch.pump
+        agent.ch.pump = lambda t: (seen.append(sys.getswitchinterval()), pump(t))[1]
+        th = threading.Thread(target=agent.run)
+        th.start()
+        time.sleep(0.3)
+        agent.stop_requested = True
+        th.join(5)
+        a.close()
+        d.close()
+        assert not th.is_alive()
+        assert seen and abs(seen[-1] - expect) < 1e-6
+        assert sys.getswitchinterval() == before
