@@ -105,7 +105,7 @@ static __always_inline u32 sl_op_idx(u32 i)
 #define SL_C_SAMPLE_DROPS 10   /* cpu samples lost to a full ring buffer */
 #define SL_C_RESERVE_RETRY_OK 11 /* a ring write failed, and its immediate retry worked */
 #define SL_C_RING_FALLBACK 12  /* events the ring refused twice, sent through events_fb instead */
-#define SL_C_NATIVE_REUSED 13  /* launch events that reused the thread's last native stack id */
+#define SL_C_NATIVE_REUSED 13  /* launch events that reused a native stack id of the same thread, place and context */
 #define SL_NCOUNTERS 16
 
 /* One probe target of bpf/probes.toml, as the generic API programs need it.

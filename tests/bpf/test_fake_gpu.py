@@ -90,6 +90,31 @@ def test_cuda_launch_alloc_copy_sync(bpf_ok, fake_libs, start_target):
                 (app, "<module>", lines[fn]), (app, fn, body[fn])], e.py_stack
 
 
+def test_native_stacks_are_unwound_once_per_place_when_launch_sites_alternate(bpf_ok, fake_libs, start_target):
+    """A training step launches from hundreds of places in turn. The memo of native stack ids is
+    keyed by place (stack pointer, return address, operator path, Python stack), so each place
+    is unwound once, not once per change of place; every reused stack still names its own
+    caller."""
+    rounds = 40
+    t = start_target("alternating_launches.py", str(fake_libs["dir"]), str(rounds))
+    s, _ = _attach(t.pid)
+    try:
+        t.send()
+        assert t.readline().strip() == "done"
+        evs = poll_until(s, lambda e: sum(x.api == "cuLaunchKernel" for x in e) >= 2 * rounds)
+        st = s.stats()
+    finally:
+        s.detach()
+    launches = [e for e in evs if e.api == "cuLaunchKernel"]
+    assert len(launches) == 2 * rounds
+    assert st["native_stacks_reused"] >= 2 * rounds - 4, st    # one unwind per place (+ slack)
+    for e in launches:
+        names = _names(e.native_stack)
+        own, other = (("app_forward_launches", "app_backward_launches") if e.kernel_name == "fwd_kernel"
+                      else ("app_backward_launches", "app_forward_launches"))
+        assert own in names and other not in names, (e.kernel_name, names)
+
+
 def test_hip_launch_alloc_copy_sync(bpf_ok, fake_libs, start_target):
     t = start_target("fake_hip_app.py", str(fake_libs["dir"]), "4", env={"FAKE_SYNC_US": str(SYNC_US)})
     s, report = _attach(t.pid)
