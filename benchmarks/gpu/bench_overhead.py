@@ -225,6 +225,8 @@ class Runner:
             return res
         res["target"] = t.info
         res["pid"] = t.pid
+        if a.pin_target:
+            res["target"]["pinned_threads"] = pin_process(t.pid, cpu_list(a.pin_target))
         log(f"{name}: ready pid {t.pid}: {t.info.get('impl')}")
         per_step: float | None = None
         dead = False
@@ -503,11 +505,44 @@ def maps_lines(pid: int) -> int | None:
         return None
 
 
+def cpu_list(spec: str) -> set[int]:
+    """"4-7,12" -> {4, 5, 6, 7, 12}"""
+    out: set[int] = set()
+    for part in filter(None, spec.split(",")):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def pin_process(pid: int, cpus: set[int]) -> int:
+    """Every thread of pid on these CPUs (threads it creates later inherit); returns how many."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+            n += 1
+        except OSError:
+            pass   # a thread that just exited
+    return n
+
+
+def cpu_topology() -> dict:
+    """cpu -> its SMT siblings (sysfs), to read what --pin-* shared"""
+    out = {}
+    for d in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*")):
+        try:
+            out[d.name] = (d / "topology" / "thread_siblings_list").read_text().strip()
+        except OSError:
+            pass
+    return out
+
+
 def environment(args) -> dict:
     env = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "host": platform.node(), "kernel": platform.release(), "python": sys.version.split()[0],
            "argv": sys.argv, "cpu_smoke": args.cpu_smoke, "cpus": os.cpu_count(),
-           "session": "ProcessSession(pid, agent=False|True) defaults: cpu_hz=99, ops=True"}
+           "session": "ProcessSession(pid, agent=False|True) defaults: cpu_hz=99, ops=True",
+           "pin_target": args.pin_target, "pin_bench": args.pin_bench, "cpu_siblings": cpu_topology()}
     if shutil.which("nvidia-smi"):
         try:
             env["nvidia_smi"] = subprocess.run(
@@ -721,13 +756,18 @@ def main(argv=None) -> int:
                     help="split: probes, agent and the agent's parts per round; core: probes and agent; "
                          "or a comma list of variants (" + ", ".join(AGENT_VARIANTS) + ", "
                          + ", ".join(PROBE_VARIANTS) + ", agent_<x> for probes_<x>)")
+    ap.add_argument("--pin-target", default="", help="CPU list for every thread of each target (e.g. 4-7)")
+    ap.add_argument("--pin-bench", default="", help="CPU list for this process (the daemon side), e.g. 8-15")
     ap.add_argument("--deadline-s", type=float, default=3600.0, help="skip phases that would start after this")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU sizes (harness test without a GPU)")
     a = ap.parse_args(argv)
     try:
         round_set(a.round_set)
+        pins = [cpu_list(x) for x in (a.pin_target, a.pin_bench)]
     except ValueError as e:
         ap.error(str(e))
+    if a.pin_bench:
+        os.sched_setaffinity(0, pins[1])   # threads started from here on inherit it
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:

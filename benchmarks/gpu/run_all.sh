@@ -14,7 +14,8 @@
 # MEM_BG=1 [MEM_BG_S=620 MEM_BG_GPU=1]: the memory run in the background on a second GPU (below).
 # AGENT_VARIANTS (workloads measured as ROUNDS interleaved rounds of probes / agent / the agent's
 # parts alone: sampler only, CUPTI only; default none, ROUNDS default 3; ROUND_SET=core: probes and
-# agent only). JAX_AGENT=1: the agent phases on JAX too.
+# agent only). JAX_AGENT=1: the agent phases on JAX too. PIN_TARGET / PIN_BENCH (CPU lists, e.g.
+# 4-7 / 8-15): every thread of each target, and the benchmark (daemon) process, on those CPUs.
 # The long memory run:  GPU_TESTS=0 JAX_CHECK=0 MEMORY_ONLY=1 WORKLOADS=resnet50 MEM_S=560 BUDGET_S=590
 # $OUT receives run_all.log, env.txt, overhead.md, check_jax.json and raw.tgz (everything else).
 # Every step is timestamped; a failing step is reported and the next one still runs.
@@ -197,6 +198,7 @@ timeout -k 15 $(( T_BENCH + 30 )) "$PY" benchmarks/gpu/bench_overhead.py --out "
   --deadline-s "$((T_BENCH - 15))" --probe-variants "${PROBE_VARIANTS-vit,launch}" \
   --agent-variants "${AGENT_VARIANTS-}" --rounds "${ROUNDS:-3}" --round-set "${ROUND_SET:-split}" \
   $([ "${JAX_AGENT:-0}" = 1 ] && echo --jax-agent) \
+  ${PIN_TARGET:+--pin-target "$PIN_TARGET"} ${PIN_BENCH:+--pin-bench "$PIN_BENCH"} \
   ${MEM_WORKLOAD:+--memory-workload "$MEM_WORKLOAD"} $([ "${MEMORY_ONLY:-0}" = 1 ] && echo --memory-only) \
   $SMOKE "${STEPS_ARG[@]}" 2>&1 | tee "$OUT/bench_overhead.log" | tail -40
 rc_b=${PIPESTATUS[0]}
