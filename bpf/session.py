@@ -27,6 +27,7 @@ from .events_abi import (COUNTERS, SL_BLOB, SL_EV_API, SL_EV_NAME, SL_EV_SAMPLE,
                          SlOpPath, SlSpec)
 from .frames import Frame
 from .ops import LIBTORCH_RE, OpSymbol, find_op_symbols, select_ops
+from .procmaps import UNKNOWN as UNKNOWN_FRAME
 from .procmaps import LibraryFile, Symbolizer, collapse_unsymbolized, find_libraries
 from .ringbuf import BUSY, DISCARD, RingBufReader
 from .spec import DEFAULT_SPEC, MEMCPY_KINDS, ProbeSpec, load_specs
@@ -66,6 +67,29 @@ FALLBACK_OPS = ("aten::linear", "aten::addmm", "aten::matmul", "aten::mm", "aten
                 "aten::embedding", "aten::add_Tensor", "aten::mul_Tensor", "aten::copy_",
                 "aten::to_dtype", "aten::t", "aten::mse_loss", "aten::sum", "aten::item")
 # (aten::t is a VIEW_OPS op: select_ops leaves it out unless all_ops / an op_filter asks for it)
+
+
+def native_frames(addrs: list[int], frame) -> tuple[tuple[Frame, ...], bool]:
+    """A frame-pointer walk (innermost-first addresses, as BPF returns them) -> outermost-first
+    frames, and whether the walk was cut: it ends at the first address outside every
+    executable mapping (`[unknown]`: the walk read garbage there, e.g. a caller that does not keep
+    frame pointers), at the map's depth limit, or anywhere but a thread's entry (_start,
+    start_thread, clone): then a `[truncated]` frame leads. JIT code (`[anon]`) and the vDSO
+    are real frames of the stack and do not end it. Runs of unsymbolized frames of one library
+    collapse into one."""
+    inner: list[Frame] = []
+    cut = len(addrs) >= 127
+    for a in addrs:
+        f = frame(a)
+        if f == UNKNOWN_FRAME:
+            cut = True
+            break
+        inner.append(f)
+    frames = collapse_unsymbolized(reversed(inner))
+    root = frames[0].name if frames else ""
+    if cut or not any(root == r or root.startswith(r + "@") for r in _STACK_ROOTS):
+        return (TRUNCATED,) + frames, True
+    return frames, False
 
 
 @dataclass(frozen=True)
@@ -550,20 +574,8 @@ class ProbeSession:
             self._user["stack_lookup_failures"] += 1
             frames: tuple[Frame, ...] = (TRUNCATED,)
         else:
-            sym = self._symbolizer
-            inner: list[Frame] = []
-            cut = len(addrs) >= 127
-            for a in addrs:  # innermost first
-                f = sym.frame(a)
-                if f.kind != "native":
-                    # not in an executable mapping: the frame-pointer walk read garbage here
-                    cut = True
-                    break
-                inner.append(f)
-            frames = collapse_unsymbolized(reversed(inner))
-            root = frames[0].name if frames else ""
-            if cut or not any(root == r or root.startswith(r + "@") for r in _STACK_ROOTS):
-                frames = (TRUNCATED,) + frames
+            frames, cut = native_frames(addrs, self._symbolizer.frame)
+            if cut:
                 self._user["truncated_stacks"] += 1
         self._stack_cache[(sid, caller)] = frames
         return frames
