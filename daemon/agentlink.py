@@ -10,16 +10,18 @@ from stacklens.errors import StacklensError
 
 
 class AgentLink:
-    def __init__(self, pid: int, *, sample_hz: float = 100, timeout_s: float = 5.0,
+    def __init__(self, pid: int, *, sample_hz: float | None = None, timeout_s: float = 5.0,
                  gpu_api_records: bool = False, config: dict | None = None) -> None:
         """``config``: more agent settings (inject/agent DEFAULTS keys, e.g. ``{"gpu": False}``);
-        the agent ignores keys it does not know."""
+        the agent ignores keys it does not know. ``sample_hz`` None: the agent's default rate."""
         from stacklens.inject import AgentServer, inject_agent
 
         self.pid = pid
         # the explicit arguments win: the session's join is built for them
-        self.server = AgentServer(pid, config={"gpu": True, **(config or {}), "sample_hz": sample_hz,
-                                               "gpu_api_records": gpu_api_records})
+        explicit = {"gpu_api_records": gpu_api_records}
+        if sample_hz is not None:
+            explicit["sample_hz"] = sample_hz
+        self.server = AgentServer(pid, config={"gpu": True, **(config or {}), **explicit})
         try:
             self.result = inject_agent(pid, socket_path=self.server.path, timeout_s=timeout_s)
         except BaseException:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 from stacklens.cct import Snapshot
 from stacklens.daemon.join import Joiner
 from stacklens.errors import NoSuchProcess, StacklensError
+from stacklens.inject.agent import DEFAULTS as AGENT_DEFAULTS
 
 POLL_MS = 50
 # At most this many events and agent records per loop turn, so snapshot requests are answered
@@ -65,7 +66,8 @@ def default_probe_factory(pid: int, *, cpu_hz: int, ops: bool) -> EventSource:
 # 14). On-CPU Python stacks come from BPF at cpu_hz without the GIL; the agent adds off-CPU and
 # all-thread samples, for which 20 Hz is enough. ProcessSession(agent_config={"sample_hz": ...}).
 AGENT_SAMPLE_HZ = 20
-AGENT_SAMPLE_HZ_ALONE = 100     # when BPF has no Python stacks (unsupported CPython, no CPU sampling)
+AGENT_SAMPLE_HZ_ALONE = AGENT_DEFAULTS["sample_hz"]   # when BPF has no Python stacks (unsupported
+#                                                        CPython, no CPU sampling): the agent's own
 
 
 def default_agent_factory(pid: int, *, sample_hz: float, gpu_api_records: bool = False,
