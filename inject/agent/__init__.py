@@ -11,6 +11,7 @@ writing bytecode; in tests it is the ordinary ``stacklens.inject.agent``.
 """
 
 import collections
+import math
 import os
 import select
 import sys
@@ -138,7 +139,11 @@ class Channel:
         if want != self._want_out:
             self.poller.modify(self.sock.fileno(), select.POLLIN | (select.POLLOUT if want else 0))
             self._want_out = want
-        events = self.poller.poll(max(0, int(timeout_s * 1000)))
+        # poll() counts whole ms: round up. Rounded down, the last fraction of every wait of the
+        # agent loop was a spin of poll(0) calls, each one giving the GIL away and taking it back
+        # (24,000/s against a loop of small torch ops, 3,000/s against pure Python). A sample up to
+        # 1 ms late is harmless: the schedule is absolute and jittered.
+        events = self.poller.poll(math.ceil(timeout_s * 1000) if timeout_s > 0 else 0)
         msgs = []
         for _fd, ev in events:
             if ev & select.POLLOUT and self.out:
@@ -310,12 +315,8 @@ class Agent:
             if now >= next_stats:
                 self._send_stats(sampler)
                 next_stats = now + 1.0
-            # poll() counts whole ms and pump() rounds down: wait 1 ms more. Otherwise the last
-            # fraction of every wait was a spin of poll(0) calls, each one giving the GIL away and
-            # taking it back (24,000/s against a loop of small torch ops, 3,000/s against pure
-            # Python). A sample up to 1 ms late is harmless: the schedule is absolute and jittered.
             wait = min(next_sample, next_flush) - time.monotonic()
-            self._handle(ch.pump(max(0.0, wait) + 0.001))
+            self._handle(ch.pump(max(0.0, wait)))
         self._detach(batch, sampler)
         if switch_prev is not None and sys.getswitchinterval() == self._switch_set:
             sys.setswitchinterval(switch_prev)   # unless the program changed it since
