@@ -22,10 +22,14 @@ DEFAULTS = {"sample_hz": 100.0, "max_depth": 128, "max_overhead": 0.02, "flush_m
             "gpu": True, "max_outbox": 4 << 20, "max_gpu_queue": 100_000, "jax": True,
             "gpu_api_records": False, "gpu_raw": True, "gpu_ref": True, "max_raw_bytes": 64 << 20,
             "gpu_flush": True, "switch_s": 0.0}
-# gpu_flush: the collector asks CUPTI once a second for completed buffers (CUPTI's own flush
-# period is 1 s too); False leaves it to CUPTI. switch_s > 0: the GIL switch interval while the
-# agent runs (the bootstrap's 0.5 ms otherwise), restored at detach. Both exist to measure what
-# each costs a job (benchmarks/gpu/bench_overhead.py variants).
+# gpu_flush: the collector asks CUPTI once a second for completed buffers. CUPTI's own periodic
+# flush is not the same: it may return only full buffers, so with False a partly filled buffer
+# waits until it fills or until detach. switch_s: the GIL switch interval while the agent runs
+# (the bootstrap's 0.5 ms otherwise), restored at detach; 0 leaves it alone, and only
+# SWITCH_RANGE_S is accepted (a value outside it is ignored with a note). Both exist to measure
+# what each costs a job (benchmarks/gpu/bench_overhead.py variants).
+SWITCH_RANGE_S = (1e-4, 0.05)   # below: forced switching nearly every bytecode; above: the agent
+                                # thread may again starve for the GIL (inject/bootstrap.py says why)
 
 
 def _sub(name):
@@ -213,12 +217,21 @@ class Agent:
 
     # -- helpers -----------------------------------------------------------------------
     def _apply_config(self, msg):
+        """Never raises: a value that is not finite or does not convert keeps the one before."""
         for k, default in DEFAULTS.items():
             v = msg.get(k)
             if isinstance(v, bool) and isinstance(default, bool):
                 self.cfg[k] = v
             elif isinstance(v, (int, float)) and not isinstance(v, bool) and not isinstance(default, bool):
-                self.cfg[k] = type(default)(v)
+                try:
+                    if isinstance(v, float) and not math.isfinite(v):
+                        continue
+                    v = type(default)(v)            # int(1e300) is finite; float(10**400) raises
+                    if isinstance(v, float) and not math.isfinite(v):
+                        continue
+                except (OverflowError, ValueError, TypeError):
+                    continue
+                self.cfg[k] = v
         self.ch.max_outbox = max(1 << 16, min(int(self.cfg["max_outbox"]), 64 << 20))
         self.max_gpu_queue = max(1000, min(int(self.cfg["max_gpu_queue"]), 1_000_000))
 
@@ -286,6 +299,14 @@ class Agent:
             if any(m.get("t") == "config" for m in msgs) or self.stop_requested:
                 break
         switch_prev = self._set_switch_interval()
+        try:
+            self._loop()
+        finally:   # also when the loop raised: the bootstrap restores only its own 0.5 ms
+            if switch_prev is not None and sys.getswitchinterval() == self._switch_set:
+                sys.setswitchinterval(switch_prev)   # unless the program changed it since
+
+    def _loop(self):
+        ch = self.ch
         sampler_mod = _sub("sampler")
         sampler = sampler_mod.Sampler(self.cfg["sample_hz"], self.cfg["max_depth"],
                                       self.cfg["max_overhead"], skip_idents={threading.get_ident()})
@@ -318,13 +339,16 @@ class Agent:
             wait = min(next_sample, next_flush) - time.monotonic()
             self._handle(ch.pump(max(0.0, wait)))
         self._detach(batch, sampler)
-        if switch_prev is not None and sys.getswitchinterval() == self._switch_set:
-            sys.setswitchinterval(switch_prev)   # unless the program changed it since
 
     def _set_switch_interval(self):
-        """switch_s > 0: that GIL switch interval while attached; returns the one to restore."""
+        """switch_s in SWITCH_RANGE_S: that GIL switch interval while attached; returns the one to
+        restore (None: nothing was set)."""
         want = self.cfg["switch_s"]
-        if not 0.0 < want <= 1.0:
+        if want == 0.0:
+            return None
+        lo, hi = SWITCH_RANGE_S
+        if not lo <= want <= hi:
+            self.note("warning", f"switch_s {want!r} ignored: outside [{lo}, {hi}] s")
             return None
         prev = sys.getswitchinterval()
         sys.setswitchinterval(want)

@@ -5,9 +5,12 @@ restricted to the launch calls (cbids whose name holds "Launch"): the join needs
 PyTorch makes many cheap API calls per operator (cudaGetDevice, cuCtxGetCurrent, …) whose
 records, turned into Python objects, cost the target far more than the kernels themselves
 (measured on the H200: all API kinds made a GPT-2 step 11x slower). API records carry the
-kernel thread id (CUPTI's SYSTEM thread-id type), the id BPF sees. Buffers are 1 MiB with a 1 s
-flush period so full buffers arrive while the job runs; a forced flush happens only at detach
-(a forced flush returns in-flight kernels with end = 0, which are lost). Costs: CUPTI's own
+kernel thread id (CUPTI's SYSTEM thread-id type), the id BPF sees. Buffers are 1 MiB; poll()
+asks CUPTI for completed buffers once a second (periodic_flush, the agent's gpu_flush) so records
+arrive while the job runs. CUPTI's own 1 s flush period is also set but is not the same: it may
+return only full buffers, so without periodic_flush a partly filled buffer waits until it fills
+or until detach. A forced flush happens only at detach (a forced flush returns in-flight kernels
+with end = 0, which are lost). Costs: CUPTI's own
 per-launch overhead plus one Python call per completed buffer that turns records into tuples. On CUDA <= 13.2 CUPTI has one subscriber and global
 buffer callbacks, so we never call ``cuptiSubscribe`` (measured: it breaks the user's
 torch.profiler for good) and we yield when a profiler of the user's own is active: activities
@@ -75,7 +78,9 @@ class CuptiCollector:
         self.api_records = True          # False: kernel/copy activity only (the daemon joins by order)
         self.raw = True                  # without API records: ship CUPTI's buffers as bytes (ctypes)
         self.ref = True                  # raw: leave verified buffers in place, the daemon reads them
-        self.periodic_flush = True       # poll() asks CUPTI for completed buffers (False: CUPTI's period alone)
+        self.periodic_flush = True       # poll() asks CUPTI for completed buffers (False: CUPTI's period
+                                         # alone, which may return only full buffers: a partly filled one
+                                         # waits until it fills or until detach)
         self.max_shipped = 64            # buffers left in place at once (64 MiB); beyond: copied
         self._shipped = {}               # this session's buffers left in place: address -> buffer
         self._stopped = False            # stop() ran: poll() never enables again

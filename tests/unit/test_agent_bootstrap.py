@@ -146,3 +146,22 @@ def test_kernel_rows_travel_with_a_per_message_name_table():
     finally:
         a.close()
         b.close()
+
+
+def test_bootstrap_and_agent_switch_intervals_unwind_in_order(tmp_path):
+    """The bootstrap sets 0.5 ms, the agent its switch_s on top; at detach the agent puts back the
+    bootstrap's value and the bootstrap its own: the target ends with the interval it had."""
+    before = sys.getswitchinterval()
+    srv = AgentServer(os.getpid(), tmp_path / "agents",
+                      config={"sample_hz": 50, "gpu": False, "switch_s": 0.004})
+    try:
+        exec(bootstrap_body(srv.target_path, srv.target_agent_dir, srv.token), {})
+        assert srv.wait_hello(5)
+        assert _wait(lambda: abs(sys.getswitchinterval() - 0.004) < 1e-6, 5)
+        assert srv.stop_agent(5)
+        assert _wait(lambda: not _agent_threads(), 5)
+        assert sys.getswitchinterval() == before
+    finally:
+        srv.close()
+        _wait(lambda: not _agent_threads(), 5)
+        sys.setswitchinterval(before)

@@ -226,20 +226,111 @@ def test_switch_interval_setting_holds_while_attached_and_is_restored():
     """switch_s (a benchmark variant): the GIL switch interval the agent runs under, put back as
     found at detach; an out-of-range value changes nothing."""
     before = sys.getswitchinterval()
-    for want, expect in ((0.004, 0.004), (5.0, before)):
-        a, d = socket.socketpair()
-        d.sendall(wire.encode({"t": "config", "sample_hz": 50.0, "gpu": False, "switch_s": want}))
+    try:
+        for want, expect in ((0.004, 0.004), (5.0, before)):
+            a, d = socket.socketpair()
+            d.sendall(wire.encode({"t": "config", "sample_hz": 50.0, "gpu": False, "switch_s": want}))
+            agent = Agent(a, "tok")
+            seen = []
+            pump = agent.ch.pump
+            agent.ch.pump = lambda t: (seen.append(sys.getswitchinterval()), pump(t))[1]
+            th = threading.Thread(target=agent.run)
+            th.start()
+            time.sleep(0.3)
+            agent.stop_requested = True
+            th.join(5)
+            a.close()
+            d.close()
+            assert not th.is_alive()
+            assert seen and abs(seen[-1] - expect) < 1e-6
+            assert sys.getswitchinterval() == before
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_switch_interval_is_restored_when_run_raises(monkeypatch):
+    """run() failing after it set switch_s (here: the sampler's import) still puts the interval
+    back: the bootstrap restores only its own value, so nobody else would."""
+    import stacklens.inject.agent as agent_mod
+
+    before = sys.getswitchinterval()
+    seen = []
+    real_sub = agent_mod._sub
+
+    def failing_sub(name):
+        if name == "sampler":
+            seen.append(sys.getswitchinterval())
+            raise RuntimeError("no sampler")
+        return real_sub(name)
+
+    monkeypatch.setattr(agent_mod, "_sub", failing_sub)
+    a, d = socket.socketpair()
+    try:
+        d.sendall(wire.encode({"t": "config", "gpu": False, "switch_s": 0.003}))
         agent = Agent(a, "tok")
-        seen = []
-        pump = agent.ch.pump
-        agent.ch.pump = lambda t: (seen.append(sys.getswitchinterval()), pump(t))[1]
-        th = threading.Thread(target=agent.run)
-        th.start()
-        time.sleep(0.3)
-        agent.stop_requested = True
-        th.join(5)
+        try:
+            agent.run()
+        except RuntimeError as e:
+            assert str(e) == "no sampler"
+        else:
+            raise AssertionError("run() did not raise")
+        assert seen and abs(seen[0] - 0.003) < 1e-6       # it was set when the failure came
+        assert sys.getswitchinterval() == before
+    finally:
+        sys.setswitchinterval(before)
         a.close()
         d.close()
-        assert not th.is_alive()
-        assert seen and abs(seen[-1] - expect) < 1e-6
+
+
+def _notes(agent):
+    return [m["msg"] for m in wire.decode_all(bytes(agent.ch.out))[0] if m["t"] == "note"]
+
+
+def test_switch_interval_out_of_range_changes_nothing_and_says_so():
+    before = sys.getswitchinterval()
+    try:
+        for want in (1e-9, 0.5, 5.0, -0.001):
+            a, d = socket.socketpair()
+            try:
+                agent = Agent(a, "tok", config={"switch_s": want})
+                assert agent._set_switch_interval() is None
+                assert sys.getswitchinterval() == before
+                notes = _notes(agent)
+                assert len(notes) == 1 and "switch_s" in notes[0] and "ignored" in notes[0], notes
+            finally:
+                a.close()
+                d.close()
+        a, d = socket.socketpair()
+        try:
+            agent = Agent(a, "tok")                    # 0, the default: silently left alone
+            assert agent._set_switch_interval() is None and _notes(agent) == []
+        finally:
+            a.close()
+            d.close()
         assert sys.getswitchinterval() == before
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_config_with_huge_infinite_or_nan_numbers_keeps_the_defaults():
+    """A config message never raises into the agent loop: a value that is not finite or does not
+    convert to the setting's type (int(inf), int(nan), float(10**400)) is skipped."""
+    from stacklens.inject.agent import DEFAULTS
+
+    inf, nan = float("inf"), float("nan")
+    bad = {"sample_hz": 10 ** 400, "max_depth": inf, "max_overhead": nan, "flush_ms": nan,
+           "max_outbox": -inf, "max_gpu_queue": inf, "max_raw_bytes": nan, "switch_s": inf}
+    a, d = socket.socketpair()
+    try:
+        agent = Agent(a, "tok", config=bad)
+        assert agent.cfg == DEFAULTS
+        outbox, gpu_queue = agent.ch.max_outbox, agent.max_gpu_queue
+        agent._handle([dict(bad, t="config")])
+        assert agent.cfg == DEFAULTS
+        assert (agent.ch.max_outbox, agent.max_gpu_queue) == (outbox, gpu_queue)
+        agent._handle([{"t": "config", "sample_hz": 10 ** 400, "max_depth": 64, "switch_s": 0.002}])
+        assert agent.cfg["max_depth"] == 64 and agent.cfg["switch_s"] == 0.002   # the good ones apply
+        assert agent.cfg["sample_hz"] == DEFAULTS["sample_hz"]
+    finally:
+        a.close()
+        d.close()
