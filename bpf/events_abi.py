@@ -21,8 +21,9 @@ SL_EV_NAME = 3
 COUNTERS = (
     "events", "drops", "stack_errors", "op_overflow", "op_calls", "op_path_full",
     "pending_miss", "samples", "no_user_regs", "py_stack_errors", "lost_samples", "reserve_retry_ok",
-    "ring_fallback", "native_stacks_reused",
+    "ring_fallback", "native_stacks_reused", "stacks_in_map2",
 )
+SL_STACK_IN_2 = 1 << 30   # a native stack id with this bit set is in `stacks2` (stacklens.h)
 
 
 class SlSpec(ct.Structure):

@@ -23,7 +23,7 @@ from stacklens.procfs import ProcFS
 
 from . import program
 from .events import AttachReport, Event, LibraryAttach, make_event
-from .events_abi import (COUNTERS, SL_BLOB, SL_EV_API, SL_EV_NAME, SL_EV_SAMPLE, SL_NAME, SL_NARGS, SlEvent,
+from .events_abi import (COUNTERS, SL_STACK_IN_2, SL_BLOB, SL_EV_API, SL_EV_NAME, SL_EV_SAMPLE, SL_NAME, SL_NARGS, SlEvent,
                          SlOpPath, SlSpec)
 from .frames import Frame
 from .ops import LIBTORCH_RE, OpSymbol, find_op_symbols, select_ops
@@ -564,8 +564,9 @@ class ProbeSession:
             self._names[handle] = name
 
     def _stack(self, sid: int, caller: int = 0) -> tuple[Frame, ...]:
+        table, key = (b"stacks2", sid & ~SL_STACK_IN_2) if sid & SL_STACK_IN_2 else (b"stacks", sid)
         try:
-            addrs = list(self._bpf[b"stacks"].walk(sid))
+            addrs = list(self._bpf[table].walk(key))
         except Exception:
             addrs = []
         if caller and addrs and (len(addrs) < 2 or addrs[1] != caller):

@@ -34,7 +34,7 @@ int sl_cpu_sample(struct bpf_perf_event_data *ctx)
         sl_count(SL_C_NO_USER_REGS);
     ev->stack_id = -1;
     if (SL_NATIVE_STACKS) {
-        int sid = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+        int sid = sl_user_stackid(ctx);
         if (sid < 0)
             sl_count(SL_C_STACK_ERR);
         ev->stack_id = sid;

@@ -22,22 +22,26 @@ BPF_PERCPU_ARRAY(event_scratch, struct sl_event, 1);
  * unwinding the (deep, C++) user stack is the costliest part of the probe on a CPU-launch-bound
  * job (measured on the H200: ViT 1.58x with, 1.06x without native stacks; ResNet-50 training
  * +6 ms of CPU per 737-launch step). A stack id is reused when the thread is at a point where it
- * was before: same stack pointer at the probe, same return address, same live operator path and
- * same Python stack as that earlier event. The memo is keyed by all of these, so a training step
+ * was before: same stack pointer and frame pointer at the probe, same return address, same live
+ * operator path and same Python stack as that earlier event. The memo is keyed by all of these, so a training step
  * that launches from hundreds of places (forward, backward on the autograd thread, optimizer)
  * unwinds each place once, not once per change of place. (Different native frames under all of
  * these equal would need two C++ call chains of exactly equal depth ending at the same call
  * instruction — not seen in practice; SL_NO_NATIVE_REUSE turns the reuse off.) Stack ids stay
- * valid: the stack map is never cleared and get_stackid never replaces a bucket (no REUSE flag).
- * The memo's value is the stack id, or -EEXIST for a stack whose bucket another stack holds. */
+ * valid: the stack maps are never cleared and get_stackid never replaces a bucket (no REUSE flag).
+ * The memo's value is the stack id, or -EEXIST for a stack whose buckets in both maps other
+ * stacks hold (sl_user_stackid). */
 struct sl_native_key {
     u64 sp;
+    u64 bp;            /* the caller's frame pointer: where the unwind starts */
     u64 caller;
     u64 op_hash;
     u64 py_stack_id;
     u32 tid;
     u32 op_depth;
 };
+/* hash keys compare every byte: no padding may hide uninitialized stack */
+_Static_assert(sizeof(struct sl_native_key) == 48, "sl_native_key has padding");
 #ifndef SL_NO_NATIVE_REUSE
 #ifndef SL_NATIVE_MEMO_ENTRIES
 #define SL_NATIVE_MEMO_ENTRIES 16384
@@ -86,7 +90,7 @@ static __always_inline void sl_fill_entry(struct pt_regs *ctx, struct sl_spec *s
     ev->stack_id = -1;
     if (SL_NATIVE_STACKS && (sp->flags & SL_F_STACK)) {
 #ifndef SL_NO_NATIVE_REUSE
-        struct sl_native_key nk = {ctx->sp, ev->caller, ev->op_hash, ev->py_stack_id, (u32)id,
+        struct sl_native_key nk = {ctx->sp, ctx->bp, ev->caller, ev->op_hash, ev->py_stack_id, (u32)id,
                                    ev->op_depth};
         s32 *known = native_memo.lookup(&nk);
         if (known) {
@@ -95,14 +99,14 @@ static __always_inline void sl_fill_entry(struct pt_regs *ctx, struct sl_spec *s
             return;
         }
 #endif
-        int sid = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+        int sid = sl_user_stackid(ctx);
         if (sid < 0)
             sl_count(SL_C_STACK_ERR);
         ev->stack_id = sid;
 #ifndef SL_NO_NATIVE_REUSE
-        /* a bucket collision (-EEXIST) repeats for this stack as long as the other stack holds
-         * the bucket, which is forever: remembered too, so the place is not unwound again */
-        if (sid >= 0 || sid == -17)
+        /* a collision in both maps (-EEXIST) repeats for this stack as long as the other stacks
+         * hold the buckets, which is forever: remembered too, so the place is not unwound again */
+        if (sid >= 0 || sid == -SL_EEXIST)
             native_memo.update(&nk, &sid);
 #endif
     }

@@ -5,6 +5,10 @@
  *   SL_MAX_SPECS         size of the probe-spec array (entries of bpf/probes.toml)
  *   SL_RINGBUF_PAGES     ring buffer size in pages (power of two)
  *   SL_STACK_ENTRIES     entries of the native stack-trace map
+ *   SL_STACK_ENTRIES_2   entries of the second stack map, for stacks whose bucket in the first
+ *                        one another stack holds (sl_user_stackid)
+ *   SL_NATIVE_MEMO_ENTRIES  entries of gpu.bpf.c's native-stack memo (SL_NO_NATIVE_REUSE: none)
+ *   SL_TEST_STACK_RETRY  tests only: every stack also goes to the second map, as after a collision
  *   SL_OP_DEPTH          depth of the per-thread operator shadow stack (a power of two:
  *                        indices are masked with SL_OP_DEPTH - 1 for the verifier)
  *   SL_OP_PATHS          entries of the op-path map and of the op-count overflow map
@@ -47,6 +51,11 @@ typedef uint64_t u64;
 #ifndef SL_RINGBUF_PAGES
 #define SL_RINGBUF_PAGES 4096
 #endif
+#ifndef SL_STACK_ENTRIES_2
+#define SL_STACK_ENTRIES_2 4096
+#endif
+#define SL_STACK_IN_2 (1 << 30)   /* a stack id with this bit set is in stacks2 */
+#define SL_EEXIST 17
 #ifndef SL_STACK_ENTRIES
 #define SL_STACK_ENTRIES 16384
 #endif
@@ -94,7 +103,8 @@ static __always_inline u32 sl_op_idx(u32 i)
 /* counters (index into the `counters` per-CPU array) */
 #define SL_C_EVENTS 0          /* events submitted to the ring buffer */
 #define SL_C_DROPS 1           /* ring buffer full: event lost */
-#define SL_C_STACK_ERR 2       /* bpf_get_stackid failed (collision, fault) */
+#define SL_C_STACK_ERR 2       /* events without their native stack: bpf_get_stackid failed
+                                * (collision in both maps, fault), or the memo remembers it did */
 #define SL_C_OP_OVERFLOW 3     /* op shadow stack deeper than SL_OP_DEPTH */
 #define SL_C_OP_CALLS 4        /* unused: op calls = sum of op_counts (stats()) */
 #define SL_C_OPPATH_FULL 5     /* op-path map full */
@@ -106,6 +116,7 @@ static __always_inline u32 sl_op_idx(u32 i)
 #define SL_C_RESERVE_RETRY_OK 11 /* a ring write failed, and its immediate retry worked */
 #define SL_C_RING_FALLBACK 12  /* events the ring refused twice, sent through events_fb instead */
 #define SL_C_NATIVE_REUSED 13  /* launch events that reused a native stack id of the same thread, place and context */
+#define SL_C_STACK_MAP2 14      /* stacks kept in the second map after a collision in the first */
 #define SL_NCOUNTERS 16
 
 /* One probe target of bpf/probes.toml, as the generic API programs need it.
@@ -181,6 +192,7 @@ BPF_RINGBUF_OUTPUT(events, SL_RINGBUF_PAGES);
 /* per-CPU perf buffers: only for events the ring refused (see sl_emit); user space drains both */
 BPF_PERF_OUTPUT(events_fb);
 BPF_STACK_TRACE(stacks, SL_STACK_ENTRIES);
+BPF_STACK_TRACE(stacks2, SL_STACK_ENTRIES_2);
 BPF_PERCPU_ARRAY(counters, u64, SL_NCOUNTERS);
 /* the operator shadow stack lives in the thread's task storage: one pointer chase from the
  * task (no hash, no LRU list), created at the thread's first op, freed with the thread */
@@ -197,6 +209,29 @@ static __always_inline void sl_count(u32 idx)
     u64 *c = counters.lookup(&idx);
     if (c)
         (*c)++;
+}
+
+/* The user stack's id. A stack map holds one stack per hash bucket and, without the REUSE flag,
+ * refuses (-EEXIST) a stack whose bucket another one holds, for good: a hot launch site would
+ * lose its stack for the session. Such a stack goes to a second, smaller map (its own buckets:
+ * a second collision needs two refused stacks sharing one), its id marked SL_STACK_IN_2. Ids
+ * are never reused: neither map is cleared, and nothing replaces a bucket. */
+static __always_inline int sl_user_stackid(void *ctx)
+{
+    int sid = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+#ifdef SL_TEST_STACK_RETRY
+    if (sid >= 0)
+        sid = -SL_EEXIST;
+#endif
+    if (sid == -SL_EEXIST) {
+        int s2 = stacks2.get_stackid(ctx, BPF_F_USER_STACK);
+        if (s2 >= 0) {
+            sl_count(SL_C_STACK_MAP2);
+            return s2 | SL_STACK_IN_2;
+        }
+        sid = s2;
+    }
+    return sid;
 }
 
 /* Since Linux 6.16 the ring's producer lock is a resilient spinlock whose acquisition can fail

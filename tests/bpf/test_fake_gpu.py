@@ -40,7 +40,7 @@ def test_cuda_launch_alloc_copy_sync(bpf_ok, fake_libs, start_target):
 
     launches = [e for e in evs if e.api == "cuLaunchKernel"]
     assert len(launches) == N + M
-    # a loop launching from one place unwinds once, then reuses the thread's stack id (gpu.bpf.c);
+    # a loop launching from one place unwinds once, then reuses the place's stack id (gpu.bpf.c);
     # the asserts below check that every reused stack still names its own caller
     assert reused >= N + M - 8, reused
     a = [e for e in launches if e.kernel_name == "fwd_kernel"]
@@ -90,14 +90,17 @@ def test_cuda_launch_alloc_copy_sync(bpf_ok, fake_libs, start_target):
                 (app, "<module>", lines[fn]), (app, fn, body[fn])], e.py_stack
 
 
-def test_native_stacks_are_unwound_once_per_place_when_launch_sites_alternate(bpf_ok, fake_libs, start_target):
+@pytest.mark.parametrize("second_map", [False, True], ids=["stacks", "stacks2"])
+def test_native_stacks_are_unwound_once_per_place_when_launch_sites_alternate(bpf_ok, fake_libs, start_target,
+                                                                              second_map):
     """A training step launches from hundreds of places in turn. The memo of native stack ids is
-    keyed by place (stack pointer, return address, operator path, Python stack), so each place
-    is unwound once, not once per change of place; every reused stack still names its own
-    caller."""
+    keyed by place (stack and frame pointer, return address, operator path, Python stack), so
+    each place is unwound once, not once per change of place; every reused stack still names its
+    own caller. stacks2: every stack goes to the second stack map, as one does after a bucket
+    collision in the first (SL_TEST_STACK_RETRY), and reads back whole."""
     rounds = 40
     t = start_target("alternating_launches.py", str(fake_libs["dir"]), str(rounds))
-    s, _ = _attach(t.pid)
+    s, _ = _attach(t.pid, extra_cflags=("-DSL_TEST_STACK_RETRY",) if second_map else ())
     try:
         t.send()
         assert t.readline().strip() == "done"
@@ -108,6 +111,10 @@ def test_native_stacks_are_unwound_once_per_place_when_launch_sites_alternate(bp
     launches = [e for e in evs if e.api == "cuLaunchKernel"]
     assert len(launches) == 2 * rounds
     assert st["native_stacks_reused"] >= 2 * rounds - 4, st    # one unwind per place (+ slack)
+    assert st["stack_errors"] == 0, st
+    if second_map:
+        assert 2 <= st["stacks_in_map2"] <= 4, st
+    assert all(e.native_stack[-1].name == "cuLaunchKernel" for e in launches)
     for e in launches:
         names = _names(e.native_stack)
         own, other = (("app_forward_launches", "app_backward_launches") if e.kernel_name == "fwd_kernel"
