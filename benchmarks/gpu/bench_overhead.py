@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "targets"))
 
-from gpu_control import Target, TargetError, rss_bytes  # noqa: E402
+from gpu_control import PIN_ENV, Target, cpu_list, cpu_spec, rss_bytes  # noqa: E402
 
 ALL = ("resnet50", "gpt2", "vit", "launch", "jax")
 STEPS = {"resnet50": 40, "gpt2": 30, "vit": 120, "launch": 120, "jax": 100}  # ~1 s+ per phase
@@ -63,7 +63,9 @@ AGENT_VARIANTS = {
     "agent_no_sampler": {"sample_hz": 0.1},   # CUPTI alone (one sample every ~10 s)
     "agent_hz100": {"sample_hz": 100},        # the sampler at 100 Hz (the default is 20 Hz)
     "agent_copy": {"gpu_ref": False},         # CUPTI buffers copied and sent (before cupti_ref)
-    "agent_no_flush": {"gpu_flush": False},   # no cuptiActivityFlushAll(0) each second (CUPTI's period only)
+    # no cuptiActivityFlushAll(0) each second, CUPTI's own periodic flush only: it may return only
+    # full buffers, so partly filled buffers then wait until they fill or until detach
+    "agent_no_flush": {"gpu_flush": False},
     "agent_switch5": {"switch_s": 0.005},     # CPython's default GIL switch interval, not the bootstrap's 0.5 ms
 }
 SPLIT = ("agent_no_gpu", "agent_no_sampler", "agent_hz100", "agent_copy")   # --round-set split
@@ -84,15 +86,20 @@ def round_variant(key: str) -> tuple[bool, dict | None, dict | None]:
 
 
 def round_set(spec: str) -> list[str]:
-    """--round-set: core (probes and agent), split (+ the agent's parts), or a comma list of variants."""
-    if spec == "core":
-        return []
-    if spec == "split":
-        return list(SPLIT)
-    keys = [k for k in spec.split(",") if k]
-    for k in keys:
+    """--round-set: the variants each round runs after probes and agent (which always run).
+    A comma list of: core (nothing more), split (the SPLIT variants), or variant keys (see
+    round_variant); "split,agent_no_flush" = the SPLIT ones, then agent_no_flush. Duplicates
+    are dropped (the first place counts); an unknown key raises ValueError."""
+    keys: list[str] = []
+    for k in (x.strip() for x in spec.split(",")):
+        if not k or k == "core":
+            continue
+        if k == "split":
+            keys += SPLIT
+            continue
         round_variant(k)   # raises on an unknown key
-    return keys
+        keys.append(k)
+    return list(dict.fromkeys(keys))
 
 
 # session stats kept with each memory sample (plus every drop/lost counter)
@@ -215,9 +222,12 @@ class Runner:
         res: dict = {"workload": name, "steps": n, "phases": {}, "status": "ok"}
         ph = res["phases"]
         args = [name] + (["--cpu-smoke"] if a.cpu_smoke else [])
-        log(f"{name}: starting target ({' '.join(args)})")
+        # the target pins itself at its start (before importing torch): --pin-target's CPUs, or
+        # with --pin-bench alone the bench's CPUs from before it pinned itself (not inherited ones)
+        env = {PIN_ENV: a.target_cpus} if a.target_cpus else None
+        log(f"{name}: starting target ({' '.join(args)})" + (f", {PIN_ENV}={a.target_cpus}" if env else ""))
         try:
-            t = Target("gpu_workloads.py", args, stderr_path=self.out / f"{name}.stderr.log",
+            t = Target("gpu_workloads.py", args, env=env, stderr_path=self.out / f"{name}.stderr.log",
                        ready_timeout=max(60.0, min(600.0, self.left())))
         except Exception as e:  # noqa: BLE001
             res["status"] = f"failed: target did not start: {err_text(e)}"
@@ -225,8 +235,8 @@ class Runner:
             return res
         res["target"] = t.info
         res["pid"] = t.pid
-        if a.pin_target:
-            res["target"]["pinned_threads"] = pin_process(t.pid, cpu_list(a.pin_target))
+        if a.target_cpus:   # a check: all its threads should already be there (pinned from its start)
+            res["target"].update(pin_process(t.pid, cpu_list(a.target_cpus)))
         log(f"{name}: ready pid {t.pid}: {t.info.get('impl')}")
         per_step: float | None = None
         dead = False
@@ -311,7 +321,7 @@ class Runner:
                     phase(vkey + sfx, attached(agent, probe_kw, agent_config=cfg))
                     phase("plain_after_" + vkey + sfx, plain)
             res["target"]["maps_lines_attached"] = maps_lines(t.pid)
-            res["round_mode"] = a.round_set
+            res["round_mode"] = a.round_set or "core"
             if not is_jax:  # last: Kineto leaves a cost behind (measured), see ratio_clean
                 phase("torchprof", torchprof(False))
                 phase("plain_after_torchprof", plain)
@@ -366,27 +376,34 @@ class Runner:
             r = ph[key]
             if is_plain[i] or not r.get("median_s"):
                 continue
-            around = [ph[keys[j]].get("median_s") for j in
-                      (next((j for j in range(i - 1, -1, -1) if is_plain[j]), None),
-                       next((j for j in range(i + 1, len(keys)) if is_plain[j]), None)) if j is not None]
-            around = [m for m in around if m]
-            if around:
+            # the nearest unprofiled phase on each side (that measured something)
+            near = [j for j in (next((j for j in range(i - 1, -1, -1) if is_plain[j]), None),
+                                next((j for j in range(i + 1, len(keys)) if is_plain[j]), None))
+                    if j is not None and ph[keys[j]].get("median_s")]
+            if near:
+                around = [ph[keys[j]]["median_s"] for j in near]
                 r["ratio_local"] = r["median_s"] / (sum(around) / len(around))
-                host = [ph[keys[j]].get("host_median_s") for j in
-                        (i - 1, i + 1) if 0 <= j < len(keys) and is_plain[j] and ph[keys[j]].get("host_median_s")]
-                if host and r.get("host_median_s"):   # the host part of a step (until step() returns)
+                # the host part of a step (until step() returns), against the same phases
+                host = [ph[keys[j]].get("host_median_s") for j in near]
+                if all(host) and r.get("host_median_s"):
                     r["host_ratio_local"] = r["host_median_s"] / (sum(host) / len(host))
         # torch.profiler runs last and leaves a cost in the process (Kineto: 1.2-1.4x measured), so
         # the unprofiled phases after it are slow: its ratio against the clean ones before it
-        clean = []
-        for key in keys:
+        clean, clean_host = [], []
+        for i, key in enumerate(keys):
             if key.startswith("torchprof"):
                 break
-            if is_plain[keys.index(key)] and ph[key].get("median_s"):
+            if is_plain[i] and ph[key].get("median_s"):
                 clean.append(ph[key]["median_s"])
+                if ph[key].get("host_median_s"):
+                    clean_host.append(ph[key]["host_median_s"])
         for key in keys:
-            if key.startswith("torchprof") and clean and ph[key].get("median_s"):
+            if not key.startswith("torchprof"):
+                continue
+            if clean and ph[key].get("median_s"):
                 ph[key]["ratio_clean"] = ph[key]["median_s"] / statistics.median(clean)
+            if clean_host and ph[key].get("host_median_s"):
+                ph[key]["host_ratio_clean"] = ph[key]["host_median_s"] / statistics.median(clean_host)
         rounds: dict[str, list[float]] = {}
         for key, r in ph.items():
             x = r.get("ratio_clean") or r.get("ratio_local")
@@ -410,8 +427,9 @@ class Runner:
                 if r.get("cpu_main_s") is not None:
                     d.setdefault("cpu_main_ms", []).append(r["cpu_main_s"] / n * 1e3)
                     d.setdefault("cpu_process_ms", []).append(r["cpu_process_s"] / n * 1e3)
-                if r.get("host_ratio_local"):
-                    d.setdefault("host_ratio", []).append(r["host_ratio_local"])
+                hr = r.get("host_ratio_clean") or r.get("host_ratio_local")   # as the step ratio
+                if hr:
+                    d.setdefault("host_ratio", []).append(hr)
             res["step_split"] = {k: {m: round(statistics.median(v), 4) for m, v in d.items()}
                                  for k, d in split.items()}
         mem = ph.get("memory", {})
@@ -505,25 +523,21 @@ def maps_lines(pid: int) -> int | None:
         return None
 
 
-def cpu_list(spec: str) -> set[int]:
-    """"4-7,12" -> {4, 5, 6, 7, 12}"""
-    out: set[int] = set()
-    for part in filter(None, spec.split(",")):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def pin_process(pid: int, cpus: set[int]) -> int:
-    """Every thread of pid on these CPUs (threads it creates later inherit); returns how many."""
-    n = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
+def pin_process(pid: int, cpus: set[int]) -> dict:
+    """Every thread of pid on these CPUs (threads it creates later inherit). The target pinned
+    itself at its start, so this is a check (how many threads were already there) that also moves
+    any thread that was not (e.g. one a library started with its own affinity)."""
+    n = already = 0
+    tids = os.listdir(f"/proc/{pid}/task")
+    for tid in tids:
         try:
+            if os.sched_getaffinity(int(tid)) == cpus:
+                already += 1
             os.sched_setaffinity(int(tid), cpus)
             n += 1
-        except OSError:
+        except (ProcessLookupError, FileNotFoundError):
             pass   # a thread that just exited
-    return n
+    return {"threads": len(tids), "threads_on_cpus_before_pin": already, "pinned_threads": n}
 
 
 def cpu_topology() -> dict:
@@ -542,7 +556,9 @@ def environment(args) -> dict:
            "host": platform.node(), "kernel": platform.release(), "python": sys.version.split()[0],
            "argv": sys.argv, "cpu_smoke": args.cpu_smoke, "cpus": os.cpu_count(),
            "session": "ProcessSession(pid, agent=False|True) defaults: cpu_hz=99, ops=True",
-           "pin_target": args.pin_target, "pin_bench": args.pin_bench, "cpu_siblings": cpu_topology()}
+           "pin_target": args.pin_target, "pin_bench": args.pin_bench,
+           "bench_cpus_before_pin": args.bench_cpus, "target_cpus": args.target_cpus,
+           "cpu_siblings": cpu_topology()}
     if shutil.which("nvidia-smi"):
         try:
             env["nvidia_smi"] = subprocess.run(
@@ -750,24 +766,45 @@ def main(argv=None) -> int:
     ap.add_argument("--jax-agent", action="store_true", help="also run the agent phase on JAX")
     ap.add_argument("--agent-variants", default="",
                     help="workloads (comma list) measured as interleaved rounds of probes / agent / "
-                         + " / ".join(AGENT_VARIANTS) + " (then torch.profiler once)")
+                         "the --round-set variants (then torch.profiler once)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds for --agent-variants")
     ap.add_argument("--round-set", default="split",
-                    help="split: probes, agent and the agent's parts per round; core: probes and agent; "
-                         "or a comma list of variants (" + ", ".join(AGENT_VARIANTS) + ", "
-                         + ", ".join(PROBE_VARIANTS) + ", agent_<x> for probes_<x>)")
-    ap.add_argument("--pin-target", default="", help="CPU list for every thread of each target (e.g. 4-7)")
-    ap.add_argument("--pin-bench", default="", help="CPU list for this process (the daemon side), e.g. 8-15")
+                    help="what each round runs after probes and agent, a comma list of: core (nothing "
+                         "more), split (" + ", ".join(SPLIT) + "), or variants (" + ", ".join(AGENT_VARIANTS)
+                         + ", " + ", ".join(PROBE_VARIANTS) + ", agent_<x> for probes_<x>); "
+                         "e.g. split,agent_no_flush")
+    ap.add_argument("--pin-target", default=None,
+                    help="CPU list for every thread of each target (e.g. 4-7), from the target's start")
+    ap.add_argument("--pin-bench", default=None,
+                    help="CPU list for this process (the daemon side), e.g. 8-15; without --pin-target "
+                         "the targets keep the CPUs this process had before")
     ap.add_argument("--deadline-s", type=float, default=3600.0, help="skip phases that would start after this")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU sizes (harness test without a GPU)")
     a = ap.parse_args(argv)
     try:
         round_set(a.round_set)
-        pins = [cpu_list(x) for x in (a.pin_target, a.pin_bench)]
     except ValueError as e:
         ap.error(str(e))
-    if a.pin_bench:
-        os.sched_setaffinity(0, pins[1])   # threads started from here on inherit it
+    allowed = os.sched_getaffinity(0)   # before the bench pins itself
+    pins: dict[str, set[int]] = {}
+    for opt, spec in (("--pin-target", a.pin_target), ("--pin-bench", a.pin_bench)):
+        if spec is None:
+            continue
+        try:
+            cpus = cpu_list(spec)   # an empty or malformed list is an error
+        except ValueError as e:
+            ap.error(f"{opt}: {e}")
+        if not cpus <= allowed:
+            ap.error(f"{opt} {spec}: CPUs {cpu_spec(cpus - allowed)} are not among this process's "
+                     f"CPUs ({cpu_spec(allowed)})")
+        pins[opt] = cpus
+    a.bench_cpus = cpu_spec(allowed)
+    # what each target pins itself to at its start: --pin-target, or with --pin-bench alone the
+    # CPUs the bench had before pinning (else the targets would inherit the bench's pinning)
+    a.target_cpus = (cpu_spec(pins["--pin-target"]) if "--pin-target" in pins
+                     else a.bench_cpus if "--pin-bench" in pins else "")
+    if "--pin-bench" in pins:
+        os.sched_setaffinity(0, pins["--pin-bench"])   # threads started from here on inherit it
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:

@@ -12,10 +12,24 @@
 # GT_STEPS (ground-truth steps, default 100); PY (python to use); MEM_WORKLOAD (memory phase's workload);
 # GPU_TESTS=0 skips the tests; MEMORY_ONLY=1 runs only the memory phase (+ unprofiled, torch.profiler).
 # MEM_BG=1 [MEM_BG_S=620 MEM_BG_GPU=1]: the memory run in the background on a second GPU (below).
-# AGENT_VARIANTS (workloads measured as ROUNDS interleaved rounds of probes / agent / the agent's
-# parts alone: sampler only, CUPTI only; default none, ROUNDS default 3; ROUND_SET=core: probes and
-# agent only). JAX_AGENT=1: the agent phases on JAX too. PIN_TARGET / PIN_BENCH (CPU lists, e.g.
-# 4-7 / 8-15): every thread of each target, and the benchmark (daemon) process, on those CPUs.
+# AGENT_VARIANTS (workloads measured as ROUNDS interleaved rounds; default none, ROUNDS default 3):
+# each round runs probes, agent, then the ROUND_SET variants, each followed by an unprofiled phase.
+# ROUND_SET is a comma list (default split; duplicates run once) of:
+#   core               nothing more (probes and agent only)
+#   split              agent_no_gpu, agent_no_sampler, agent_hz100, agent_copy
+#   agent_no_gpu       the Python sampler alone (no CUPTI)
+#   agent_no_sampler   CUPTI alone (the sampler at 0.1 Hz)
+#   agent_hz100        the sampler at 100 Hz (default 20 Hz)
+#   agent_copy         CUPTI buffers copied and sent (no cupti_ref)
+#   agent_no_flush     no cuptiActivityFlushAll each second (CUPTI's own periodic flush only)
+#   agent_switch5      CPython's default 5 ms GIL switch interval
+#   probes_no_pystacks, probes_no_native, probes_no_ops, probes_bare   the probe variants alone
+#   agent_no_pystacks, agent_no_native, agent_no_ops, agent_bare       the agent over that probe variant
+# e.g. ROUND_SET=split,agent_no_flush. JAX_AGENT=1: the agent phases on JAX too.
+# PIN_TARGET / PIN_BENCH (CPU lists, e.g. 4-7 / 8-15, within the CPUs this runs on): PIN_TARGET
+# applies from the target's start (it pins itself before importing torch, so start-up, warm-up and
+# every thread it starts are on those CPUs); PIN_BENCH puts the benchmark (daemon) process on its
+# CPUs, and without PIN_TARGET the targets keep the CPUs the benchmark had before it pinned itself.
 # The long memory run:  GPU_TESTS=0 JAX_CHECK=0 MEMORY_ONLY=1 WORKLOADS=resnet50 MEM_S=560 BUDGET_S=590
 # $OUT receives run_all.log, env.txt, overhead.md, check_jax.json and raw.tgz (everything else).
 # Every step is timestamped; a failing step is reported and the next one still runs.
@@ -28,7 +42,7 @@ CPU=0
 for arg in "$@"; do
   case "$arg" in
     --cpu|--dry-run) CPU=1 ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    -h|--help) awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
     *) echo "run_all: unknown argument $arg" >&2; exit 2 ;;
   esac
 done

@@ -34,6 +34,49 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+PIN_ENV = "STACKLENS_PIN_CPUS"   # a CPU list the target pins itself to at its start (pin_self_from_env)
+
+
+def cpu_list(spec: str) -> set[int]:
+    """"4-7,12" -> {4, 5, 6, 7, 12}; ValueError on an empty or malformed list ("7-4", "x", "4,,5")."""
+    out: set[int] = set()
+    parts = spec.strip().split(",")
+    for part in parts:
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"bad CPU list {spec!r}: {part!r} is not N or N-M")
+        lo_i, hi_i = int(lo), int(hi) if dash else int(lo)
+        if hi_i < lo_i:
+            raise ValueError(f"bad CPU list {spec!r}: range {part!r} runs backwards")
+        out.update(range(lo_i, hi_i + 1))
+    return out
+
+
+def cpu_spec(cpus) -> str:
+    """{4, 5, 6, 7, 12} -> "4-7,12" (what cpu_list reads back)."""
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [c]
+    if run:
+        out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ",".join(out)
+
+
+def pin_self_from_env() -> str | None:
+    """Pin the calling thread (a target's main thread, before it starts any other) to the CPUs in
+    $STACKLENS_PIN_CPUS; threads it creates later inherit them. Returns the list, None if unset."""
+    spec = os.environ.get(PIN_ENV, "").strip()
+    if not spec:
+        return None
+    os.sched_setaffinity(0, cpu_list(spec))
+    return spec
+
+
 class Target:
     def __init__(self, script: str, args: list[str], *, env: dict[str, str] | None = None,
                  stderr_path: str | os.PathLike[str] | None = None, ready_timeout: float = 600.0,

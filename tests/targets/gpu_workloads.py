@@ -9,6 +9,9 @@ Prints `ready {json}` once built and warmed up, then reads commands on stdin, on
   rss                 RSS now
   quit
 Random weights and data, nothing is downloaded. --cpu-smoke: tiny sizes on the CPU (harness tests).
+$STACKLENS_PIN_CPUS (a CPU list, e.g. 4-7): the target pins itself to those CPUs first thing, before
+torch or JAX is imported, so start-up, warm-up, the thread pools' sizing and every thread it starts
+are on them (the `ready` line reports the affinity as `cpus`).
 Model sources: torchvision / transformers / timm when importable, else a built-in equivalent of
 the same architecture (reported as `impl` in the ready line).
 """
@@ -283,6 +286,11 @@ def build_jax(smoke: bool):
 
 
 def main() -> int:
+    # first, before torch/JAX start threads or size their pools from the affinity: every thread
+    # created from here on inherits the main thread's CPUs
+    from gpu_control import cpu_spec, pin_self_from_env
+
+    pinned = pin_self_from_env()
     ap = argparse.ArgumentParser()
     ap.add_argument("workload", choices=sorted(TORCH_BUILDERS) + ["jax"])
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on the CPU")
@@ -291,7 +299,8 @@ def main() -> int:
     a = ap.parse_args()
 
     is_torch = a.workload != "jax"
-    info: dict = {"workload": a.workload, "pid": os.getpid(), "python": sys.version.split()[0]}
+    info: dict = {"workload": a.workload, "pid": os.getpid(), "python": sys.version.split()[0],
+                  "pinned_at_start": pinned}
     if is_torch:
         import torch
 
@@ -325,15 +334,19 @@ def main() -> int:
     info["warmup_steps"] = warm
     info["warmup_s"] = round(time.perf_counter() - t0, 3)
     info["rss_bytes"] = rss_bytes()
+    info["cpus"] = cpu_spec(os.sched_getaffinity(0))
+    info["threads_at_ready"] = len(os.listdir("/proc/self/task"))
     sys.stdout.write("ready " + json.dumps(info) + "\n")
     sys.stdout.flush()
 
     cpu_split: dict = {}
 
     def run(n: int) -> list[float]:
-        """n steps; their wall times. ``cpu_split`` gets where each step's time went: the host
-        part (until step() returns: Python, framework, launches), the wait in sync() (the device
-        still busy), and the main thread's and the whole process's CPU time over the n steps."""
+        """n steps; their wall times (step() and sync(): until the device is done). ``cpu_split``
+        gets the host part of each step (until step() returns: Python, framework, launches) and
+        the main thread's and the whole process's CPU time over the n steps. The wait in sync()
+        (the device still busy) is not recorded on its own: it is step - host. For JAX the step
+        blocks until the result is ready (sync() does nothing), so there host == step."""
         times, host = [], []
         thread0, proc0 = time.thread_time(), time.process_time()
         for _ in range(n):
