@@ -7,23 +7,22 @@ that start with each kind of instruction, unprobed and with an empty BPF uprobe,
 first instruction bytes of the functions stacklens probes (libcuda launch/copy/sync symbols
 from bpf/probes.toml, libtorch `at::_ops::*::call`).
 
-    python benchmarks/bench_uprobe_sites.py [--calls N] [--lib DIR-with-libcuda] [--torch]
+    python benchmarks/bench_uprobe_sites.py [--calls N] [--lib PATH/libcuda.so.1 ...] [--torch]
 
 Needs root and BCC for the timing part, a C compiler (or --prebuilt PATH) for the test library.
+The test library is built with -fcf-protection=none (else GCC may put endbr64 in front of the
+naked functions) and each site's first instruction is checked against its name before timing.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
-import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,14 +51,35 @@ def c_source() -> str:
     return "\n".join(out) + "\n"
 
 
-def build(prebuilt: str | None) -> str:
+# what first_op must say for each site (a site that starts otherwise would time another
+# instruction); for the "other" kinds, the start of their bytes
+EXPECTED_OP = {"push_rbp": "push", "push_r15": "push", "nop": "nop", "nop5": "nop5",
+               "endbr64_push": "endbr64 + push", "sub_rsp": "other:4883ec08", "mov_reg": "other:4889f8",
+               "mov_rsp": "other:4889e0", "xor": "other:31c0"}
+
+
+def build(prebuilt: str | None, workdir: str) -> str:
     if prebuilt:
         return prebuilt
-    d = tempfile.mkdtemp(prefix="stacklens-usites-")
-    src, lib = Path(d, "sites.c"), Path(d, "libsites.so")
+    src, lib = Path(workdir, "sites.c"), Path(workdir, "libsites.so")
     src.write_text(c_source())
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-fcf-protection=none", "-o", str(lib), str(src)],
+                   check=True)
     return str(lib)
+
+
+def check_sites(lib: str) -> None:
+    """Each site_<kind> must start with the instruction its name says; SystemExit if one does not."""
+    got = entry_bytes(lib, [f"site_{k}" for k in KINDS])
+    bad = []
+    for k in KINDS:
+        h = got.get(f"site_{k}")
+        op = first_op(h) if h is not None else "missing"
+        want = EXPECTED_OP[k]
+        if not (op.startswith(want) if want.startswith("other:") else op == want):
+            bad.append(f"site_{k}: starts with {op} ({h}), expected {want}")
+    if bad:
+        sys.exit(f"{lib}: sites do not start with their instruction:\n  " + "\n  ".join(bad))
 
 
 def time_calls(lib: str, sym: str, n: int) -> float:
@@ -108,11 +128,15 @@ def entry_bytes(path: str, names: list[str] | None, name_filter: bytes | None = 
 
 
 def first_op(hexbytes: str) -> str:
+    """The kind of the first instruction: push (push %r, incl. REX.B push %r8-15), nop, nop5,
+    "endbr64 + <next>", or other:<first bytes>; safe on short input."""
     b = bytes.fromhex(hexbytes)
     if b[:4] == bytes.fromhex("f30f1efa"):
         return "endbr64 + " + first_op(b[4:].hex())
-    if b[:1] == b"\x55" or (b[:1] == b"\x41" and 0x50 <= b[1] <= 0x57) or 0x50 <= b[0] <= 0x57:
+    if (b and 0x50 <= b[0] <= 0x57) or (len(b) >= 2 and b[0] == 0x41 and 0x50 <= b[1] <= 0x57):
         return "push"
+    if b[:1] == b"\x90":
+        return "nop"
     if b[:5] == bytes.fromhex("0f1f440000"):
         return "nop5"
     return "other:" + b[:4].hex()
@@ -122,16 +146,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=200_000)
     ap.add_argument("--prebuilt", help="a libsites.so built from this file's c_source()")
-    ap.add_argument("--lib", action="append", default=[], help="a libcuda/libamdhip64 to list (repeatable)")
+    ap.add_argument("--lib", action="append", default=[],
+                    help="path of a libcuda / libamdhip64 library file to list (repeatable)")
     ap.add_argument("--torch", action="store_true", help="also list libtorch op entries (imports torch)")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     res: dict = {"kernel": os.uname().release}
     if not a.no_timing:
-        print(f"uprobe hit cost by entry instruction ({a.calls} calls each), kernel {res['kernel']}:")
-        res["timing"] = timing(build(a.prebuilt), a.calls)
-    symbols = [p["symbol"] for p in tomllib.loads((REPO / "bpf" / "probes.toml").read_text())["probe"]]
+        with tempfile.TemporaryDirectory(prefix="stacklens-usites-") as workdir:
+            lib = build(a.prebuilt, workdir)
+            check_sites(lib)
+            print(f"uprobe hit cost by entry instruction ({a.calls} calls each), kernel {res['kernel']}:")
+            res["timing"] = timing(lib, a.calls)
+    from stacklens.bpf.spec import load_specs
+
+    symbols = list(dict.fromkeys(s.symbol for s in load_specs()))
     for lib in a.lib:
         got = entry_bytes(lib, symbols)
         res.setdefault("libs", {})[lib] = got
