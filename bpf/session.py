@@ -23,8 +23,8 @@ from stacklens.procfs import ProcFS
 
 from . import program
 from .events import AttachReport, Event, LibraryAttach, make_event
-from .events_abi import (COUNTERS, SL_STACK_IN_2, SL_BLOB, SL_EV_API, SL_EV_NAME, SL_EV_SAMPLE, SL_NAME, SL_NARGS, SlEvent,
-                         SlOpPath, SlSpec)
+from .events_abi import (COUNTERS, SL_BLOB, SL_EV_NAME, SL_EV_SAMPLE, SL_NAME, SL_NARGS, SL_STACK_IN_2,
+                         SlEvent, SlSpec)
 from .frames import Frame
 from .ops import LIBTORCH_RE, OpSymbol, find_op_symbols, select_ops
 from .procmaps import UNKNOWN as UNKNOWN_FRAME
@@ -51,6 +51,7 @@ _tuple_new = tuple.__new__  # Event is a tuple subclass (bpf/events.py)
 _NO_ARGS: dict = {}  # shared by every sample (Event.args is read-only by contract)
 _KIND = struct.Struct("<I")
 TRUNCATED = Frame.other("[truncated]")
+STACK_DEPTH = 127  # frames a BPF stack-map walk holds (perf_event_max_stack): a full walk may be cut
 TRUNCATED_STACK = (TRUNCATED,)
 PY_LOST = (Frame.other("[python stack lost]"),)  # id evicted from the LRU map before we read it
 PY_MAX_DEPTH = 48
@@ -69,16 +70,17 @@ FALLBACK_OPS = ("aten::linear", "aten::addmm", "aten::matmul", "aten::mm", "aten
 # (aten::t is a VIEW_OPS op: select_ops leaves it out unless all_ops / an op_filter asks for it)
 
 
-def native_frames(addrs: list[int], frame) -> tuple[tuple[Frame, ...], bool]:
+def native_frames(addrs: list[int], frame, walked: int | None = None) -> tuple[tuple[Frame, ...], bool]:
     """A frame-pointer walk (innermost-first addresses, as BPF returns them) -> outermost-first
     frames, and whether the walk was cut: it ends at the first address outside every
     executable mapping (`[unknown]`: the walk read garbage there, e.g. a caller that does not keep
     frame pointers), at the map's depth limit, or anywhere but a thread's entry (_start,
     start_thread, clone): then a `[truncated]` frame leads. JIT code (`[anon]`) and the vDSO
     are real frames of the stack and do not end it. Runs of unsymbolized frames of one library
-    collapse into one."""
+    collapse into one. `walked`: how many addresses the walk itself gave (default all of them;
+    fewer when the direct caller was added to them)."""
     inner: list[Frame] = []
-    cut = len(addrs) >= 127
+    cut = (len(addrs) if walked is None else walked) >= STACK_DEPTH
     for a in addrs:
         f = frame(a)
         if f == UNKNOWN_FRAME:
@@ -569,13 +571,14 @@ class ProbeSession:
             addrs = list(self._bpf[table].walk(key))
         except Exception:
             addrs = []
+        walked = len(addrs)
         if caller and addrs and (len(addrs) < 2 or addrs[1] != caller):
             addrs.insert(1, caller)  # the direct caller, skipped by the walk at function entry
         if not addrs:
             self._user["stack_lookup_failures"] += 1
             frames: tuple[Frame, ...] = (TRUNCATED,)
         else:
-            frames, cut = native_frames(addrs, self._symbolizer.frame)
+            frames, cut = native_frames(addrs, self._symbolizer.frame, walked)
             if cut:
                 self._user["truncated_stacks"] += 1
         self._stack_cache[(sid, caller)] = frames

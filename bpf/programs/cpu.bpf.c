@@ -34,7 +34,9 @@ int sl_cpu_sample(struct bpf_perf_event_data *ctx)
         sl_count(SL_C_NO_USER_REGS);
     ev->stack_id = -1;
     if (SL_NATIVE_STACKS) {
-        int sid = sl_user_stackid(ctx);
+        /* the first map only: samples are nearly all new stacks (their leaf differs) and
+         * would use up the second map, which keeps launch sites' stacks (sl_user_stackid) */
+        int sid = stacks.get_stackid(ctx, BPF_F_USER_STACK);
         if (sid < 0)
             sl_count(SL_C_STACK_ERR);
         ev->stack_id = sid;

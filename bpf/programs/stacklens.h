@@ -9,6 +9,9 @@
  *                        one another stack holds (sl_user_stackid)
  *   SL_NATIVE_MEMO_ENTRIES  entries of gpu.bpf.c's native-stack memo (SL_NO_NATIVE_REUSE: none)
  *   SL_TEST_STACK_RETRY  tests only: every stack also goes to the second map, as after a collision
+ *   SL_NO_NATIVE_REUSE   gpu.bpf.c: unwind at every launch (no memo; benchmarks)
+ *   SL_BENCH_FANOUT      gpu.bpf.c, benchmarks only: N copies of each event
+ *   SL_BENCH_OP_EMPTY    ops.bpf.c, benchmarks only: an op program that does nothing
  *   SL_OP_DEPTH          depth of the per-thread operator shadow stack (a power of two:
  *                        indices are masked with SL_OP_DEPTH - 1 for the verifier)
  *   SL_OP_PATHS          entries of the op-path map and of the op-count overflow map
@@ -55,10 +58,12 @@ typedef uint64_t u64;
 #define SL_STACK_ENTRIES_2 4096
 #endif
 #define SL_STACK_IN_2 (1 << 30)   /* a stack id with this bit set is in stacks2 */
+_Static_assert(SL_STACK_ENTRIES_2 < SL_STACK_IN_2, "stacks2 ids must stay below the mark");
 #define SL_EEXIST 17
 #ifndef SL_STACK_ENTRIES
 #define SL_STACK_ENTRIES 16384
 #endif
+_Static_assert(SL_STACK_ENTRIES < SL_STACK_IN_2, "stack ids must stay below the stacks2 mark");
 #ifndef SL_OP_DEPTH
 #define SL_OP_DEPTH 32
 #endif
@@ -142,7 +147,8 @@ struct sl_event {
     u64 duration_ns;   /* return probes: time inside the call; 0 otherwise */
     u64 op_hash;       /* hash of the thread's live operator path; 0 = none */
     u32 op_depth;      /* number of live operators (path in the op_paths map) */
-    s32 stack_id;      /* native user stack in `stacks`; -1 = not captured, < -1 = -errno */
+    s32 stack_id;      /* native user stack in `stacks` (in `stacks2` with bit SL_STACK_IN_2 set);
+                        * -1 = not captured, < -1 = -errno */
     u64 py_stack_id;   /* Python stack (pystack.h); 0 = not captured */
     u64 ret;           /* return value (return probes) */
     u64 out;           /* value behind the out-pointer argument (return probes) */
@@ -213,7 +219,8 @@ static __always_inline void sl_count(u32 idx)
 
 /* The user stack's id. A stack map holds one stack per hash bucket and, without the REUSE flag,
  * refuses (-EEXIST) a stack whose bucket another one holds, for good: a hot launch site would
- * lose its stack for the session. Such a stack goes to a second, smaller map (its own buckets:
+ * lose its stack for the session. Such a stack goes to a second, smaller map, for launch sites
+ * only (CPU samples, nearly all new stacks, would use it up; cpu.bpf.c) (its own buckets:
  * a second collision needs two refused stacks sharing one), its id marked SL_STACK_IN_2. Ids
  * are never reused: neither map is cleared, and nothing replaces a bucket. */
 static __always_inline int sl_user_stackid(void *ctx)

@@ -41,3 +41,75 @@ def test_a_walk_that_does_not_reach_a_thread_entry_or_fills_the_map_is_cut():
     deep = [START] + [EVAL] * 126
     addrs, frame = walk(*deep)
     assert native_frames(addrs, frame)[1] is True      # 127 frames: the depth limit
+
+
+class _Table:
+    def __init__(self, stacks):
+        self.stacks = stacks
+
+    def walk(self, key):
+        return iter(self.stacks[key])
+
+
+def _session(stacks, stacks2, frames):
+    """A ProbeSession with only what _stack reads: the two stack maps and a symbolizer."""
+    import types
+
+    from stacklens.bpf.session import ProbeSession
+
+    s = ProbeSession.__new__(ProbeSession)
+    s._bpf = {b"stacks": _Table(stacks), b"stacks2": _Table(stacks2)}
+    s._user = {"stack_lookup_failures": 0, "truncated_stacks": 0}
+    s._stack_cache = {}
+    s._symbolizer = types.SimpleNamespace(frame=frames.__getitem__)
+    return s
+
+
+def test_stack_ids_marked_for_the_second_map_are_read_there_with_the_caller_added():
+    """A launch's walk starts at the API's first instruction and skips its direct caller (rbp is
+    still the caller's); the caller from [sp] goes back in second. Ids with SL_STACK_IN_2 set
+    live in `stacks2` (a collision in the first map), same id space otherwise."""
+    from stacklens.bpf.events_abi import SL_STACK_IN_2
+    from stacklens.bpf.session import ProbeSession
+
+    api, app, launch, other = (Frame.native("libcuda.so.1", "cuLaunchKernel"), Frame.native("app", "main"),
+                               Frame.native("libfakeapp.so", "app_forward_launches"),
+                               Frame.native("libfakeapp.so", "app_backward_launches"))
+    frames = {1: api, 2: app, 3: START, 4: launch, 5: other}
+    s = _session({7: [1, 2, 3]}, {7: [1, 2, 3, 3]}, frames)
+    assert ProbeSession._stack(s, 7, caller=4) == (START, app, launch, api)
+    assert s._stack(7 | SL_STACK_IN_2, caller=5) == (START, START, app, other, api)
+    assert s._stack_cache[(7, 4)] != s._stack_cache[(7 | SL_STACK_IN_2, 5)]
+    assert s._user == {"stack_lookup_failures": 0, "truncated_stacks": 0}
+
+
+def test_a_full_depth_walk_is_cut_but_the_added_caller_does_not_make_one():
+    from stacklens.bpf.session import STACK_DEPTH, ProbeSession
+
+    frames = {1: Frame.native("libcuda.so.1", "cuLaunchKernel"), 2: EVAL, 3: START, 4: MAIN}
+    short = [1] + [2] * (STACK_DEPTH - 3) + [3]           # one short of the limit, ends at _start
+    full = [1] + [2] * (STACK_DEPTH - 2) + [3]            # as deep as the map holds: maybe cut
+    s = _session({1: short, 2: full}, {}, frames)
+    out = ProbeSession._stack(s, 1, caller=4)             # + the caller: 127 addresses, not cut
+    assert out[0] == START and s._user["truncated_stacks"] == 0
+    assert s._stack(2, caller=4)[0] == TRUNCATED
+    assert s._user["truncated_stacks"] == 1
+
+
+def test_header_and_python_agree_on_counters_and_the_stack_mark():
+    """bpf/programs/stacklens.h and bpf/events_abi.py describe the same counters and marks."""
+    import re
+    from pathlib import Path
+
+    from stacklens.bpf import events_abi
+
+    text = (Path(events_abi.__file__).parent / "programs" / "stacklens.h").read_text()
+    defs = dict(re.findall(r"#define (SL_C_\w+) (\d+)", text))
+    used = {int(v) for k, v in defs.items() if k != "SL_C_OP_CALLS"} | {int(defs["SL_C_OP_CALLS"])}
+    assert used == set(range(len(events_abi.COUNTERS)))
+    assert int(re.search(r"#define SL_NCOUNTERS (\d+)", text).group(1)) >= len(events_abi.COUNTERS)
+    for name, counter in (("SL_C_STACK_ERR", "stack_errors"), ("SL_C_NATIVE_REUSED", "native_stacks_reused"),
+                          ("SL_C_STACK_MAP2", "stacks_in_map2"), ("SL_C_EVENTS", "events")):
+        assert events_abi.COUNTERS[int(defs[name])] == counter
+    assert re.search(r"#define SL_STACK_IN_2 \(1 << (\d+)\)", text).group(1) == str(
+        events_abi.SL_STACK_IN_2.bit_length() - 1)
