@@ -202,6 +202,7 @@ class Agent:
         self.cfg = dict(DEFAULTS)
         self.ch = Channel(sock)
         self.stop_requested = False
+        self.detaching = False
         self.gpu = None
         self.jax = None                 # jaxmeta.JaxWatcher once the target has imported jax
         self.gpu_queue = collections.deque()
@@ -237,6 +238,17 @@ class Agent:
 
     def note(self, level, message):
         self.ch.send({"t": "note", "level": level, "msg": str(message)[:2000], "t_ns": time.monotonic_ns()})
+
+    def _note_error(self, what, e, level="error"):
+        """A note "what: Type: message" that never raises (str(e) of a foreign exception may)."""
+        try:
+            try:
+                desc = f"{type(e).__name__}: {e}"
+            except BaseException:
+                desc = f"{type(e).__name__}: <unprintable>"
+            self.note(level, f"{what}: {desc}")
+        except BaseException:
+            pass
 
     def gpu_sink(self, kind, rec):
         """Called from collector threads: never blocks, drops and counts when full."""
@@ -306,13 +318,23 @@ class Agent:
                 sys.setswitchinterval(switch_prev)   # unless the program changed it since
 
     def _loop(self):
-        ch = self.ch
         sampler_mod = _sub("sampler")
         sampler = sampler_mod.Sampler(self.cfg["sample_hz"], self.cfg["max_depth"],
                                       self.cfg["max_overhead"], skip_idents={threading.get_ident()})
-        if self.cfg["gpu"] and not self.stop_requested:
-            self._start_gpu()
         batch = _SampleBatch()
+        # from here on collectors may run in the target: whatever fails, _detach stops them (and it
+        # never raises), and the daemon is told why the agent ended
+        try:
+            if self.cfg["gpu"] and not self.stop_requested:
+                self._start_gpu()
+            self._sample_until_stopped(sampler, batch)
+        except BaseException as e:
+            self._note_error("agent loop failed", e)
+        finally:
+            self._detach(batch, sampler)
+
+    def _sample_until_stopped(self, sampler, batch):
+        ch = self.ch
         flush_s = max(0.02, self.cfg["flush_ms"] / 1000.0)
         now = time.monotonic()
         next_sample, next_flush, next_stats = now, now + flush_s, now + 1.0
@@ -338,7 +360,6 @@ class Agent:
                 next_stats = now + 1.0
             wait = min(next_sample, next_flush) - time.monotonic()
             self._handle(ch.pump(max(0.0, wait)))
-        self._detach(batch, sampler)
 
     def _set_switch_interval(self):
         """switch_s in SWITCH_RANGE_S: that GIL switch interval while attached; returns the one to
@@ -356,6 +377,7 @@ class Agent:
         return prev
 
     def _start_gpu(self):
+        starting = None
         try:
             gpu_mod = _sub("gpu")
             self.gpu = gpu_mod.select_collector(_sub, self.note)
@@ -368,11 +390,18 @@ class Agent:
             if self.gpu is not None and hasattr(self.gpu, "ref"):   # buffers read in place
                 self.gpu.ref = bool(self.cfg["gpu_ref"])
                 self.gpu.max_shipped = max(1, int(self.cfg["max_raw_bytes"]) >> 20)
-            if self.gpu is not None and not self.gpu.start(self.gpu_sink):
-                self.gpu = None
+            if self.gpu is not None:
+                starting = self.gpu
+                if not starting.start(self.gpu_sink):
+                    self.gpu = None
         except BaseException as e:  # a collector must never take the agent (or target) down
             self.gpu = None
-            self.note("warning", f"GPU collector unavailable: {type(e).__name__}: {e}")
+            self._note_error("GPU collector unavailable", e, level="warning")
+            if starting is not None:    # start() failed part-way: what it enabled is disabled
+                try:
+                    starting.stop()
+                except BaseException as e2:
+                    self._note_error("GPU collector stop failed", e2, level="warning")
 
     def _flush(self, batch):
         if batch.samples:
@@ -392,6 +421,8 @@ class Agent:
             return
         try:
             if self.jax is None:
+                if self.detaching:     # a watcher started now would never be stopped
+                    return
                 self.jax = _sub("jaxmeta").JaxWatcher(self.ch.send, self.note)
             self.jax.poll()
         except BaseException as e:
@@ -457,29 +488,39 @@ class Agent:
         self.ch.send(st)
 
     def _detach(self, batch, sampler):
-        if self.jax is not None:
+        """Never raises: the collectors are stopped first, each on its own, so CUPTI activity and
+        the JAX listener are off in the target whatever fails after; then the last records, the
+        stats and "bye" are sent on."""
+        self.detaching = True
+        for what, c in (("JAX support", self.jax), ("GPU collector", self.gpu)):
+            if c is not None:
+                try:
+                    c.stop()
+                except BaseException as e:
+                    self._note_error(f"{what} stop failed", e, level="warning")
+        bye = False
+        try:
+            self._flush(batch)
+            end = time.monotonic() + 2.0
+            # the final forced flush can exceed one batch; buffers left in place wait for the
+            # daemon's "free" (it reads them from our memory); those it never frees are parked
+            while (self.gpu_queue or self.raw_queue or self._gpu_call("shipped", default=0)) \
+                    and time.monotonic() < end \
+                    and not self.ch.closed:
+                self._send_gpu_records()
+                self._handle(self.ch.pump(0.01))
+            self._gpu_call("drop_shipped")
+            self._send_stats(sampler)
+            bye = self.ch.send({"t": "bye"})
+            self.ch.drain(2.0)
+        except BaseException as e:
+            self._note_error("agent detach failed", e)
             try:
-                self.jax.stop()
-            except BaseException as e:
-                self.note("warning", f"JAX support stop failed: {e}")
-        if self.gpu is not None:
-            try:
-                self.gpu.stop()
-            except BaseException as e:
-                self.note("warning", f"GPU collector stop failed: {e}")
-        self._flush(batch)
-        end = time.monotonic() + 2.0
-        # the final forced flush can exceed one batch; buffers left in place wait for the
-        # daemon's "free" (it reads them from our memory); those it never frees are parked
-        while (self.gpu_queue or self.raw_queue or self._gpu_call("shipped", default=0)) \
-                and time.monotonic() < end \
-                and not self.ch.closed:
-            self._send_gpu_records()
-            self._handle(self.ch.pump(0.01))
-        self._gpu_call("drop_shipped")
-        self._send_stats(sampler)
-        self.ch.send({"t": "bye"})
-        self.ch.drain(2.0)
+                if not bye:
+                    self.ch.send({"t": "bye"})
+                self.ch.drain(1.0)
+            except BaseException:
+                pass
 
 
 class _SampleBatch:
