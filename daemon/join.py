@@ -25,6 +25,8 @@ does not call `Joiner.flush()`; it is there for callers that want the counts in 
 from __future__ import annotations
 
 import collections
+import functools
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -38,7 +40,11 @@ from stacklens.demangle import demangle
 DAEMON_METRICS = METRICS + ("py_samples", "compile_time_ns")  # compile_time_ns: JAX (daemon/jaxjoin.py)
 GPU_MEASURED = ("gpu_time_ns", "kernel_count")
 
-_INTERPRETER_LIBS = ("libpython3", "/python3", "/python")
+# The interpreter's files as the Symbolizer names native frames (the mapped file's basename):
+# a shared libpython ("libpython3.12.so.1.0", "libpython3.13t.so.1.0") or a statically linked
+# executable ("python3.12", "python3": Debian/Ubuntu system Pythons; "python"). A full path is
+# taken by its basename.
+_INTERPRETER_FILE = re.compile(r"^(lib)?python(3(\.\d+)?[a-z]*)?(\.so(\.[\d.]*)?)?$")
 MAX_NATIVE_FRAMES = 16
 PENDING_MAX_AGE_NS = 30_000_000_000
 # The uprobe fires at the launch function's first instruction, CUPTI stamps the API record a little
@@ -59,7 +65,7 @@ def trim_native(frames: Iterable[Frame]) -> tuple[Frame, ...]:
     """
     out: list[Frame] = []
     for f in reversed(tuple(frames)):  # leaf first
-        if f.kind == "native" and any(s in f.file for s in _INTERPRETER_LIBS):
+        if _is_interp(f):
             break
         out.append(f)
         if len(out) >= MAX_NATIVE_FRAMES:
@@ -77,8 +83,34 @@ def _is_eval(f: Frame) -> bool:
     return f.kind == "native" and (f.name == EVAL_LOOP or f.name.startswith(EVAL_LOOP + "."))
 
 
+@functools.lru_cache(maxsize=1024)
+def _is_interp_file(file: str) -> bool:
+    return _INTERPRETER_FILE.match(file.rpartition("/")[2]) is not None
+
+
 def _is_interp(f: Frame) -> bool:
-    return f.kind == "native" and any(s in f.file for s in _INTERPRETER_LIBS)
+    return f.kind == "native" and _is_interp_file(f.file)
+
+
+def _between_runs(seg: tuple[Frame, ...]) -> list[Frame]:
+    """The native frames between two eval-loop frames that go between the two Python runs: not
+    the interpreter's own frames, nor an `other` frame (`[anon]`, `[vdso]`) inside the
+    interpreter's region — one whose nearest non-`other` neighbours on both sides are the
+    interpreter's (the bounding eval frames count): under `python -X perf` (CPython 3.12+) each
+    eval-loop invocation is entered through a perf trampoline in anonymous memory, an `[anon]`
+    frame between the eval frames that the Python frames already stand for. JIT code a C
+    function calls (a non-interpreter frame on either side) stays."""
+    out: list[Frame] = []
+    for i, f in enumerate(seg):
+        if _is_interp(f):
+            continue
+        if f.kind == "other":
+            up = next((g for g in reversed(seg[:i]) if g.kind != "other"), None)   # None: the eval frame
+            down = next((g for g in seg[i + 1:] if g.kind != "other"), None)
+            if (up is None or _is_interp(up)) and (down is None or _is_interp(down)):
+                continue
+        out.append(f)
+    return out
 
 
 def _is_op_entry(f: Frame) -> bool:
@@ -99,8 +131,13 @@ def splice(py: tuple[Frame, ...], entries: tuple[bool, ...], ops: tuple[str, ...
     - Between Python runs: when the native stack holds exactly one `_PyEval_EvalFrameDefault`
       (incl. `.cold`) frame per run (run k = Python frames from the k-th entry frame on), the
       non-interpreter native frames between two eval frames (a C function calling back into
-      Python: qsort, ctypes callbacks, torch autograd hooks) go between the two runs. Otherwise
-      (unwind cut, no markers on 3.10, count mismatch) the Python frames sit above, unspliced.
+      Python: qsort, ctypes callbacks, torch autograd hooks) go between the two runs; `[anon]`
+      frames among the interpreter's (perf trampolines under `python -X perf`) do not
+      (`_between_runs`). Otherwise (unwind cut, no markers on 3.10, count mismatch) the Python
+      frames sit above, unspliced. The leaf part is kept as unwound: a sample in the vDSO
+      (clock_gettime) or in JIT code ends in its `[vdso]` / `[anon]` frame.
+    Interpreter frames: those of a shared libpython3.x or of a statically linked python3.x
+    executable (`_is_interp`).
     """
     native = tuple(native)
     op_frames = tuple(Frame.op(o) for o in ops)
@@ -129,7 +166,7 @@ def splice(py: tuple[Frame, ...], entries: tuple[bool, ...], ops: tuple[str, ...
                 end = starts[k + 1] if k + 1 < len(starts) else len(py)
                 out.extend(py[s:end])
                 if k + 1 < len(evals):
-                    out.extend(f for f in native[evals[k] + 1:evals[k + 1]] if not _is_interp(f))
+                    out.extend(_between_runs(native[evals[k] + 1:evals[k + 1]]))
             head = tuple(out)
     return head + ext + op_frames + rest
 

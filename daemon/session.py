@@ -17,7 +17,6 @@ from typing import Any, Callable, Protocol
 from stacklens.cct import Snapshot
 from stacklens.daemon.join import Joiner
 from stacklens.errors import NoSuchProcess, StacklensError
-from stacklens.inject.agent import DEFAULTS as AGENT_DEFAULTS
 
 POLL_MS = 50
 # At most this many events and agent records per loop turn, so snapshot requests are answered
@@ -65,13 +64,14 @@ def default_probe_factory(pid: int, *, cpu_hz: int, ops: bool) -> EventSource:
 # lost 1.5x to the sampler at 100 Hz (with a poll(0) spin, since fixed; docs/benchmarks/gpu.md run
 # 14). On-CPU Python stacks come from BPF at cpu_hz without the GIL; the agent adds off-CPU and
 # all-thread samples, for which 20 Hz is enough. ProcessSession(agent_config={"sample_hz": ...}).
+# When BPF has no Python stacks (unsupported CPython, no CPU sampling) the session asks for no
+# rate (sample_hz None): the agent samples at its own default (inject/agent DEFAULTS).
 AGENT_SAMPLE_HZ = 20
-AGENT_SAMPLE_HZ_ALONE = AGENT_DEFAULTS["sample_hz"]   # when BPF has no Python stacks (unsupported
-#                                                        CPython, no CPU sampling): the agent's own
 
 
-def default_agent_factory(pid: int, *, sample_hz: float, gpu_api_records: bool = False,
+def default_agent_factory(pid: int, *, sample_hz: float | None, gpu_api_records: bool = False,
                           config: dict | None = None) -> AgentSource:
+    """``sample_hz`` None: the agent's default rate (AgentLink sends none)."""
     from stacklens.daemon.agentlink import AgentLink
 
     return AgentLink(pid, sample_hz=sample_hz, gpu_api_records=gpu_api_records, config=config)
@@ -154,10 +154,10 @@ class ProcessSession:
         self._thread.start()
         return self.notes
 
-    def _default_sample_hz(self) -> float:
+    def _default_sample_hz(self) -> float | None:
         """AGENT_SAMPLE_HZ when BPF samples on-CPU Python stacks (the attach report says so),
-        else the agent's sampler is the only Python view: 100 Hz."""
-        return AGENT_SAMPLE_HZ if self._bpf_python else AGENT_SAMPLE_HZ_ALONE
+        else the agent's sampler is the only Python view: None, the agent's default rate."""
+        return AGENT_SAMPLE_HZ if self._bpf_python else None
 
     def stop(self, state: str = "detached") -> None:
         self._stop.set()

@@ -86,12 +86,22 @@ def test_sync_copy_alloc_and_cpu_samples():
 
 
 def test_trim_native_drops_interpreter_frames_and_marks_cuts():
-    frames = (
-        Frame.native("/usr/bin/python3.11", "_PyEval_EvalFrameDefault"),
-        Frame.native("libtorch_python.so", "THPVariable_add"),
-        Frame.native("libtorch_cpu.so", "at::_ops::add::call"),
-    )
-    assert trim_native(frames) == frames[1:]
+    # the Symbolizer names a frame by the mapped file's basename: a statically linked interpreter
+    # (Debian/Ubuntu system Pythons) is "python3.11", a shared one "libpython3.11.so.1.0"
+    for interp in ("python3.11", "python3", "libpython3.12.so.1.0", "libpython3.13t.so.1.0",
+                   "/usr/bin/python3.11"):   # a full path too: by its basename
+        frames = (
+            Frame.native(interp, "_start"),
+            Frame.native(interp, "_PyEval_EvalFrameDefault"),
+            Frame.native("libtorch_python.so", "THPVariable_add"),
+            Frame.native("libtorch_cpu.so", "at::_ops::add::call"),
+        )
+        assert trim_native(frames) == frames[2:], interp
+    # not the interpreter: an extension module under a python3.x directory, a library named python
+    for other in ("/usr/lib/python3.12/lib-dynload/_json.cpython-312-x86_64-linux-gnu.so",
+                  "libtorch_python.so", "mypython3", "libpython2.7.so.1.0"):
+        frames = (Frame.native(other, "f"), Frame.native("libc.so.6", "g"))
+        assert trim_native(frames) == frames, other
     deep = tuple(Frame.native("libx.so", f"f{i}") for i in range(40))
     out = trim_native(deep)
     assert out[0] == Frame.other("[truncated]") or out[-1] == Frame.other("[truncated]")
@@ -213,23 +223,38 @@ def test_agent_stats_reach_the_session_stats_under_known_names_only():
 
 
 def test_the_agent_samples_at_20_hz_only_where_bpf_reads_python_stacks():
-    """The agent's sampler takes the GIL: 20 Hz when BPF samples on-CPU Python stacks, 100 Hz
-    when it does not (unsupported CPython, CPU sampling off) — then it is the only Python view."""
+    """The agent's sampler takes the GIL: 20 Hz when BPF samples on-CPU Python stacks; when it does
+    not (unsupported CPython, CPU sampling off) the agent is the only Python view and the session
+    asks for no rate (None): the agent samples at its own default."""
     import os
 
-    from stacklens.daemon.session import AGENT_SAMPLE_HZ, AGENT_SAMPLE_HZ_ALONE, ProcessSession
-
     from stacklens.bpf.events import AttachReport
+    from stacklens.daemon import session as session_mod
+    from stacklens.daemon.session import AGENT_SAMPLE_HZ, ProcessSession
 
-    def attached(python_stacks, hz):
+    def attached(python_stacks, hz, agent_config=None):
         report = AttachReport(os.getpid(), (), 0, hz, 0.0, python_stacks=python_stacks)
         probes = type("P", (), {"attach": lambda self: report, "poll": lambda self, *a, **k: [],
                                 "detach": lambda self: None, "stats": lambda self: {}})()
-        s = ProcessSession(os.getpid(), agent=False, cpu_hz=hz, probe_factory=lambda pid, **kw: probes)
+        asked = []
+
+        def agent_factory(pid, **kw):
+            asked.append(kw)
+            return type("A", (), {"poll": lambda self, *a: [], "stop": lambda self: True,
+                                  "close": lambda self: None})()
+
+        s = ProcessSession(os.getpid(), agent=True, cpu_hz=hz, probe_factory=lambda pid, **kw: probes,
+                           agent_factory=agent_factory, agent_config=agent_config)
         s.start()
         s.stop()
-        return s
+        return s, asked[0]
 
-    assert attached(True, 99)._default_sample_hz() == AGENT_SAMPLE_HZ == 20
-    assert attached(False, 99)._default_sample_hz() == AGENT_SAMPLE_HZ_ALONE == 100
-    assert attached(True, 0)._default_sample_hz() == AGENT_SAMPLE_HZ_ALONE
+    s, kw = attached(True, 99)
+    assert s._default_sample_hz() == AGENT_SAMPLE_HZ == 20 and kw["sample_hz"] == 20
+    for python_stacks, hz in ((False, 99), (True, 0)):
+        s, kw = attached(python_stacks, hz)
+        assert s._default_sample_hz() is None and kw["sample_hz"] is None
+    _, kw = attached(False, 99, {"sample_hz": 5})   # an explicit rate (benchmarks' variants) wins
+    assert kw["sample_hz"] == 5 and kw["config"] == {"sample_hz": 5}
+    assert not hasattr(session_mod, "AGENT_SAMPLE_HZ_ALONE")
+    assert "AGENT_DEFAULTS" not in vars(session_mod)   # no eager import of the agent package

@@ -67,3 +67,53 @@ def test_joiner_uses_entries_and_memoizes():
     n = snap.find(["py:train.py:step:42", "py:model.py:forward:17", "native:libtorch_python.so:THPVariable_linear",
                    "op:aten::linear", "native:libtorch_cpu.so:at::_ops::linear::call"])
     assert n is not None and snap.inclusive(n, "cpu_samples") == 3
+
+
+ANON, VDSO = Frame.other("[anon]"), Frame.other("[vdso]")
+mod, f, g = (Frame.python("main.py", n, i) for n, i in (("main", 3), ("f", 7), ("g", 11)))
+
+
+def test_a_statically_linked_interpreter_is_spliced_like_libpython():
+    """Debian/Ubuntu system Pythons are one executable: the Symbolizer names its frames by the
+    file's basename, "python3.12" — interpreter frames as much as libpython's are."""
+    S = "python3.12"
+    native = (N(S, "_start"), N(S, "Py_RunMain"), N(S, "_PyEval_EvalFrameDefault"), N(S, "cfunction_call"),
+              N("libc.so.6", "qsort"), N("_ctypes.cpython-312-x86_64-linux-gnu.so", "closure_fcn"),
+              N(S, "PyObject_Call"), N(S, "_PyEval_EvalFrameDefault"), N("libc.so.6", "getpid"))
+    got = splice((mod, f), (True, True), (), native)
+    assert got == (mod, N("libc.so.6", "qsort"), N("_ctypes.cpython-312-x86_64-linux-gnu.so", "closure_fcn"),
+                   f, N("libc.so.6", "getpid"))
+
+
+def test_perf_trampolines_between_eval_frames_are_dropped():
+    """Under `python -X perf` (3.12+) every eval-loop invocation is entered through a trampoline in
+    anonymous memory: `[anon]` frames among the interpreter's, which the Python frames stand for."""
+    for interp in (PY, "python3.12"):
+        native = (N("python3.12", "_start"), N(interp, "Py_RunMain"), N(interp, "py_trampoline_evaluator"), ANON,
+                  N(interp, "_PyEval_EvalFrameDefault"), N(interp, "_PyEval_Vector"),
+                  N(interp, "py_trampoline_evaluator"), ANON,
+                  N(interp, "_PyEval_EvalFrameDefault"), ANON,   # no interpreter frame between: still its own
+                  N(interp, "_PyEval_EvalFrameDefault"), N("libc.so.6", "getpid"))
+        got = splice((mod, f, g), (True, True, True), (), native)
+        assert got == (mod, f, g, N("libc.so.6", "getpid")), interp
+
+
+def test_jit_code_a_c_function_calls_stays_between_runs():
+    native = (N(PY, "_PyEval_EvalFrameDefault"), N(PY, "cfunction_call"), N("libjit.so", "run"), ANON,
+              N("libjit.so", "callback"), N(PY, "PyObject_Call"), N(PY, "py_trampoline_evaluator"), ANON,
+              N(PY, "_PyEval_EvalFrameDefault"))
+    got = splice((mod, f), (True, True), (), native)
+    assert got == (mod, N("libjit.so", "run"), ANON, N("libjit.so", "callback"), f)
+
+
+def test_a_vdso_or_jit_leaf_below_the_last_python_frame_is_kept():
+    """A CPU sample in clock_gettime's vDSO ends in `[vdso]`; one in JIT code in `[anon]`."""
+    for interp in (PY, "python3.12"):
+        native = (N(interp, "_PyEval_EvalFrameDefault"), N(interp, "py_trampoline_evaluator"), ANON,
+                  N(interp, "_PyEval_EvalFrameDefault"), N(interp, "time_time"),
+                  N("libc.so.6", "clock_gettime"), VDSO)
+        assert splice((mod, f), (True, True), (), native) == (mod, f, N("libc.so.6", "clock_gettime"), VDSO)
+        native = native[:5] + (VDSO,)        # the vDSO without a frame pointer hides libc's frame
+        assert splice((mod, f), (True, True), (), native) == (mod, f, VDSO)
+        native = native[:2] + (ANON,)        # a sample in the trampoline itself
+        assert splice((mod,), (True,), (), native) == (mod, ANON)
