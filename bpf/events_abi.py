@@ -24,6 +24,7 @@ COUNTERS = (
     "ring_fallback", "native_stacks_reused", "stacks_in_map2",
 )
 SL_STACK_IN_2 = 1 << 30   # a native stack id with this bit set is in `stacks2` (stacklens.h)
+SL_STACK_INLINE = -4096   # the stack's addresses follow the event; `out` = their size in bytes
 
 
 class SlSpec(ct.Structure):

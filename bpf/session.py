@@ -24,7 +24,7 @@ from stacklens.procfs import ProcFS
 from . import program
 from .events import AttachReport, Event, LibraryAttach, make_event
 from .events_abi import (COUNTERS, SL_BLOB, SL_EV_NAME, SL_EV_SAMPLE, SL_NAME, SL_NARGS, SL_STACK_IN_2,
-                         SlEvent, SlSpec)
+                         SL_STACK_INLINE, SlEvent, SlSpec)
 from .frames import Frame
 from .ops import LIBTORCH_RE, OpSymbol, find_op_symbols, select_ops
 from .procmaps import UNKNOWN as UNKNOWN_FRAME
@@ -52,6 +52,7 @@ _NO_ARGS: dict = {}  # shared by every sample (Event.args is read-only by contra
 _KIND = struct.Struct("<I")
 TRUNCATED = Frame.other("[truncated]")
 STACK_DEPTH = 127  # frames a BPF stack-map walk holds (perf_event_max_stack): a full walk may be cut
+INLINE_CACHE_MAX = 16384  # CPU samples' stacks kept by their addresses (then the cache starts again)
 TRUNCATED_STACK = (TRUNCATED,)
 PY_LOST = (Frame.other("[python stack lost]"),)  # id evicted from the LRU map before we read it
 PY_MAX_DEPTH = 48
@@ -205,6 +206,7 @@ class ProbeSession:
         self._unresolved_names: dict[int, str] = {}
         self._allocs: dict[int, int] = {}
         self._stack_cache: dict[int, tuple[Frame, ...]] = {}
+        self._inline_cache: dict[tuple[int, ...], tuple[Frame, ...]] = {}   # CPU samples' stacks
         self._py = None            # PythonStackReader when Python stacks are captured
         self._py_cache: dict[int, tuple[tuple[Frame, ...], tuple[bool, ...]]] = {0: ((), ())}
         self._op_cache: dict[int, tuple[str, ...]] = {0: ()}
@@ -493,8 +495,11 @@ class ProbeSession:
                 self._name_event(data, off + 8)
                 continue
             if sid < 0:
-                # -1: not requested; other negatives: bpf_get_stackid failed (marked, not hidden)
-                stack = () if sid == -1 else TRUNCATED_STACK
+                if sid == SL_STACK_INLINE:     # a CPU sample: its addresses follow the event
+                    stack = self._inline_stack(data, off, min(outv, (ln & 0x3FFFFFFF) - _EVENT_SIZE))
+                else:
+                    # -1: not requested; other negatives: the unwind failed (marked, not hidden)
+                    stack = () if sid == -1 else TRUNCATED_STACK
             else:
                 stack = stack_cache.get((sid, caller))
                 if stack is None:
@@ -564,6 +569,21 @@ class ProbeSession:
             name = self._names.get(ref, f"unresolved:0x{ref:x}")
         if handle:
             self._names[handle] = name
+
+    def _inline_stack(self, data, off: int, nbytes: int) -> tuple[Frame, ...]:
+        """The addresses a CPU sample carries after its event (innermost first), as frames;
+        cached by the addresses themselves."""
+        n = max(0, min(nbytes, STACK_DEPTH * 8)) // 8
+        addrs = struct.unpack_from(f"<{n}Q", data, off + 8 + _EVENT_SIZE)
+        frames = self._inline_cache.get(addrs)
+        if frames is None:
+            frames, cut = native_frames(list(addrs), self._symbolizer.frame)
+            if cut:
+                self._user["truncated_stacks"] += 1
+            if len(self._inline_cache) >= INLINE_CACHE_MAX:
+                self._inline_cache.clear()
+            self._inline_cache[addrs] = frames
+        return frames
 
     def _stack(self, sid: int, caller: int = 0) -> tuple[Frame, ...]:
         table, key = (b"stacks2", sid & ~SL_STACK_IN_2) if sid & SL_STACK_IN_2 else (b"stacks", sid)

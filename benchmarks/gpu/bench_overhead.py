@@ -61,7 +61,7 @@ PROBE_VARIANTS = {
 AGENT_VARIANTS = {
     "agent_no_gpu": {"gpu": False},           # the Python sampler alone
     "agent_no_sampler": {"sample_hz": 0.1},   # CUPTI alone (one sample every ~10 s)
-    "agent_hz100": {"sample_hz": 100},        # the sampler at 100 Hz (the default is 20 Hz)
+    "agent_hz100": {"sample_hz": 100},        # the sampler at 100 Hz (the session gives 20 Hz when BPF reads Python stacks)
     "agent_copy": {"gpu_ref": False},         # CUPTI buffers copied and sent (before cupti_ref)
     # no cuptiActivityFlushAll(0) each second, CUPTI's own periodic flush only: it may return only
     # full buffers, so partly filled buffers then wait until they fill or until detach
@@ -551,6 +551,23 @@ def cpu_topology() -> dict:
     return out
 
 
+CODE_DIRS = ("bpf", "inject", "daemon", "cct", "analyzer", "tui", "benchmarks", "tests/targets")
+
+
+def tree_hash() -> str:
+    """sha256 over the code that runs (paths and contents of *.py, *.c, *.h, *.toml, *.sh under
+    CODE_DIRS and the root's *.py), 16 hex digits."""
+    import hashlib
+
+    h = hashlib.sha256()
+    files = sorted(p for d in CODE_DIRS for p in (REPO / d).rglob("*")
+                   if p.is_file() and p.suffix in (".py", ".c", ".h", ".toml", ".sh")
+                   and "__pycache__" not in p.parts)
+    for p in sorted(REPO.glob("*.py")) + files:
+        h.update(str(p.relative_to(REPO)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def environment(args) -> dict:
     env = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "host": platform.node(), "kernel": platform.release(), "python": sys.version.split()[0],
@@ -571,6 +588,10 @@ def environment(args) -> dict:
                                                  capture_output=True, text=True, timeout=10).stdout.strip() or None
     except Exception:  # noqa: BLE001
         env["stacklens_commit"] = None
+    # the device's copy of the tree can carry a stale .git (its HEAD is not what ran): a hash of the
+    # code itself says which commit ran (`python benchmarks/gpu/bench_overhead.py --tree-hash` at a
+    # checkout gives the same value)
+    env["stacklens_tree_hash"] = tree_hash()
     try:
         import stacklens
 
@@ -752,7 +773,7 @@ def write(out: Path, results: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="results folder (required unless --tree-hash)")
     ap.add_argument("--workloads", default=",".join(ALL))
     ap.add_argument("--steps", type=int, default=0, help="steps per phase (default: per workload)")
     ap.add_argument("--memory-s", type=float, default=120.0, help="memory phase length (the issue asks 600)")
@@ -779,8 +800,14 @@ def main(argv=None) -> int:
                     help="CPU list for this process (the daemon side), e.g. 8-15; without --pin-target "
                          "the targets keep the CPUs this process had before")
     ap.add_argument("--deadline-s", type=float, default=3600.0, help="skip phases that would start after this")
+    ap.add_argument("--tree-hash", action="store_true", help="print the code's hash (recorded in results) and exit")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny CPU sizes (harness test without a GPU)")
     a = ap.parse_args(argv)
+    if a.tree_hash:
+        print(tree_hash())
+        return 0
+    if not a.out:
+        ap.error("--out is required")
     try:
         round_set(a.round_set)
     except ValueError as e:

@@ -58,6 +58,9 @@ typedef uint64_t u64;
 #define SL_STACK_ENTRIES_2 4096
 #endif
 #define SL_STACK_IN_2 (1 << 30)   /* a stack id with this bit set is in stacks2 */
+#define SL_STACK_INLINE (-4096)   /* the stack's addresses follow the event (CPU samples; `out`:
+                                   * their size in bytes), not in a stack map */
+#define SL_SAMPLE_DEPTH 127       /* addresses a CPU sample carries (perf_event_max_stack) */
 _Static_assert(SL_STACK_ENTRIES_2 < SL_STACK_IN_2, "stacks2 ids must stay below the mark");
 #define SL_EEXIST 17
 #ifndef SL_STACK_ENTRIES
@@ -148,7 +151,8 @@ struct sl_event {
     u64 op_hash;       /* hash of the thread's live operator path; 0 = none */
     u32 op_depth;      /* number of live operators (path in the op_paths map) */
     s32 stack_id;      /* native user stack in `stacks` (in `stacks2` with bit SL_STACK_IN_2 set);
-                        * -1 = not captured, < -1 = -errno */
+                        * SL_STACK_INLINE: after the event (CPU samples); -1 = not captured,
+                        * other negatives = -errno */
     u64 py_stack_id;   /* Python stack (pystack.h); 0 = not captured */
     u64 ret;           /* return value (return probes) */
     u64 out;           /* value behind the out-pointer argument (return probes) */
@@ -260,23 +264,28 @@ static __always_inline void *sl_reserve(u64 size)
 
 static __always_inline u64 sl_wake_flags(void);
 
-/* Write a finished event (built in per-CPU scratch) to the ring, else to events_fb.
- * Returns 0 when it went out, -1 when it was dropped (counted in SL_C_DROPS). */
-static __always_inline int sl_emit(void *ctx, struct sl_event *ev)
+/* Write a finished record of `size` bytes (built in per-CPU scratch) to the ring, else to
+ * events_fb. Returns 0 when it went out, -1 when it was dropped (counted in SL_C_DROPS). */
+static __always_inline int sl_emit_n(void *ctx, void *rec, u64 size)
 {
     u64 flags = sl_wake_flags();
-    if (events.ringbuf_output(ev, sizeof(*ev), flags) == 0)
+    if (events.ringbuf_output(rec, size, flags) == 0)
         return 0;
-    if (events.ringbuf_output(ev, sizeof(*ev), flags) == 0) {
+    if (events.ringbuf_output(rec, size, flags) == 0) {
         sl_count(SL_C_RESERVE_RETRY_OK);
         return 0;
     }
-    if (events_fb.perf_submit(ctx, ev, sizeof(*ev)) == 0) {
+    if (events_fb.perf_submit(ctx, rec, size) == 0) {
         sl_count(SL_C_RING_FALLBACK);
         return 0;
     }
     sl_count(SL_C_DROPS);
     return -1;
+}
+
+static __always_inline int sl_emit(void *ctx, struct sl_event *ev)
+{
+    return sl_emit_n(ctx, ev, sizeof(*ev));
 }
 
 static __always_inline u64 sl_wake_flags(void)

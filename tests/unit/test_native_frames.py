@@ -113,3 +113,20 @@ def test_header_and_python_agree_on_counters_and_the_stack_mark():
         assert events_abi.COUNTERS[int(defs[name])] == counter
     assert re.search(r"#define SL_STACK_IN_2 \(1 << (\d+)\)", text).group(1) == str(
         events_abi.SL_STACK_IN_2.bit_length() - 1)
+
+
+def test_a_cpu_samples_addresses_after_its_event_become_its_stack():
+    """CPU samples carry their addresses after the event (SL_STACK_INLINE, `out` = bytes); a
+    length past the record or the depth limit is clamped; stacks are cached by their addresses."""
+    import struct
+
+    from stacklens.bpf.session import _EVENT_SIZE
+
+    frames = {1: EVAL, 2: MAIN, 3: START}
+    s = _session({}, {}, frames)
+    s._inline_cache = {}
+    rec = bytes(8 + _EVENT_SIZE) + struct.pack("<3Q", 1, 2, 3)
+    assert s._inline_stack(memoryview(rec), 0, 24) == (START, MAIN, EVAL)
+    assert s._inline_stack(memoryview(rec), 0, 16) == (TRUNCATED, MAIN, EVAL)   # 2 of 3: no root
+    assert s._inline_stack(memoryview(rec), 0, 0) == (TRUNCATED,)
+    assert len(s._inline_cache) == 3 and s._user["truncated_stacks"] == 2
