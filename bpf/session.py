@@ -52,7 +52,7 @@ _NO_ARGS: dict = {}  # shared by every sample (Event.args is read-only by contra
 _KIND = struct.Struct("<I")
 TRUNCATED = Frame.other("[truncated]")
 STACK_DEPTH = 127  # frames a BPF stack-map walk holds (perf_event_max_stack): a full walk may be cut
-INLINE_CACHE_MAX = 16384  # CPU samples' stacks kept by their addresses (then the cache starts again)
+INLINE_CACHE_MAX = 4096  # CPU samples' stacks kept by their addresses (≤ ~5 MiB; then it starts again)
 TRUNCATED_STACK = (TRUNCATED,)
 PY_LOST = (Frame.other("[python stack lost]"),)  # id evicted from the LRU map before we read it
 PY_MAX_DEPTH = 48
@@ -206,7 +206,7 @@ class ProbeSession:
         self._unresolved_names: dict[int, str] = {}
         self._allocs: dict[int, int] = {}
         self._stack_cache: dict[int, tuple[Frame, ...]] = {}
-        self._inline_cache: dict[tuple[int, ...], tuple[Frame, ...]] = {}   # CPU samples' stacks
+        self._inline_cache: dict[bytes, tuple[Frame, ...]] = {}   # CPU samples' stacks by address bytes
         self._py = None            # PythonStackReader when Python stacks are captured
         self._py_cache: dict[int, tuple[tuple[Frame, ...], tuple[bool, ...]]] = {0: ((), ())}
         self._op_cache: dict[int, tuple[str, ...]] = {0: ()}
@@ -574,15 +574,16 @@ class ProbeSession:
         """The addresses a CPU sample carries after its event (innermost first), as frames;
         cached by the addresses themselves."""
         n = max(0, min(nbytes, STACK_DEPTH * 8)) // 8
-        addrs = struct.unpack_from(f"<{n}Q", data, off + 8 + _EVENT_SIZE)
-        frames = self._inline_cache.get(addrs)
+        start = off + 8 + _EVENT_SIZE
+        key = bytes(data[start:start + 8 * n])          # compact: at most 1 KiB a key
+        frames = self._inline_cache.get(key)
         if frames is None:
-            frames, cut = native_frames(list(addrs), self._symbolizer.frame)
+            frames, cut = native_frames(list(struct.unpack(f"<{n}Q", key)), self._symbolizer.frame)
             if cut:
                 self._user["truncated_stacks"] += 1
             if len(self._inline_cache) >= INLINE_CACHE_MAX:
                 self._inline_cache.clear()
-            self._inline_cache[addrs] = frames
+            self._inline_cache[key] = frames
         return frames
 
     def _stack(self, sid: int, caller: int = 0) -> tuple[Frame, ...]:
