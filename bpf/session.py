@@ -448,7 +448,9 @@ class ProbeSession:
                 gc.enable()
 
     def _on_fallback(self, _cpu, data, size) -> None:
-        self._fb_records.append(ct.string_at(data, min(size, _EVENT_SIZE)))
+        # an event, and for a CPU sample the addresses after it (SL_STACK_INLINE); the perf
+        # record's size includes padding, which the decode's bounds ignore
+        self._fb_records.append(ct.string_at(data, min(size, _EVENT_SIZE + 8 * STACK_DEPTH)))
 
     def _on_fallback_full(self, lost: int) -> None:
         self._user["fallback_full"] += lost

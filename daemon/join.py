@@ -85,7 +85,8 @@ def _is_eval(f: Frame) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _is_interp_file(file: str) -> bool:
-    return _INTERPRETER_FILE.match(file.rpartition("/")[2]) is not None
+    # a mapping whose file was replaced while the process runs (an upgrade) is named "... (deleted)"
+    return _INTERPRETER_FILE.match(file.rpartition("/")[2].removesuffix(" (deleted)")) is not None
 
 
 def _is_interp(f: Frame) -> bool:

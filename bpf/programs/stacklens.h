@@ -112,7 +112,8 @@ static __always_inline u32 sl_op_idx(u32 i)
 #define SL_C_EVENTS 0          /* events submitted to the ring buffer */
 #define SL_C_DROPS 1           /* ring buffer full: event lost */
 #define SL_C_STACK_ERR 2       /* events without their native stack: bpf_get_stackid failed
-                                * (collision in both maps, fault), or the memo remembers it did */
+                                * (collision in both maps, fault), or the memo remembers it did;
+                                * a CPU sample's bpf_get_stack failed or read nothing */
 #define SL_C_OP_OVERFLOW 3     /* op shadow stack deeper than SL_OP_DEPTH */
 #define SL_C_OP_CALLS 4        /* unused: op calls = sum of op_counts (stats()) */
 #define SL_C_OPPATH_FULL 5     /* op-path map full */
@@ -155,7 +156,8 @@ struct sl_event {
                         * other negatives = -errno */
     u64 py_stack_id;   /* Python stack (pystack.h); 0 = not captured */
     u64 ret;           /* return value (return probes) */
-    u64 out;           /* value behind the out-pointer argument (return probes) */
+    u64 out;           /* value behind the out-pointer argument (return probes); CPU samples with
+                        * SL_STACK_INLINE: bytes of addresses after the event */
     u64 caller;        /* API probes: return address at [sp] on entry. The frame-pointer walk
                         * from a function's first instruction skips its direct caller (rbp is
                         * still the caller's), so user space inserts this frame. */
@@ -223,8 +225,8 @@ static __always_inline void sl_count(u32 idx)
 
 /* The user stack's id. A stack map holds one stack per hash bucket and, without the REUSE flag,
  * refuses (-EEXIST) a stack whose bucket another one holds, for good: a hot launch site would
- * lose its stack for the session. Such a stack goes to a second, smaller map, for launch sites
- * only (CPU samples, nearly all new stacks, would use it up; cpu.bpf.c) (its own buckets:
+ * lose its stack for the session. Such a stack goes to a second, smaller map. Both maps hold
+ * launch sites only: CPU samples, nearly all new stacks, carry their addresses (cpu.bpf.c) (its own buckets:
  * a second collision needs two refused stacks sharing one), its id marked SL_STACK_IN_2. Ids
  * are never reused: neither map is cleared, and nothing replaces a bucket. */
 static __always_inline int sl_user_stackid(void *ctx)

@@ -258,3 +258,13 @@ def test_the_agent_samples_at_20_hz_only_where_bpf_reads_python_stacks():
     assert kw["sample_hz"] == 5 and kw["config"] == {"sample_hz": 5}
     assert not hasattr(session_mod, "AGENT_SAMPLE_HZ_ALONE")
     assert "AGENT_DEFAULTS" not in vars(session_mod)   # no eager import of the agent package
+
+
+def test_an_interpreter_replaced_on_disk_is_still_the_interpreter():
+    """A Python upgraded while the job runs is mapped as "... (deleted)"; its frames are still
+    the interpreter's."""
+    from stacklens.daemon.join import _is_interp
+
+    for f in ("libpython3.12.so.1.0 (deleted)", "python3.12 (deleted)", "/usr/bin/python3.11 (deleted)"):
+        assert _is_interp(Frame.native(f, "_PyEval_EvalFrameDefault")), f
+    assert not _is_interp(Frame.native("libtorch_python.so (deleted)", "THPVariable_add"))

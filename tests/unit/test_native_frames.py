@@ -130,3 +130,34 @@ def test_a_cpu_samples_addresses_after_its_event_become_its_stack():
     assert s._inline_stack(memoryview(rec), 0, 16) == (TRUNCATED, MAIN, EVAL)   # 2 of 3: no root
     assert s._inline_stack(memoryview(rec), 0, 0) == (TRUNCATED,)
     assert len(s._inline_cache) == 3 and s._user["truncated_stacks"] == 2
+
+
+def test_a_cpu_sample_through_the_perf_fallback_keeps_its_addresses():
+    """Records the ring refused come through events_fb (padded perf records) and the same decode."""
+    import ctypes
+    import struct
+
+    from stacklens.bpf.events_abi import SL_STACK_INLINE, SlEvent
+    from stacklens.bpf.session import ProbeSession, _RecordList
+
+    s = _session({}, {}, {1: EVAL, 2: MAIN, 3: START})
+    s._inline_cache, s._fb_records = {}, []
+    ev = SlEvent()
+    ev.kind, ev.stack_id, ev.out = 2, SL_STACK_INLINE, 24
+    raw = bytes(ev) + struct.pack("<3Q", 1, 2, 3) + b"\0\0\0\0"      # + the perf record's padding
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    ProbeSession._on_fallback(s, 0, ctypes.addressof(buf), len(raw))
+    rl = _RecordList(s._fb_records)
+    assert s._inline_stack(rl.data, 0, 24) == (START, MAIN, EVAL)
+
+
+def test_header_and_python_agree_on_the_inline_stack_marks():
+    import re
+    from pathlib import Path
+
+    from stacklens.bpf import events_abi
+    from stacklens.bpf.session import STACK_DEPTH
+
+    text = (Path(events_abi.__file__).parent / "programs" / "stacklens.h").read_text()
+    assert int(re.search(r"#define SL_STACK_INLINE \((-?\d+)\)", text).group(1)) == events_abi.SL_STACK_INLINE
+    assert int(re.search(r"#define SL_SAMPLE_DEPTH (\d+)", text).group(1)) == STACK_DEPTH
