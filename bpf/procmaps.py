@@ -201,8 +201,3 @@ class Symbolizer:
             self._exact.clear()
         self._exact[addr] = s
         return s
-
-    def stack(self, addrs) -> tuple[Frame, ...]:
-        """Innermost-first addresses (as BPF returns them) -> outermost-first frames, each run
-        of unsymbolized frames of one library collapsed into one."""
-        return collapse_unsymbolized(self.frame(a) for a in reversed(addrs))

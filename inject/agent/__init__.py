@@ -225,9 +225,7 @@ class Agent:
                 self.cfg[k] = v
             elif isinstance(v, (int, float)) and not isinstance(v, bool) and not isinstance(default, bool):
                 try:
-                    if isinstance(v, float) and not math.isfinite(v):
-                        continue
-                    v = type(default)(v)            # int(1e300) is finite; float(10**400) raises
+                    v = type(default)(v)            # int(inf) and float(10**400) raise; int(nan) too
                     if isinstance(v, float) and not math.isfinite(v):
                         continue
                 except (OverflowError, ValueError, TypeError):

@@ -94,7 +94,8 @@ class CuptiCollector:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, sink):
         gpu = self._gpu or _sibling("gpu")
-        who = gpu.user_profiler_active()
+        mapped = gpu.mapped_libraries()          # read once for both questions below
+        who = gpu.user_profiler_active(maps=mapped)
         if who:
             self.note("warning", f"GPU collector yields: {who} is active in the target; "
                                  "only Python samples are collected")
@@ -102,7 +103,7 @@ class CuptiCollector:
             self.counts["yields"] += 1
             self.sink = sink
             return True          # keep polling: resume when the user's profiler has finished
-        before = {p for p in gpu.mapped_libraries() if "libcupti" in os.path.basename(p)}
+        before = {p for p in mapped if "libcupti" in os.path.basename(p)}
         if self._lib is None:
             try:
                 self._lib = _import_cupti()

@@ -43,13 +43,15 @@ def user_profiler_active(maps=True):
 
     ``maps=False`` skips reading /proc/self/maps: the periodic check runs on the target's GIL
     every second, and a CUDA process has thousands of mappings. Nsight injects itself at process
-    start (its environment and library are already there at attach), so once is enough for it."""
+    start (its environment and library are already there at attach), so once is enough for it.
+    ``maps`` may also be the mapped libraries the caller has just read (``mapped_libraries()``)."""
     env = os.environ
     if env.get("NSYS_PROFILING_SESSION_ID") or "ToolsInjection" in env.get("CUDA_INJECTION64_PATH", ""):
         return "Nsight Systems"
     if env.get("NV_COMPUTE_PROFILER_PERFWORKS_DIR") or env.get("NV_NSIGHT_INJECTION_TRANSPORT_TYPE"):
         return "Nsight Compute"
-    if maps and any("ToolsInjection" in p for p in mapped_libraries()):
+    libs = mapped_libraries() if maps is True else (maps or ())
+    if any("ToolsInjection" in p for p in libs):
         return "Nsight"
     torch = sys.modules.get("torch")
     if torch is not None:

@@ -118,9 +118,12 @@ def test_stack_collapses_a_run_of_unsymbolized_frames(proc, libs):
     s = Symbolizer(PID, proc=proc)
     a, b, exp = (STRIPPED_BASE + off[f] + 4 for f in ("inner_a", "inner_b", "sl_exported"))
     stripped = Frame.native("libstripped.so", "[stripped]")
-    # innermost first, as BPF returns them
-    assert s.stack([a, b, a, exp, b, a]) == (stripped, Frame.native("libstripped.so", "sl_exported"), stripped)
-    assert s.stack([a, SYM_BASE + off["inner_a"], b]) == (stripped, Frame.native("libsym.so", "inner_a"), stripped)
+
+    def stack(addrs):   # innermost first, as BPF returns them (the collapse native_frames does)
+        return collapse_unsymbolized(s.frame(x) for x in reversed(addrs))
+
+    assert stack([a, b, a, exp, b, a]) == (stripped, Frame.native("libstripped.so", "sl_exported"), stripped)
+    assert stack([a, SYM_BASE + off["inner_a"], b]) == (stripped, Frame.native("libsym.so", "inner_a"), stripped)
 
 
 def test_collapse_only_merges_equal_unsymbolized_neighbours():
