@@ -1,16 +1,29 @@
 """Assembles the BPF C text compiled for one session: the shared header, the selected
 `programs/*.bpf.c` parts, and -D parameters (never string-patched). `dump_bpf()` returns exactly
 what is compiled, for `--dump-bpf`.
+
+`compile_bpf` is the one place a BCC module is made: BCC's compile (clang/LLVM inside
+`bcc.BPF(...)`) is not thread-safe, and two sessions compiling at once crashed the daemon (SIGSEGV,
+`malloc_consolidate()`; issue 17). One process-wide lock serialises making, loading programs of and
+destroying BCC modules; everything else an attach does (symbol scans, uprobe attaches, ring
+buffers) runs in parallel across PIDs. A compile costs ~2-3 s of CPU on an idle 2-vCPU VM, so N
+concurrent attaches finish in about N compiles.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 PROGRAMS = Path(__file__).with_name("programs")
 _INCLUDE = re.compile(r'^#include "([\w.]+)"\s*$', re.M)
+
+# Held while BCC makes, loads from or destroys a module (LLVM state is process-global). Reentrant:
+# BPF.__init__ loads its auto-attached functions through load_func.
+BCC_LOCK = threading.RLock()
+_LOCKED_BPF = None
 
 
 @dataclass(frozen=True)
@@ -69,3 +82,31 @@ def build_source(pid: int, *, gpu: bool, ops: bool, cpu: bool, native_stacks: bo
 
 def pystack_available() -> bool:
     return (PROGRAMS / "pystack.h").exists()
+
+
+def _locked_bpf_class():
+    """`bcc.BPF` whose module is made, loaded from and destroyed under BCC_LOCK."""
+    global _LOCKED_BPF
+    if _LOCKED_BPF is None:
+        from bcc import BPF  # imported here: no import-time side effects, tests without bcc still import
+
+        class LockedBPF(BPF):
+            def __init__(self, *args, **kwargs):
+                with BCC_LOCK:
+                    super().__init__(*args, **kwargs)
+
+            def load_func(self, *args, **kwargs):
+                with BCC_LOCK:
+                    return super().load_func(*args, **kwargs)
+
+            def close(self):
+                with BCC_LOCK:
+                    super().close()
+
+        _LOCKED_BPF = LockedBPF
+    return _LOCKED_BPF
+
+
+def compile_bpf(src: ProgramSource):
+    """Compiles `src` with BCC, one compile at a time in this process; returns the `bcc.BPF`."""
+    return _locked_bpf_class()(text=src.text.encode(), cflags=list(src.cflags))

@@ -290,7 +290,7 @@ class ProbeSession:
             src = program.ProgramSource(src.text, src.cflags + tuple(cfg.extra_cflags))
         self._source = src
         try:
-            self._bpf = BPF(text=src.text.encode(), cflags=list(src.cflags))
+            self._bpf = program.compile_bpf(src)  # one BCC compile at a time per process (LLVM)
         except Exception as e:
             raise AttachError(f"BPF compile failed: {e}; check kernel headers with `stacklens doctor`") from e
         if self._py is not None:
