@@ -122,6 +122,9 @@ class LibraryAttach:
     role: str            # "cuda" | "hip" | "torch"
     probes: int          # offsets attached in this file
     missing: tuple[str, ...] = ()  # probed symbols the file does not export
+    # (probe symbol, export it attached to), one per attach point: cuCtxSynchronize attaches to
+    # cuCtxSynchronize and cuCtxSynchronize_v2 where the file exports both (bpf/spec.py)
+    sites: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

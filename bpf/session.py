@@ -30,7 +30,7 @@ from .ops import LIBTORCH_RE, OpSymbol, find_op_symbols, select_ops
 from .procmaps import UNKNOWN as UNKNOWN_FRAME
 from .procmaps import LibraryFile, Symbolizer, collapse_unsymbolized, find_libraries
 from .ringbuf import BUSY, DISCARD, RingBufReader
-from .spec import DEFAULT_SPEC, MEMCPY_KINDS, ProbeSpec, load_specs
+from .spec import DEFAULT_SPEC, MEMCPY_KINDS, ProbeSpec, load_specs, resolve_library
 from .uprobe_multi import BPF_TRACE_UPROBE_MULTI, UprobeMultiError, attach_uprobe_multi
 
 _HEAD = struct.Struct("<IIIIQQQIiQQQQ")  # sl_event up to `args` (checked against SlEvent below)
@@ -348,13 +348,10 @@ class ProbeSession:
                 self._notes.append("operator probes: not applicable: the process maps no libtorch_cpu.so")
 
     def _attach_gpu_library(self, lib: LibraryFile, specs: list[ProbeSpec]) -> None:
-        from stacklens.elf import ElfFile
-
         self._attached_files.add(lib.key)
-        with ElfFile(lib.host_path) as elf:
-            offsets = elf.symbol_offsets([s.symbol for s in specs])
-        present = [s for s in specs if s.symbol in offsets]
-        missing = tuple(s.symbol for s in specs if s.symbol not in offsets)
+        # every exported version of each probed call (cuCtxSynchronize_v2, …_ptsz): spec.py
+        res = resolve_library(lib.host_path, specs)
+        present, missing = res.sites, res.missing
         role = next((r for k, r in _ROLE.items() if k in os.path.basename(lib.path)), "gpu")
         if not present:
             self._notes.append(f"GPU API probes: not applicable: {lib.path} exports none of the "
@@ -362,24 +359,27 @@ class ProbeSession:
             self._libraries.append(LibraryAttach(lib.path, role, 0, missing))
             return
         if self._fallback:
-            for s in present:
-                self._bpf.attach_uprobe(name=lib.host_path.encode(), sym=s.symbol.encode(),
-                                        fn_name=f"sl_api_entry_{s.index}".encode(), pid=self.pid)
-                if s.ret:
-                    self._bpf.attach_uretprobe(name=lib.host_path.encode(), sym=s.symbol.encode(),
-                                               fn_name=f"sl_api_return_{s.index}".encode(), pid=self.pid)
+            for p in present:
+                self._bpf.attach_uprobe(name=lib.host_path.encode(), sym=p.export.encode(),
+                                        fn_name=f"sl_api_entry_{p.spec.index}".encode(), pid=self.pid)
+                if p.spec.ret:
+                    self._bpf.attach_uretprobe(name=lib.host_path.encode(), sym=p.export.encode(),
+                                               fn_name=f"sl_api_return_{p.spec.index}".encode(), pid=self.pid)
         else:
             self._links.append(self._link(self._api_entry.fd, lib.host_path,
-                                          [offsets[s.symbol] for s in present], [s.index for s in present]))
-            rets = [s for s in present if s.ret]
+                                          [p.offset for p in present], [p.spec.index for p in present]))
+            rets = [p for p in present if p.spec.ret]
             if rets:
                 self._links.append(self._link(self._api_return.fd, lib.host_path,
-                                              [offsets[s.symbol] for s in rets], [s.index for s in rets],
+                                              [p.offset for p in rets], [p.spec.index for p in rets],
                                               retprobe=True))
         if missing:
             self._notes.append(f"{lib.path}: {len(missing)} probed symbols not exported "
                                f"({', '.join(missing[:6])}{'…' if len(missing) > 6 else ''})")
-        self._libraries.append(LibraryAttach(lib.path, role, len(present), missing))
+        if res.summary():
+            self._notes.append(f"{lib.path}: probes on exported versions: {res.summary()}")
+        self._libraries.append(LibraryAttach(lib.path, role, len(present), missing,
+                                             tuple((p.spec.symbol, p.export) for p in present)))
 
     def _attach_torch(self, lib: LibraryFile) -> None:
         self._attached_files.add(lib.key)

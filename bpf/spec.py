@@ -1,6 +1,7 @@
-"""Probe targets from bpf/probes.toml: parsing, the BPF-side table, and argument decoding.
+"""Probe targets from bpf/probes.toml: parsing, the BPF-side table, argument decoding, and which
+of a library's exports each probe attaches to (`resolve_exports`, `resolve_library`).
 
-Pure (no privileges). x86-64 System V only: the first six register-sized arguments are in
+Pure (no privileges; `resolve_library` reads the library file). x86-64 System V only: the first six register-sized arguments are in
 rdi, rsi, rdx, rcx, r8, r9; the rest are on the caller's stack, read at entry from [sp+8k].
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,3 +181,104 @@ def load_specs(path: Path | str = DEFAULT_SPEC) -> list[ProbeSpec]:
             name_arg=p.get("name_arg", ""), ref_arg=p.get("ref_arg", ""),
             struct_fields=struct_fields, slots=slots))
     return specs
+
+
+# ---------------------------------------------------------------- exported versions of a symbol
+# Drivers keep one export per ABI of a call: cuda.h #defines cuCtxSynchronize to
+# cuCtxSynchronize_v2 (CUDA 13), cuMemcpyHtoD to cuMemcpyHtoD_v2 (since 3.2: 64-bit pointers), and
+# with per-thread default streams to cuMemcpyHtoD_v2_ptds / cuLaunchKernel_ptsz (HIP: _spt).
+# The program calls whichever its headers named, so a probe attaches to every export of its call:
+# NAME[_vN][_ptds|_ptsz|_spt] with N >= the probe's own version (unversioned = 1). An older
+# version (cuMemcpyHtoD next to a cuMemcpyHtoD_v2 probe) is a different ABI (32-bit pointers and
+# sizes) and is left alone. A newer version is assumed to keep the arguments the probe reads;
+# where one does not, give it its own [[probe]]: a probe whose symbol is the exact name claims it.
+_VERSIONED = re.compile(r"(?P<base>\w+?)(?:_v(?P<v>\d+))?(?P<pt>_ptds|_ptsz|_spt)?")
+
+
+def split_version(name: str) -> tuple[str, int, str]:
+    """'cuMemcpyHtoD_v2_ptds' -> ('cuMemcpyHtoD', 2, '_ptds'); unversioned names are version 1."""
+    m = _VERSIONED.fullmatch(name)
+    if m is None:
+        return name, 1, ""
+    return m["base"], int(m["v"] or 1), m["pt"] or ""
+
+
+@dataclass(frozen=True)
+class ProbeSite:
+    """One attach point: a probe spec at one exported symbol of a library."""
+    spec: ProbeSpec
+    export: str   # the symbol as the library exports it
+    offset: int   # file offset of its code
+
+
+@dataclass(frozen=True)
+class Resolution:
+    sites: tuple[ProbeSite, ...]
+    missing: tuple[str, ...]                   # probe symbols with no export in this library
+    aliases: tuple[tuple[str, str], ...] = ()  # (export, export whose code it shares): attached once
+
+    def exports_of(self, symbol: str) -> tuple[str, ...]:
+        return tuple(s.export for s in self.sites if s.spec.symbol == symbol)
+
+    def summary(self) -> str:
+        """The probes attached to exports other than their own name, e.g.
+        'cuCtxSynchronize -> cuCtxSynchronize, cuCtxSynchronize_v2'; '' when there are none."""
+        by: dict[str, list[str]] = {}
+        for s in self.sites:
+            by.setdefault(s.spec.symbol, []).append(s.export)
+        return "; ".join(f"{p} -> {', '.join(e)}" for p, e in by.items() if e != [p])
+
+
+def resolve_exports(specs: list[ProbeSpec], exports: Mapping[str, int]) -> Resolution:
+    """Probe sites for one library: `exports` maps its function symbols to file offsets.
+
+    Each export goes to at most one probe: the probe named exactly so, else the closest older
+    version among those it matches (cuMemAlloc_v3 goes to a cuMemAlloc_v2 probe before a
+    cuMemAlloc one). Exports sharing one address are attached once, the probe's own name first,
+    so no call is counted twice."""
+    by_base: dict[str, list[tuple[ProbeSpec, int, str]]] = {}
+    for s in specs:
+        base, v, pt = split_version(s.symbol)
+        by_base.setdefault(base, []).append((s, v, pt))
+    exact = {s.symbol: s for s in specs}
+    claimed: dict[str, ProbeSpec] = {}
+    for name in exports:
+        spec = exact.get(name)
+        if spec is None:
+            base, v, pt = split_version(name)
+            fits = [(sv, bool(spt), s) for s, sv, spt in by_base.get(base, ()) if sv <= v and spt in ("", pt)]
+            if not fits:
+                continue
+            spec = max(fits, key=lambda f: f[:2])[2]
+        claimed[name] = spec
+    order = {s.index: i for i, s in enumerate(specs)}
+    names = sorted(claimed, key=lambda n: (order[claimed[n].index], n != claimed[n].symbol, n))
+    sites: list[ProbeSite] = []
+    aliases: list[tuple[str, str]] = []
+    at: dict[int, str] = {}
+    for name in names:
+        off = exports[name]
+        if off in at:
+            aliases.append((name, at[off]))
+            continue
+        at[off] = name
+        sites.append(ProbeSite(claimed[name], name, off))
+    found = {s.spec.index for s in sites}
+    return Resolution(tuple(sites), tuple(s.symbol for s in specs if s.index not in found), tuple(aliases))
+
+
+def resolve_library(path: str | Path, specs: list[ProbeSpec]) -> Resolution:
+    """`resolve_exports` over the function symbols of the ELF file at `path` (.dynsym, then
+    .symtab for stripped-of-dynsym test builds; the first definition of a name wins)."""
+    from stacklens.elf import SHT_DYNSYM, SHT_SYMTAB, ElfFile
+
+    bases = tuple({split_version(s.symbol)[0].encode() for s in specs})
+    exports: dict[str, int] = {}
+    with ElfFile(path) as elf:
+        for name, value, _ in elf.iter_symbols((SHT_DYNSYM, SHT_SYMTAB)):
+            if name in exports or not name.encode().startswith(bases):
+                continue
+            off = elf.vaddr_to_offset(value)
+            if off is not None:
+                exports[name] = off
+    return resolve_exports(specs, exports)

@@ -21,7 +21,7 @@ def _spec(symbol):
 
 def test_probes_toml_covers_the_issue_symbols():
     names = {s.symbol for s in load_specs()}
-    for sym in ("cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchCooperativeKernel",
+    for sym in ("cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel",
                 "cuGraphLaunch", "cuMemAlloc_v2", "cuMemAllocAsync", "cuMemFree_v2", "cuMemcpyHtoD_v2",
                 "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuModuleGetFunction",
                 "cuLibraryGetKernel", "cuKernelGetFunction", "hipLaunchKernel", "hipModuleLaunchKernel",

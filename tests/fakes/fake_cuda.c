@@ -2,6 +2,11 @@
  *
  * No GPU: every call records nothing and returns CUDA_SUCCESS; cuStreamSynchronize and friends
  * sleep FAKE_SYNC_US microseconds (default 20000) so tests can check measured wait times.
+ * Versioned exports as libcuda has them: cuda.h #defines a call to its newest ABI (CUDA 13:
+ * cuCtxSynchronize -> cuCtxSynchronize_v2; per-thread default stream: _ptsz / _ptds), the old
+ * names stay exported for old binaries. Each export enters the "driver" once (a static
+ * implementation), except cuCtxSynchronize: a thin wrapper calling cuCtxSynchronize_v2, the
+ * shape that could count one call twice.
  * Built by tests/bpf/conftest.py with frame pointers (so user stacks unwind through it).
  */
 #include <stddef.h>
@@ -19,6 +24,7 @@ typedef struct CUmod_st *CUmodule;
 typedef struct CUlib_st *CUlibrary;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
+typedef struct CUctx_st *CUcontext;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUlaunchAttribute_st { int id; int pad; char value[64]; } CUlaunchAttribute;
 typedef struct CUlaunchConfig_st {
@@ -73,7 +79,9 @@ EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int 
                                     unsigned int bx, unsigned int by, unsigned int bz, unsigned int sm,
                                     CUstream s, void **p, void **e)
 {
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, s, p, e);
+    (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)sm; (void)s; (void)p; (void)e;
+    fake_count();
+    return 0;
 }
 
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
@@ -145,8 +153,16 @@ EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstr
 EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 { (void)dst; (void)src; (void)n; (void)s; return 0; }
 
+/* the pre-3.2 ABI (32-bit device pointers and sizes): not probed (bpf/spec.py) */
+EXPORT CUresult cuMemcpyHtoD(unsigned int dst, const void *src, unsigned int n) { (void)dst; (void)src; (void)n; return 0; }
+EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n) { (void)dst; (void)src; (void)n; return 0; }
+EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{ (void)dst; (void)src; (void)n; (void)s; return 0; }
+
 EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; fake_sleep_us(sync_us()); return 0; }
-EXPORT CUresult cuCtxSynchronize(void) { fake_sleep_us(sync_us()); return 0; }
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { (void)s; fake_sleep_us(sync_us()); return 0; }
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) { (void)ctx; fake_sleep_us(sync_us()); return 0; }
+EXPORT CUresult cuCtxSynchronize(void) { return cuCtxSynchronize_v2(NULL); }
 EXPORT CUresult cuEventSynchronize(CUevent e) { (void)e; fake_sleep_us(sync_us()); return 0; }
 
 /* test helpers: C callers with frame pointers, and a tight loop for the benchmark */
