@@ -18,6 +18,18 @@ from stacklens.errors import EXIT_USAGE, InputError, StacklensError
 
 FORMATS = ("text", "json", "folded", "pprof", "speedscope")
 DEFAULT_SOCKET = "/run/stacklens/stacklens.sock"
+PID_MAX = 2**31 - 1  # pid_t (the daemon's gRPC field is an int32)
+
+
+def pid_arg(text: str) -> int:
+    """argparse type of every PID argument: an integer in 1..2**31-1, else a usage error."""
+    try:
+        pid = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid PID {text!r}: give a process id (see `stacklens ps`)") from None
+    if not 1 <= pid <= PID_MAX:
+        raise argparse.ArgumentTypeError(f"invalid PID {pid}: a process id is in 1..{PID_MAX}")
+    return pid
 
 
 def _socket_path(args: argparse.Namespace) -> str:
@@ -147,14 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("-o", "--output", help="write to FILE instead of stdout")
 
     r = sub.add_parser("report", help="render a profile: a saved file (--input) or a PID via the daemon")
-    r.add_argument("pid", nargs="?", type=int)
+    r.add_argument("pid", nargs="?", type=pid_arg)
     r.add_argument("--input", "-i", help="saved profile (stacklens JSON, .json.gz)")
     r.add_argument("--window", type=float, default=None, help="last N seconds (daemon only)")
     out_opts(r)
     r.set_defaults(func=cmd_report)
 
     pr = sub.add_parser("profile", help="one-shot: attach to PID for a duration, print the profile (root)")
-    pr.add_argument("--pid", type=int, required=True)
+    pr.add_argument("--pid", type=pid_arg, required=True)
     pr.add_argument("--duration", type=float, default=5.0)
     pr.add_argument("--rate", type=int, default=99, help="CPU sampling rate in Hz")
     pr.add_argument("--agent", action="store_true", help="also inject the in-process agent (GPU time, Python sampler)")
@@ -176,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     doc = sub.add_parser("doctor", help="check kernel, headers, tracefs, ptrace scope, BCC, a target's Python/CUDA")
-    doc.add_argument("--pid", type=int)
+    doc.add_argument("--pid", type=pid_arg)
     doc.set_defaults(func=cmd_doctor)
 
     for name, hlp in (
@@ -185,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("advise", "advice for PID from the daemon's analyzer"),
     ):
         sp = sub.add_parser(name, help=hlp)
-        sp.add_argument("pid", type=int)
+        sp.add_argument("pid", type=pid_arg)
         if name == "attach":
             sp.add_argument("--agent", action="store_true", help="inject the in-process agent too")
         sp.set_defaults(func=cmd_daemon_call)
@@ -193,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     ps.set_defaults(func=cmd_daemon_call)
 
     t = sub.add_parser("top", help="live terminal UI (through the daemon, or --input FILE)")
-    t.add_argument("pid", nargs="?", type=int)
+    t.add_argument("pid", nargs="?", type=pid_arg)
     t.add_argument("--input", "-i")
     t.set_defaults(func=cmd_top)
     return p

@@ -1,11 +1,15 @@
 """gRPC client of stacklensd, used by the CLI and the TUI. Needs read access to the daemon's token.
 
 gRPC status codes come back as the matching `stacklens.errors` class, so callers see one hierarchy.
+The token is `SOCKNAME.d/token` beside the socket when the daemon had to make that directory (its
+socket sits in a directory it does not own, e.g. /tmp), else `token` beside the socket
+(daemon/server.py, "Socket directory").
 """
 
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -17,6 +21,26 @@ from stacklens.cct.export import decode_profile as _decode_profile
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon import stacklens_pb2_grpc as pbg
 
+TOKEN_NAME = "token"
+
+
+def token_subdir(sock: Path | str) -> str:
+    """Name of the daemon-owned directory for the token beside a socket in a shared directory."""
+    return f"{Path(sock).name}.d"
+
+
+def token_candidates(sock: Path | str) -> list[Path]:
+    """Where the token of the daemon at `sock` may be, in the order clients look."""
+    sock = Path(sock)
+    return [sock.parent / token_subdir(sock) / TOKEN_NAME, sock.parent / TOKEN_NAME]
+
+
+def _check_pid(pid: int) -> None:
+    """The gRPC field is an int32: refuse what it cannot carry here, with a message."""
+    if not isinstance(pid, int) or not 1 <= pid <= 2**31 - 1:
+        raise errors.InputError(f"invalid PID {pid}: a process id is an integer in 1..{2**31 - 1}")
+
+
 _STATUS_TO_ERROR = {
     grpc.StatusCode.INVALID_ARGUMENT: errors.InputError,
     grpc.StatusCode.NOT_FOUND: errors.NoSuchProcess,
@@ -26,7 +50,7 @@ _STATUS_TO_ERROR = {
     grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyAttached,
     grpc.StatusCode.UNAVAILABLE: errors.DaemonUnavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: errors.Timeout,
-}
+}  # RESOURCE_EXHAUSTED, INTERNAL: StacklensError with the daemon's message
 
 
 def _translate(e: grpc.RpcError, socket_path: str) -> errors.StacklensError:
@@ -49,7 +73,8 @@ class DaemonClient:
         self.socket_path = socket_path
         self.timeout = timeout
         if token is None:
-            tok = Path(socket_path).parent / "token"
+            cands = token_candidates(socket_path)
+            tok = next((c for c in cands if os.path.lexists(c)), cands[-1])
             try:
                 token = tok.read_text().strip()
             except FileNotFoundError:
@@ -80,18 +105,21 @@ class DaemonClient:
             raise _translate(e, self.socket_path) from None
 
     def attach(self, pid: int, *, agent: bool = False, cpu_hz: int = 0, no_ops: bool = False) -> list[str]:
+        _check_pid(pid)
         r = self._call(
             self.stub.Attach, pb.AttachRequest(pid=pid, agent=agent, cpu_sample_hz=cpu_hz, no_ops=no_ops), timeout=120
         )
         return list(r.notes)
 
     def detach(self, pid: int) -> None:
+        _check_pid(pid)
         self._call(self.stub.Detach, pb.DetachRequest(pid=pid), timeout=120)
 
     def processes(self) -> list[pb.ProcessInfo]:
         return list(self._call(self.stub.ListProcesses, pb.ListProcessesRequest()).processes)
 
     def snapshot_response(self, pid: int, **kw) -> pb.SnapshotResponse:
+        _check_pid(pid)
         req = pb.SnapshotRequest(pid=pid, **{k: v for k, v in kw.items() if v is not None})
         return self._call(self.stub.GetSnapshot, req)
 
@@ -99,6 +127,7 @@ class DaemonClient:
         return decode_profile(self.snapshot_response(pid, window_s=window_s or 0.0, **kw).profile)
 
     def stream(self, pid: int, interval_ms: int = 1000, **kw) -> Iterator[pb.SnapshotResponse]:
+        _check_pid(pid)
         req = pb.StreamRequest(request=pb.SnapshotRequest(pid=pid, **kw), interval_ms=interval_ms)
         try:
             yield from self.stub.StreamSnapshots(req, metadata=self._md)
@@ -106,6 +135,7 @@ class DaemonClient:
             raise _translate(e, self.socket_path) from None
 
     def advice(self, pid: int, window_s: float = 0.0) -> list[pb.Finding]:
+        _check_pid(pid)
         return list(self._call(self.stub.GetAdvice, pb.AdviceRequest(pid=pid, window_s=window_s), timeout=60).findings)
 
     def health(self) -> pb.HealthResponse:

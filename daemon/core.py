@@ -2,12 +2,25 @@
 
 Shared by the gRPC servicer, the Prometheus collector and the one-shot CLI paths. Attaching needs
 root; everything here is safe to call from several gRPC worker threads (one lock around the
-registry; each session's tree is touched only by its own aggregation thread).
+registry; each session's tree is touched only by its own aggregation thread). Attaches of
+different PIDs run in parallel; their BCC compiles queue on one lock (bpf/program.py).
+
+A session that ends (detach, target exit) is retired: its probes, agent, queues, joiner and window
+buckets are dropped, and only a `ClosedSession` stays — the final cumulative profile, gzip-encoded
+(typically tens of KiB), and the last stats — so `stacklens report PID` works after the end. At
+most MAX_CLOSED of them (and MAX_CLOSED_BYTES of profiles) are kept, oldest dropped first; after a
+retirement the freed heap is handed back to the OS (gc + glibc `malloc_trim`), so a daemon that
+saw 2,000 sessions holds what one holds (tests/unit/test_daemon_core_limits.py).
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
+import ctypes.util
+import gc
+import logging
+import os
 import re
 import threading
 import time
@@ -15,11 +28,74 @@ from dataclasses import dataclass
 from typing import Callable
 
 from stacklens.cct import Snapshot
+from stacklens.cct.export import decode_profile, encode_profile
 from stacklens.daemon.discovery import ProcFS, ProcessInfo, describe_process, scan
 from stacklens.daemon.session import ProcessSession
-from stacklens.errors import AlreadyAttached, InputError, NoSuchProcess
+from stacklens.errors import (AlreadyAttached, DaemonUnavailable, InputError, NoSuchProcess, PermissionDenied,
+                              StacklensError)
+
+log = logging.getLogger(__name__)
 
 MAX_SESSIONS = 64
+MAX_CLOSED = 32                 # ended sessions whose final profile is kept for `report`
+MAX_CLOSED_BYTES = 64 << 20     # ... and at most this many bytes of their encoded profiles
+PID_MAX = 2**31 - 1             # the kernel's pid_t; pid_max itself is at most 2**22
+PF_KTHREAD = 0x00200000         # /proc/PID/stat flags: a kernel thread
+
+
+def check_pid_range(pid: int) -> None:
+    """InputError unless 1 <= pid <= 2**31 - 1 (what a pid_t and the gRPC int32 field hold)."""
+    if not isinstance(pid, int) or not 1 <= pid <= PID_MAX:
+        raise InputError(f"invalid PID {pid}: a process id is an integer in 1..{PID_MAX} (see `stacklens ps`)")
+
+
+class ClosedSession:
+    """What stays of an ended session: final cumulative profile (encoded) and stats, nothing live.
+
+    Window views are no longer meaningful once nothing is added: every `snapshot()` is the final
+    cumulative profile of the session, whatever window is asked for.
+    """
+
+    agent = None
+
+    def __init__(self, s: ProcessSession) -> None:
+        self.pid = s.pid
+        self.comm = s.comm
+        self.state = s.state if s.state not in ("attached", "starting") else "detached"
+        self.started = s.started
+        self.notes = list(s.notes)
+        self._profile = encode_profile(s.snapshot())
+        try:
+            self._stats = {k: int(v) for k, v in s.stats().items()}
+        except StacklensError:
+            self._stats = {}
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._profile)
+
+    def snapshot(self, window_s: float | None = None) -> Snapshot:
+        return decode_profile(self._profile)
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._stats)
+
+
+def _libc_malloc_trim():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl): freed memory stays in the process
+        return None
+
+
+_MALLOC_TRIM = _libc_malloc_trim()
+
+
+def release_memory() -> None:
+    """Frees cyclic garbage and returns free heap pages to the OS (glibc keeps them otherwise)."""
+    gc.collect()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 @dataclass(frozen=True)
@@ -43,20 +119,60 @@ class Daemon:
     ) -> None:
         self._lock = threading.Lock()
         self.sessions: dict[int, ProcessSession] = {}
-        self.closed: collections.OrderedDict[int, ProcessSession] = collections.OrderedDict()
+        self.closed: collections.OrderedDict[int, ProcessSession | ClosedSession] = collections.OrderedDict()
         self._factory = session_factory
         self.procfs = procfs or ProcFS()
         self.auto_attach = auto_attach
         self.max_nodes = max_nodes
         self.counters = collections.Counter()
         self.started = time.time()
+        self._closing = False
+
+    def _check_target(self, pid: int) -> None:
+        """Refuses what cannot be profiled, with the reason: the daemon itself, kernel threads, and
+        processes whose /proc the kernel hides even from root."""
+        check_pid_range(pid)
+        if pid == os.getpid():
+            raise InputError(f"PID {pid} is stacklensd itself: attach to the process you want to profile")
+        stat = self.procfs.read(pid, "stat")  # NoSuchProcess when it does not exist
+        comm, _, rest = stat.rpartition(")")
+        fields = rest.split()
+        flags = int(fields[6]) if len(fields) > 6 and fields[6].isdigit() else 0
+        if pid == 2 or flags & PF_KTHREAD or (not self._cmdline(pid) and not self._has_exe(pid)):
+            name = comm.partition("(")[2]
+            raise InputError(f"PID {pid} ({name}) is a kernel thread: only user processes can be profiled "
+                             "(see `stacklens ps`)")
+        try:
+            self.procfs.read(pid, "maps")
+        except PermissionDenied:
+            if os.geteuid() != 0:
+                raise
+            raise PermissionDenied(
+                f"the kernel refuses stacklensd (root) access to /proc/{pid}/maps: the process is protected "
+                "(not dumpable, a Yama ptrace policy, an LSM, or another PID/user namespace's init); "
+                "it cannot be profiled from here") from None
+
+    def _cmdline(self, pid: int) -> str:
+        try:
+            return self.procfs.read(pid, "cmdline")
+        except PermissionDenied:
+            return "?"
+
+    def _has_exe(self, pid: int) -> bool:
+        try:
+            return bool(os.readlink(f"{self.procfs.root}/{pid}/exe"))
+        except PermissionError:
+            return True
+        except OSError:
+            return False
 
     def attach(self, pid: int, *, agent: bool = False, cpu_hz: int = 99, ops: bool = True) -> list[str]:
-        if pid <= 0:
-            raise InputError(f"invalid PID {pid}")
+        self._check_target(pid)
         if not 1 <= cpu_hz <= 10_000:
             raise InputError(f"cpu sample rate {cpu_hz} Hz out of range (1..10000)")
         with self._lock:
+            if self._closing:
+                raise DaemonUnavailable("stacklensd is shutting down: attach again once it is back")
             if pid in self.sessions:
                 raise AlreadyAttached(f"already attached to {pid}; detach first (`stacklens detach {pid}`)")
             if len(self.sessions) >= MAX_SESSIONS:
@@ -72,18 +188,59 @@ class Daemon:
             self.counters["attach_failures"] += 1
             raise
         with self._lock:
-            self.sessions[pid] = s
+            closing = self._closing
+            if not closing:
+                self.sessions[pid] = s
+        if closing:  # shutdown() ran while this attach compiled: nothing may stay attached
+            s.stop("detached")
+            with self._lock:
+                self.sessions.pop(pid, None)
+            raise DaemonUnavailable("stacklensd is shutting down: attach again once it is back")
         self.counters["attaches"] += 1
         return notes
 
-    def _closed(self, s: ProcessSession) -> None:
+    def _remember(self, key: int, rec: ProcessSession | ClosedSession) -> None:
+        """Keeps `rec` as the closed session of `key` (under the lock), within the caps."""
+        self.closed[key] = rec
+        self.closed.move_to_end(key)
+        total = sum(getattr(r, "nbytes", 0) for r in self.closed.values())
+        while len(self.closed) > MAX_CLOSED or (total > MAX_CLOSED_BYTES and len(self.closed) > 1):
+            _, old = self.closed.popitem(last=False)
+            total -= getattr(old, "nbytes", 0)
+
+    def _retire(self, s: ProcessSession) -> None:
+        """Replaces an ended session by its ClosedSession and gives the memory back."""
+        try:
+            rec = ClosedSession(s)
+        except Exception:  # noqa: BLE001 — the final profile could not be made: keep nothing
+            log.exception("final profile of session %d", s.pid)
+            rec = None
         with self._lock:
-            if self.sessions.get(s.pid) is s:
+            if self.closed.get(s.pid) is s:
+                if rec is None:
+                    del self.closed[s.pid]
+                else:
+                    self._remember(s.pid, rec)
+        del s, rec
+        release_memory()
+
+    def _closed(self, s: ProcessSession) -> None:
+        """on_close of a session (its aggregation thread, at target exit)."""
+        with self._lock:
+            mine = self.sessions.get(s.pid) is s
+            if mine:
                 del self.sessions[s.pid]
-                self.closed[s.pid] = s
-                while len(self.closed) > 32:
-                    self.closed.popitem(last=False)
+                self._remember(s.pid, s)
         self.counters["sessions_closed"] += 1
+        if mine:
+            # the final profile is read once that thread has ended (it still owns the tree here)
+            agg = threading.current_thread()
+
+            def retire() -> None:
+                agg.join(timeout=30)
+                self._retire(s)
+
+            threading.Thread(target=retire, name=f"stacklens-retire-{s.pid}", daemon=True).start()
 
     def detach(self, pid: int) -> None:
         with self._lock:
@@ -93,10 +250,11 @@ class Daemon:
             del self.sessions[pid]
         s.stop("detached")
         with self._lock:
-            self.closed[pid] = s
+            self._remember(pid, s)
         self.counters["detaches"] += 1
+        self._retire(s)
 
-    def session(self, pid: int) -> ProcessSession:
+    def session(self, pid: int) -> ProcessSession | ClosedSession:
         with self._lock:
             s = self.sessions.get(pid) or self.closed.get(pid)
         if s is None:
@@ -127,20 +285,34 @@ class Daemon:
         return out
 
     def auto_attach_scan(self) -> list[int]:
+        """Attaches to matching processes; races with Attach RPCs end in AlreadyAttached (counted)."""
         if self.auto_attach is None:
             return []
         attached = []
         for info in scan(self.procfs):
-            if info.pid in self.sessions or not self.auto_attach.matches(info):
+            if self._closing:
+                break
+            with self._lock:
+                known = info.pid in self.sessions
+            if known or not self.auto_attach.matches(info):
                 continue
             try:
                 self.attach(info.pid, agent=False)
                 attached.append(info.pid)
+            except AlreadyAttached:
+                self.counters["auto_attach_raced"] += 1
             except Exception:  # noqa: BLE001 — counted; a bad process must not stop the scan
                 self.counters["auto_attach_failures"] += 1
         return attached
 
+    def close(self) -> None:
+        """Refuses new attaches from now on; an attach in flight stops its session when it ends."""
+        with self._lock:
+            self._closing = True
+
     def shutdown(self) -> None:
+        """close(), then detaches every session."""
+        self.close()
         for s in self.active():
             try:
                 self.detach(s.pid)

@@ -3,12 +3,25 @@
 Authorization: the Unix socket is mode 0660 (root + group `stacklens`); every call must also carry
 the daemon's token (`authorization: Bearer …`, read from the root:stacklens 0640 token file beside
 the socket), so a connection that gets past the file mode — or a TCP client — still needs it.
+
+Workers: unary calls must never wait behind long-lived calls, so `StreamSnapshots` is capped at
+MAX_STREAMS concurrent streams and Attach at MAX_ATTACHES in flight (RESOURCE_EXHAUSTED beyond,
+with what to do); the server has WORKERS threads, so at least WORKERS - MAX_STREAMS - MAX_ATTACHES
+are always free for the rest. A stream waits between snapshots on an Event that its cancellation
+(`context.add_callback`) and `close()` (daemon stop) set, so it gives its worker back at once.
+Errors: StacklensError → its status code; anything else → INTERNAL with a short message naming
+the RPC (the exception text stays in the daemon's log, logged once with its traceback).
+Requests that do not decode are logged as one rate-limited line (`install_log_filters`).
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
+import inspect
+import logging
 import math
+import threading
 import time
 
 import grpc
@@ -18,19 +31,129 @@ from stacklens.cct import CCT, Frame, Snapshot, diff
 from stacklens.cct.export import encode_profile
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon import stacklens_pb2_grpc as pbg
-from stacklens.daemon.core import Daemon
-from stacklens.errors import InputError, StacklensError
+from stacklens.daemon.core import Daemon, check_pid_range
+from stacklens.errors import DaemonUnavailable, InputError, StacklensError
+
+log = logging.getLogger(__name__)
 
 MAX_WINDOW_S = 60.0  # window + diff window must fit the 120 s horizon of the tree
+MAX_INTERVAL_MS = 60_000  # a stream's interval; longer than the largest window is pointless
+MIN_INTERVAL_MS = 100
+WORKERS = 32
+MAX_STREAMS = 8
+MAX_ATTACHES = 16
+
+
+class Busy(StacklensError):
+    """Too many long-lived calls of one kind at once."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
 
 
 def _abort(context: grpc.ServicerContext, err: StacklensError):
     context.abort(getattr(grpc.StatusCode, err.grpc_code, grpc.StatusCode.INTERNAL), str(err))
 
 
+def _internal(context: grpc.ServicerContext, name: str, e: Exception):
+    log.error("%s failed unexpectedly (%s)", name, type(e).__name__, exc_info=e)
+    context.abort(grpc.StatusCode.INTERNAL, f"internal error in {name} ({type(e).__name__}); "
+                  "see the stacklensd log and report it")
+
+
+def rpc(fn):
+    """Maps what a handler raises to a status: StacklensError → its code, anything else → INTERNAL.
+    Handlers never call context.abort themselves."""
+    name = fn.__name__
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def stream(self, request, context):
+            try:
+                yield from fn(self, request, context)
+                return
+            except StacklensError as e:
+                err: Exception = e
+            except Exception as e:  # noqa: BLE001 — a bug: INTERNAL, logged once
+                err = e
+            if isinstance(err, StacklensError):
+                _abort(context, err)
+            _internal(context, name, err)
+
+        return stream
+
+    @functools.wraps(fn)
+    def unary(self, request, context):
+        try:
+            return fn(self, request, context)
+        except StacklensError as e:
+            err: Exception = e
+        except Exception as e:  # noqa: BLE001 — a bug: INTERNAL, logged once
+            err = e
+        if isinstance(err, StacklensError):
+            _abort(context, err)
+        _internal(context, name, err)
+
+    return unary
+
+
 def _check_pid(pid: int) -> None:
-    if pid <= 0:
-        raise InputError(f"invalid pid {pid}: must be a positive process id")
+    check_pid_range(pid)
+
+
+class _Slots:
+    """At most `n` holders at once; `take()` raises Busy(message) beyond."""
+
+    def __init__(self, n: int, message: str) -> None:
+        self.n, self.message, self.used = n, message, 0
+        self._lock = threading.Lock()
+
+    def take(self) -> None:
+        with self._lock:
+            if self.used >= self.n:
+                raise Busy(self.message)
+            self.used += 1
+
+    def give(self) -> None:
+        with self._lock:
+            self.used -= 1
+
+
+class _DecodeErrorFilter(logging.Filter):
+    """grpc logs each request that fails to decode with a 5-line traceback: one line per
+    `every_s` instead, with the number of others since."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last = -math.inf
+        self._skipped = 0
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "deserializing" not in str(record.msg):
+            return True
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last < self.every_s:
+                self._skipped += 1
+                return False
+            self._last, skipped, self._skipped = now, self._skipped, 0
+        record.msg = "malformed request: the protobuf message did not decode (INTERNAL returned)" + (
+            f"; {skipped} more since the last report" if skipped else "")
+        record.args = ()
+        record.exc_info = None
+        record.exc_text = None
+        return True
+
+
+_FILTER = _DecodeErrorFilter()
+
+
+def install_log_filters() -> None:
+    """Rate-limits grpc's log of undecodable requests (idempotent)."""
+    for name in ("grpc._common", "grpc._server"):
+        lg = logging.getLogger(name)
+        if _FILTER not in lg.filters:
+            lg.addFilter(_FILTER)
 
 
 def _check_window(w: float, name: str = "window_s") -> float | None:
@@ -75,6 +198,21 @@ class StacklensServicer(pbg.StacklensServicer):
         self.daemon = daemon
         self.advisor = advisor
         self.seq = 0
+        self._streams = _Slots(MAX_STREAMS, f"at most {MAX_STREAMS} snapshot streams at once: close a "
+                               "`stacklens top` or poll with GetSnapshot")
+        self._attaches = _Slots(MAX_ATTACHES, f"at most {MAX_ATTACHES} attaches in flight: retry when one "
+                                "has finished")
+        self._waits: set[threading.Event] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def close(self) -> None:
+        """Daemon stop: every stream ends now, new ones are refused."""
+        with self._lock:
+            self._closed = True
+            waits = list(self._waits)
+        for w in waits:
+            w.set()
 
     def _snapshot_response(self, req: pb.SnapshotRequest) -> pb.SnapshotResponse:
         _check_pid(req.pid)
@@ -103,24 +241,25 @@ class StacklensServicer(pbg.StacklensServicer):
         )
 
     # ---- RPCs -----------------------------------------------------------------------------
+    @rpc
     def Attach(self, request, context):
+        _check_pid(request.pid)
+        self._attaches.take()
         try:
-            _check_pid(request.pid)
             notes = self.daemon.attach(
                 request.pid, agent=request.agent, cpu_hz=request.cpu_sample_hz or 99, ops=not request.no_ops
             )
-            return pb.AttachResponse(pid=request.pid, notes=notes)
-        except StacklensError as e:
-            _abort(context, e)
+        finally:
+            self._attaches.give()
+        return pb.AttachResponse(pid=request.pid, notes=notes)
 
+    @rpc
     def Detach(self, request, context):
-        try:
-            _check_pid(request.pid)
-            self.daemon.detach(request.pid)
-            return pb.DetachResponse(pid=request.pid)
-        except StacklensError as e:
-            _abort(context, e)
+        _check_pid(request.pid)
+        self.daemon.detach(request.pid)
+        return pb.DetachResponse(pid=request.pid)
 
+    @rpc
     def ListProcesses(self, request, context):
         out = []
         for info, s in self.daemon.processes():
@@ -149,33 +288,43 @@ class StacklensServicer(pbg.StacklensServicer):
             out.append(p)
         return pb.ListProcessesResponse(processes=out)
 
+    @rpc
     def GetSnapshot(self, request, context):
-        try:
-            return self._snapshot_response(request)
-        except StacklensError as e:
-            _abort(context, e)
+        return self._snapshot_response(request)
 
+    @rpc
     def StreamSnapshots(self, request, context):
-        interval = max(100, request.interval_ms or 1000) / 1000.0
+        if request.interval_ms > MAX_INTERVAL_MS:
+            raise InputError(f"interval_ms must be <= {MAX_INTERVAL_MS} (0 = 1000, minimum {MIN_INTERVAL_MS})")
+        interval = max(MIN_INTERVAL_MS, request.interval_ms or 1000) / 1000.0
+        _check_pid(request.request.pid)
+        self._streams.take()
+        wake = threading.Event()
         try:
-            while context.is_active():
+            with self._lock:
+                if self._closed:
+                    raise DaemonUnavailable("stacklensd is shutting down")
+                self._waits.add(wake)
+            if not context.add_callback(wake.set):
+                return  # already cancelled
+            while not wake.is_set():
                 resp = self._snapshot_response(request.request)
                 yield resp
-                if resp.state != "attached":
+                if resp.state != "attached" or wake.wait(interval):
                     return
-                time.sleep(interval)
-        except StacklensError as e:
-            _abort(context, e)
+        finally:
+            with self._lock:
+                self._waits.discard(wake)
+            self._streams.give()
 
+    @rpc
     def GetAdvice(self, request, context):
-        try:
-            _check_pid(request.pid)
-            snap = self.daemon.snapshot(request.pid, window_s=_check_window(request.window_s))
-            findings = self.advisor(snap) if self.advisor else []
-            return pb.AdviceResponse(pid=request.pid, findings=[finding_to_pb(f) for f in findings])
-        except StacklensError as e:
-            _abort(context, e)
+        _check_pid(request.pid)
+        snap = self.daemon.snapshot(request.pid, window_s=_check_window(request.window_s))
+        findings = self.advisor(snap) if self.advisor else []
+        return pb.AdviceResponse(pid=request.pid, findings=[finding_to_pb(f) for f in findings])
 
+    @rpc
     def Health(self, request, context):
         counters = {k: int(v) for k, v in self.daemon.counters.items()}
         for s in self.daemon.active():

@@ -4,12 +4,28 @@ Names: `stacklens_` prefix, `_total` counters, `_seconds`, `_bytes`. Process lab
 `container`. Hotspots are the top-K contexts per process under a short bounded `context` label plus
 `[other]`; never a raw kernel name or a whole stack. A cap on hotspot series, with a counter of
 evictions. No privilege beyond the daemon's.
+
+The daemon's TCP endpoint is readable by every local user, so hotspot series (file:function:line
+of other users' processes) are exported only when asked for (`hotspots=True`; stacklensd
+`--metrics-hotspots` / `metrics_hotspots = true`); totals per process are always there.
+
+`MetricsServer` serves the scrape without a thread per connection (prometheus_client's
+`start_http_server` spawns one per connection, with no timeout: 300 idle connections from any user
+gave the root daemon 96 threads). One selector thread holds up to MAX_CONNECTIONS open connections
+(the oldest idle one is closed to admit a new one; an idle one is closed after IDLE_TIMEOUT_S) and
+hands a connection whose request has started to a pool of WORKERS threads, which read it within
+IO_TIMEOUT_S. Threads: 1 + WORKERS, whatever clients do.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import selectors
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -75,8 +91,10 @@ class StacklensCollector(Collector):
         top_k: int = 10,
         series_cap: int = 5_000,
         findings: Callable[[int, Snapshot], dict[str, int]] | None = None,
+        hotspots: bool = True,
     ) -> None:
         self.sources = sources
+        self.hotspots_on = hotspots
         self.health = health
         self.top_k = top_k
         self.series_cap = series_cap
@@ -116,7 +134,7 @@ class StacklensCollector(Collector):
             for m in sorted(snap.unavailable):
                 unavailable.add_metric(lv + [m], 1)
             drops.add_metric(lv, sum(v for k, v in stats.items() if "drop" in k or "lost" in k))
-            for m in HOTSPOT_METRICS:
+            for m in HOTSPOT_METRICS if self.hotspots_on else ():
                 if m not in snap.metrics or m in snap.unavailable:
                     continue
                 scale = PROCESS_METRICS[m][1]
@@ -133,7 +151,8 @@ class StacklensCollector(Collector):
                 except Exception:  # noqa: BLE001 — a rule bug must not break the scrape
                     log.exception("analyzer failed during scrape")
         yield from fams.values()
-        yield from hot.values()
+        if self.hotspots_on:
+            yield from hot.values()
         yield drops
         yield unavailable
         yield finding_fam
@@ -144,3 +163,163 @@ class StacklensCollector(Collector):
         yield CounterMetricFamily(
             "stacklens_series_evicted", "hotspot series not exported because of the series cap", value=self.series_evicted
         )
+
+
+MAX_CONNECTIONS = 64
+WORKERS = 2
+IDLE_TIMEOUT_S = 10.0
+IO_TIMEOUT_S = 5.0
+MAX_REQUEST_BYTES = 8192
+
+
+class MetricsServer:
+    """GET /metrics over `registry` with bounded threads and connections (module docstring)."""
+
+    def __init__(self, registry, host: str, port: int, *, max_connections: int = MAX_CONNECTIONS,
+                 workers: int = WORKERS, idle_timeout_s: float = IDLE_TIMEOUT_S, io_timeout_s: float = IO_TIMEOUT_S) -> None:
+        self.registry = registry
+        self.max_connections = max_connections
+        self.idle_timeout_s = idle_timeout_s
+        self.io_timeout_s = io_timeout_s
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((host, port))
+        self._listener.listen(128)
+        self._listener.setblocking(False)
+        self.address = self._listener.getsockname()[:2]
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stacklens-metrics")
+        self._idle: collections.OrderedDict[socket.socket, float] = collections.OrderedDict()  # → deadline
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stopping = False
+        self.closed_idle = 0
+        self.refused = 0
+        self._busy = 0                  # connections handed to the pool and not finished
+        self._busy_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="stacklens-metrics-accept", daemon=True)
+
+    def start(self) -> "MetricsServer":
+        self._sel.register(self._listener, selectors.EVENT_READ)
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._thread.start()
+        return self
+
+    def _drop(self, conn: socket.socket) -> None:
+        self._idle.pop(conn, None)
+        try:
+            self._sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            now = time.monotonic()
+            timeout = max(0.0, next(iter(self._idle.values())) - now) if self._idle else None
+            for key, _ in self._sel.select(timeout):
+                sock = key.fileobj
+                if sock is self._wake_r:
+                    continue
+                if sock is self._listener:
+                    self._accept()
+                    continue
+                # a request has started: off the selector, to a worker
+                self._idle.pop(sock, None)
+                self._sel.unregister(sock)
+                with self._busy_lock:
+                    self._busy += 1
+                try:
+                    self._pool.submit(self._serve, sock)
+                except RuntimeError:  # pool shut down
+                    self._served(sock)
+            now = time.monotonic()
+            while self._idle and next(iter(self._idle.values())) <= now:
+                self._drop(next(iter(self._idle)))
+                self.closed_idle += 1
+        for conn in list(self._idle):
+            self._drop(conn)
+
+    def _accept(self) -> None:
+        for _ in range(64):
+            try:
+                conn, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # EMFILE and the like: try again at the next readiness
+                return
+            if len(self._idle) + self._busy >= self.max_connections:
+                if not self._idle:  # every slot is a request being served: refuse this one
+                    conn.close()
+                    self.refused += 1
+                    continue
+                self._drop(next(iter(self._idle)))  # make room: the oldest idle one goes
+                self.closed_idle += 1
+            conn.setblocking(False)
+            self._idle[conn] = time.monotonic() + self.idle_timeout_s
+            self._sel.register(conn, selectors.EVENT_READ)
+
+    def _serve(self, conn: socket.socket) -> None:
+        from prometheus_client.exposition import choose_encoder
+
+        try:
+            deadline = time.monotonic() + self.io_timeout_s
+            data = b""
+            while b"\r\n\r\n" not in data and b"\n\n" not in data:
+                left = deadline - time.monotonic()
+                if left <= 0 or len(data) > MAX_REQUEST_BYTES:
+                    return
+                conn.settimeout(left)
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                data += chunk
+            head = data.split(b"\n", 1)[0].decode("latin-1").split()
+            headers = {}
+            for line in data.decode("latin-1").split("\n")[1:]:
+                k, sep, v = line.partition(":")
+                if sep:
+                    headers[k.strip().lower()] = v.strip()
+            if len(head) < 2 or head[0] not in ("GET", "HEAD"):
+                self._respond(conn, deadline, "405 Method Not Allowed", "text/plain", b"only GET /metrics\n")
+                return
+            path = head[1].split("?", 1)[0]
+            if path not in ("/", "/metrics"):
+                self._respond(conn, deadline, "404 Not Found", "text/plain", b"see /metrics\n")
+                return
+            encoder, content_type = choose_encoder(headers.get("accept", ""))
+            try:
+                body = encoder(self.registry)
+            except Exception:  # noqa: BLE001 — a collector bug: logged, 500 to the scraper
+                log.exception("metrics collection failed")
+                self._respond(conn, deadline, "500 Internal Server Error", "text/plain", b"collection failed\n")
+                return
+            self._respond(conn, deadline, "200 OK", content_type, b"" if head[0] == "HEAD" else body)
+        except OSError:
+            pass
+        finally:
+            self._served(conn)
+
+    def _served(self, conn: socket.socket) -> None:
+        conn.close()
+        with self._busy_lock:
+            self._busy -= 1
+
+    @staticmethod
+    def _respond(conn: socket.socket, deadline: float, status: str, ctype: str, body: bytes) -> None:
+        conn.settimeout(max(0.1, deadline - time.monotonic()))
+        head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n").encode()
+        conn.sendall(head + body)
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        self._thread.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for s in (self._listener, self._wake_r, self._wake_w):
+            s.close()
+        self._sel.close()

@@ -1,8 +1,27 @@
 """stacklensd: the node daemon. gRPC on a Unix socket (+ optional TCP with TLS), Prometheus on HTTP.
 
 Requires root or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE (+ CAP_DAC_READ_SEARCH for /proc of other
-users). The socket directory is root-owned 0750 with group `stacklens` when that group exists; the
-socket is 0660 and every call needs the token in `token` beside it (0640).
+users). The socket is 0660 (group `stacklens` when that group exists) and every call needs the
+token in a 0640 `token` file (see `prepare_socket_dir`).
+
+Socket directory: the daemon never changes the mode or owner of a directory it did not create
+(`--socket /tmp/x.sock` once turned /tmp into 0750 for every user; issue 17).
+- The socket's directory does not exist (e.g. /run/stacklens outside systemd): the daemon creates
+  it 0750 root:stacklens and keeps the token there.
+- It exists and is private to us (owned by our euid, not group/world-writable: the unit's
+  RuntimeDirectory, a directory from an earlier run): token there, the directory is left as it is.
+- It exists and is someone else's or shared (a sticky 1777 /tmp, a user's home): the token goes into
+  a fresh daemon-owned `SOCKNAME.d/` beside the socket (0750 root:stacklens; reused only when it is
+  a real directory of ours that nobody else can write). A group/world-writable directory without
+  the sticky bit is refused: anyone could rename the socket or that subdirectory away.
+A stale socket of ours at the path is replaced; anything else there is refused. Clients look for
+`SOCKNAME.d/token`, then `token` beside the socket (`client.token_candidates`). At stop the daemon
+removes the socket and the token file it wrote, not the directories.
+
+Metrics: `MetricsServer` (daemon/prom.py), bounded threads and connections; hotspot series only
+with `--metrics-hotspots`. Shutdown (SIGTERM/SIGINT) ends streams at once, gives RPCs 1 s, detaches
+every session and exits within a few seconds whatever clients do (RPC threads still busy, e.g.
+inside a BCC compile, do not hold the exit).
 """
 
 from __future__ import annotations
@@ -13,6 +32,7 @@ import logging
 import os
 import secrets
 import signal
+import stat
 import sys
 import threading
 import tomllib
@@ -22,7 +42,9 @@ from pathlib import Path
 import grpc
 
 from stacklens import __version__
+from stacklens.daemon import grpc_service
 from stacklens.daemon import stacklens_pb2_grpc as pbg
+from stacklens.daemon.client import TOKEN_NAME, token_subdir
 from stacklens.daemon.core import AutoAttachRule, Daemon
 from stacklens.daemon.grpc_service import StacklensServicer, TokenInterceptor
 from stacklens.errors import EXIT_USAGE, InputError, StacklensError
@@ -30,7 +52,6 @@ from stacklens.errors import EXIT_USAGE, InputError, StacklensError
 log = logging.getLogger("stacklensd")
 DEFAULT_SOCKET = "/run/stacklens/stacklens.sock"
 DEFAULT_METRICS = "127.0.0.1:9780"
-TOKEN_NAME = "token"
 
 
 def _group_id(name: str = "stacklens") -> int | None:
@@ -40,25 +61,95 @@ def _group_id(name: str = "stacklens") -> int | None:
         return None
 
 
-def prepare_socket_dir(sock: Path) -> Path:
-    """Create the socket's directory (0750) and a fresh token file (0640); returns the token path."""
-    d = sock.parent
-    d.mkdir(parents=True, exist_ok=True)
+def _private(st: os.stat_result) -> bool:
+    """A directory only we can change: ours, not writable by group or others."""
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _own_dir(fd: int) -> None:
+    """Mode and owner of a directory the daemon created (and only such a one)."""
+    os.fchmod(fd, 0o750)
     gid = _group_id()
-    os.chmod(d, 0o750)
     if gid is not None and os.geteuid() == 0:
-        os.chown(d, 0, gid)
-    if sock.exists() or sock.is_symlink():
-        sock.unlink()
-    token_path = d / TOKEN_NAME
-    tmp = d / f".{TOKEN_NAME}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secrets.token_hex(32))
-    if gid is not None and os.geteuid() == 0:
-        os.chown(tmp, 0, gid)
-    os.replace(tmp, token_path)
-    return token_path
+        os.fchown(fd, 0, gid)
+
+
+def _open_dir(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _token_dir(sock: Path) -> tuple[int, Path]:
+    """(open fd, path) of the directory that gets the token; see the module docstring."""
+    d = sock.parent
+    d.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(d, 0o750)
+        fd = _open_dir(d)
+        _own_dir(fd)
+        return fd, d
+    except FileExistsError:
+        pass
+    st = os.stat(d)
+    if not stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{d} is not a directory: pass another --socket")
+    if _private(st):
+        return _open_dir(d), d
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise InputError(f"{d} is writable by other users and not sticky: anyone could replace the socket "
+                         "there; put --socket in a directory of its own (e.g. /run/stacklens/)")
+    sub = d / token_subdir(sock)
+    try:
+        os.mkdir(sub, 0o750)
+        fd = _open_dir(sub)
+        _own_dir(fd)
+        return fd, sub
+    except FileExistsError:
+        pass
+    try:
+        fd = _open_dir(sub)
+    except OSError:
+        raise InputError(f"{sub} exists and is not a directory of stacklensd's: remove it or pass another "
+                         "--socket") from None
+    if not _private(os.fstat(fd)):
+        os.close(fd)
+        raise InputError(f"{sub} exists but is not stacklensd's own (owner or mode): remove it or pass "
+                         "another --socket")
+    return fd, sub
+
+
+def _clear_socket(sock: Path) -> None:
+    """Removes a stale socket of ours at `sock`; refuses anything else there."""
+    try:
+        st = os.lstat(sock)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+        raise InputError(f"{sock} exists and is not a stacklensd socket: remove it or pass another --socket")
+    sock.unlink()
+
+
+def prepare_socket_dir(sock: Path) -> Path:
+    """Picks (or creates) the token's directory, clears a stale socket, writes a fresh token file
+    (0640); returns the token's path. Changes no directory it did not create."""
+    fd, d = _token_dir(sock)
+    try:
+        _clear_socket(sock)
+        gid = _group_id()
+        tmp = f".{TOKEN_NAME}.tmp"
+        try:
+            os.unlink(tmp, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640, dir_fd=fd)
+        with os.fdopen(tfd, "w") as fh:
+            os.fchmod(fh.fileno(), 0o640)
+            if gid is not None and os.geteuid() == 0:
+                os.fchown(fh.fileno(), 0, gid)
+            fh.write(secrets.token_hex(32))
+        os.replace(tmp, TOKEN_NAME, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+    return d / TOKEN_NAME
 
 
 def load_config(path: str | None) -> dict:
@@ -85,15 +176,20 @@ class StacklensDaemon:
         auto_attach: str | None = None,
         daemon: Daemon | None = None,
         top_k: int = 10,
+        metrics_hotspots: bool = False,
     ) -> None:
         self.daemon = daemon or Daemon(auto_attach=AutoAttachRule(auto_attach) if auto_attach else None)
         self.socket_path = Path(socket_path)
         self.metrics_address = metrics_address
+        self.metrics_hotspots = metrics_hotspots
         self.tcp_address = tcp_address
         self.tls = (tls_cert, tls_key)
         self.top_k = top_k
         self._stop = threading.Event()
         self.server: grpc.Server | None = None
+        self.servicer: StacklensServicer | None = None
+        self._executor: futures.ThreadPoolExecutor | None = None
+        self.token_path: Path | None = None
         self.http = None
 
     def _advisor(self):
@@ -104,14 +200,17 @@ class StacklensDaemon:
         return analyze
 
     def start(self) -> None:
-        token_path = prepare_socket_dir(self.socket_path)
-        token = token_path.read_text().strip()
+        grpc_service.install_log_filters()
+        self.token_path = prepare_socket_dir(self.socket_path)
+        token = self.token_path.read_text().strip()
+        self._executor = futures.ThreadPoolExecutor(max_workers=grpc_service.WORKERS, thread_name_prefix="grpc")
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"),
+            self._executor,
             interceptors=[TokenInterceptor(token)],
             options=[("grpc.max_receive_message_length", 1 << 20), ("grpc.max_send_message_length", 256 << 20)],
         )
-        pbg.add_StacklensServicer_to_server(StacklensServicer(self.daemon, self._advisor()), self.server)
+        self.servicer = StacklensServicer(self.daemon, self._advisor())
+        pbg.add_StacklensServicer_to_server(self.servicer, self.server)
         old = os.umask(0o117)  # socket created 0660
         try:
             self.server.add_insecure_port(f"unix:{self.socket_path}")
@@ -119,7 +218,7 @@ class StacklensDaemon:
             os.umask(old)
         gid = _group_id()
         if gid is not None and os.geteuid() == 0:
-            os.chown(self.socket_path, 0, gid)
+            os.chown(self.socket_path, 0, gid, follow_symlinks=False)
         if self.tcp_address:
             cert, key = self.tls
             if not (cert and key):
@@ -130,20 +229,23 @@ class StacklensDaemon:
         if self.metrics_address:
             self._start_metrics()
         threading.Thread(target=self._housekeeping, name="stacklens-housekeeping", daemon=True).start()
-        log.info("stacklensd %s listening on unix:%s", __version__, self.socket_path)
+        log.info("stacklensd %s listening on unix:%s (token %s)", __version__, self.socket_path, self.token_path)
 
     def _start_metrics(self) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
 
-        from stacklens.daemon.prom import StacklensCollector
+        from stacklens.daemon.prom import MetricsServer, StacklensCollector
 
         host, _, port = self.metrics_address.rpartition(":")
         registry = CollectorRegistry()
         registry.register(
-            StacklensCollector(self._prom_sources, health=self._health, top_k=self.top_k, findings=self._finding_counts)
+            StacklensCollector(self._prom_sources, health=self._health, top_k=self.top_k, findings=self._finding_counts,
+                               hotspots=self.metrics_hotspots)
         )
-        self.http, _ = start_http_server(int(port), addr=host or "127.0.0.1", registry=registry)
-
+        try:
+            self.http = MetricsServer(registry, host.strip("[]") or "127.0.0.1", int(port)).start()
+        except ValueError:
+            raise InputError(f"metrics address {self.metrics_address!r} is not HOST:PORT") from None
     def _prom_sources(self):
         for s in self.daemon.active():
             try:
@@ -180,16 +282,24 @@ class StacklensDaemon:
                 log.exception("auto-attach scan failed")
 
     def stop(self) -> None:
+        """Ends streams now, RPCs within ~1 s, then every session; never waits on a client."""
         self._stop.set()
-        self.daemon.shutdown()
+        if self.servicer is not None:
+            self.servicer.close()
+        self.daemon.close()  # attaches in flight stop their session when they finish
         if self.server:
-            self.server.stop(grace=1).wait()
+            self.server.stop(grace=1).wait(3)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
         if self.http:
             self.http.shutdown()
-        try:
-            self.socket_path.unlink()
-        except FileNotFoundError:
-            pass
+        self.daemon.shutdown()
+        for path in (self.socket_path, self.token_path):
+            try:
+                if path is not None:
+                    path.unlink()
+            except FileNotFoundError:
+                pass
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,7 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"stacklensd {__version__}")
     p.add_argument("--socket", default=None, help=f"Unix socket (default {DEFAULT_SOCKET})")
     p.add_argument("--metrics-address", default=None, help=f"Prometheus HOST:PORT (default {DEFAULT_METRICS}; 'off' disables)")
-    p.add_argument("--config", help="TOML config: socket, metrics_address, tcp_address, tls_cert, tls_key, auto_attach, top_k")
+    p.add_argument("--metrics-hotspots", action="store_true", default=None,
+                   help="also export hotspot series (file:function:line of profiled processes) on the metrics "
+                        "endpoint, which every local user can read; off by default")
+    p.add_argument("--config", help="TOML config: socket, metrics_address, metrics_hotspots, tcp_address, tls_cert, "
+                                    "tls_key, auto_attach, top_k")
     p.add_argument("--tcp-address", help="optional gRPC TCP listener (TLS required)")
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
@@ -223,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
             tls_key=args.tls_key or cfg.get("tls_key"),
             auto_attach=args.auto_attach or cfg.get("auto_attach"),
             top_k=int(cfg.get("top_k", 10)),
+            metrics_hotspots=bool(args.metrics_hotspots if args.metrics_hotspots is not None
+                                  else cfg.get("metrics_hotspots", False)),
         )
         d.start()
     except StacklensError as e:
@@ -237,6 +353,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"stacklensd: ready on unix:{d.socket_path}", flush=True)
     done.wait()
     d.stop()
+    busy = [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+    if busy:
+        # RPC threads still inside an attach (a queued BCC compile takes seconds each) would hold the
+        # interpreter's exit; every session is detached and the kernel frees what they hold.
+        log.info("exiting with %d request thread(s) still busy: %s", len(busy), ", ".join(busy[:4]))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

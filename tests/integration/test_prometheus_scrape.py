@@ -43,7 +43,8 @@ def test_prometheus_scrapes_hotspots(tmp_path):
 
     mport, pport = free_port(), free_port()
     d = StacklensDaemon(
-        socket_path=str(tmp_path / "run" / "s.sock"), metrics_address=f"127.0.0.1:{mport}", daemon=Daemon(session_factory=factory), top_k=3
+        socket_path=str(tmp_path / "run" / "s.sock"), metrics_address=f"127.0.0.1:{mport}", daemon=Daemon(session_factory=factory), top_k=3,
+        metrics_hotspots=True,
     )
     d.start()
     target = subprocess.Popen(["sleep", "120"])
