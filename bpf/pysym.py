@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, NamedTuple, Optional, Protocol, Sequence
 
 from stacklens.errors import StacklensError
+from stacklens.textsafe import safe_text
 
 try:
     from stacklens.cct import Frame  # type: ignore[attr-defined]
@@ -249,8 +250,10 @@ class Symbolizer:
         first = struct.unpack("<i", mem.read(code + lay.code_firstlineno, 4))[0]
         table = read_bytes_obj(mem, lay, read_u64(mem, code + lay.code_linetable))
         decode = line_ranges_311 if lay.linetable_format == 311 else line_ranges_310
-        return CodeInfo(read_unicode(mem, lay, fn_ptr), read_unicode(mem, lay, qual_ptr), first,
-                        tuple(decode(table, first)))
+        # the target names its code as it likes: control characters escaped here, once per code
+        # object, so no view or metric label downstream gets an ESC (textsafe.py)
+        return CodeInfo(safe_text(read_unicode(mem, lay, fn_ptr)), safe_text(read_unicode(mem, lay, qual_ptr)),
+                        first, tuple(decode(table, first)))
 
     def code_info(self, code: int, tag: int) -> Optional[CodeInfo]:
         key = (code, tag)

@@ -34,11 +34,21 @@ Node cap and folding: the tree never holds more than `max_nodes` nodes.
   have needed (counted again if it is turned away again after a fold).
 - Weight is cumulative, so long-lived hot contexts win against newcomers, whose weight starts
   small; windowed views (window.py) build on per-second trees, where a new phase of a job shows.
+
+Byte cap (`max_bytes`, issue 17): nodes are not all the memory. Frame strings come from the
+target (a hostile one sent unique 8 KiB names: 5.4 GiB in 74 s under a node cap of 100k per tree),
+so the tree also keeps an estimate of its bytes (`estimated_bytes`: per node, per interned frame
+with its strings' `sys.getsizeof`, per path-cache entry; constants below, checked against
+tracemalloc by tests/unit/test_cct_budget.py). Past `max_bytes` the coldest contexts are folded,
+the same fold as the node cap, until the estimate is back to 90% of it; `budget_folded` counts the
+nodes that went. Totals are conserved as with the node cap. Frame objects shared between trees
+are counted in each, so the estimate errs high.
 """
 
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, compress, repeat
 
@@ -58,18 +68,37 @@ METRICS = (
 
 _FOLD_TO = 0.9
 
+# Estimated bytes (64-bit CPython 3.10-3.13) of what a tree holds, for `max_bytes`.
+NODE_BYTES = 200    # parents/node_frame slots, a _child entry with its int key and value, cell ints
+CELL_BYTES = 8      # a node's slot in each metric column
+FRAME_BYTES = 190   # a Frame tuple, its _frames slot and _frame_ids entry (its strings apart)
+PATH_BYTES = 150    # a _leaf_of entry: dict slot, tuple header, value; 8 more per frame of the path
+
+
+def frame_bytes(frame: Frame) -> int:
+    """Estimated bytes of one interned frame, its name and file strings included."""
+    return FRAME_BYTES + sys.getsizeof(frame.name) + sys.getsizeof(frame.file)
+
 
 class CCT:
     """A mutable calling context tree; see the module docstring for layout and folding."""
 
-    def __init__(self, metrics: Sequence[str] = METRICS, max_nodes: int | None = 100_000) -> None:
+    def __init__(self, metrics: Sequence[str] = METRICS, max_nodes: int | None = 100_000,
+                 max_bytes: int | None = None) -> None:
         metrics = tuple(metrics)
         if not metrics or len(set(metrics)) != len(metrics):
             raise ValueError(f"metrics must be a non-empty sequence of distinct names, got {metrics}")
         if max_nodes is not None and max_nodes < 2:
             raise ValueError("max_nodes must be at least 2 (the root and one [other] node), or None")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError("max_bytes must be positive, or None")
         self.metrics = metrics
         self.max_nodes = max_nodes
+        self.max_bytes = max_bytes
+        self._node_bytes = NODE_BYTES + CELL_BYTES * len(metrics)
+        self._bytes = self._node_bytes + frame_bytes(ROOT)   # nodes and frames
+        self._path_bytes = 0                                  # the path cache
+        self.budget_folded = 0   # nodes folded because of max_bytes
         self._frames: list[Frame] = [ROOT]
         self._frame_ids: dict[Frame, int] = {ROOT: 0}
         self._parents: list[int] = [-1]
@@ -95,6 +124,16 @@ class CCT:
     @property
     def folded_nodes(self) -> int:
         return self._folded
+
+    @property
+    def estimated_bytes(self) -> int:
+        """What the tree holds, estimated (see the module docstring)."""
+        return self._bytes + self._path_bytes
+
+    def drop_path_cache(self) -> None:
+        """Forget the path cache (a tree that is only read from now on: a closed window bucket)."""
+        self._leaf_of = {}
+        self._path_bytes = 0
 
     # -- insertion -----------------------------------------------------------------------
 
@@ -146,6 +185,9 @@ class CCT:
         for metric, value in deltas.items():
             self._excl[metric][node] += value
         self._leaf_of[key] = node
+        self._path_bytes += PATH_BYTES + 8 * len(key)
+        if self.max_bytes is not None and self._bytes + self._path_bytes > self.max_bytes:
+            self._fold_bytes()
 
     def _place(self, path: tuple[Frame, ...]) -> tuple[int, tuple[Frame, ...]]:
         """The node that takes `path`'s values (created if there is room), and its cache key."""
@@ -199,6 +241,7 @@ class CCT:
         fid = len(self._frames)
         self._frames.append(frame)
         self._frame_ids[frame] = fid
+        self._bytes += frame_bytes(frame)
         return fid
 
     def _new_node(self, parent: int, fid: int) -> int:
@@ -208,6 +251,7 @@ class CCT:
         for col in self._cols:
             col.append(0)
         self._child[parent << 32 | fid] = node
+        self._bytes += self._node_bytes
         return node
 
     def _unknown_metric(self, metric: str) -> KeyError:
@@ -246,6 +290,8 @@ class CCT:
         self._folded += sign * folded_nodes
         if self.max_nodes is not None and len(self._parents) > self.max_nodes:
             self._fold()
+        if self.max_bytes is not None and self.estimated_bytes > self.max_bytes:
+            self._fold_bytes()
 
     def _absorb_tree(self, other: CCT, sign: int = 1) -> None:
         frames = other._frames
@@ -279,7 +325,7 @@ class CCT:
 
     def copy(self) -> CCT:
         """An independent copy (C-speed list and dict copies; the path cache starts empty)."""
-        new = CCT(self.metrics, self.max_nodes)
+        new = CCT(self.metrics, self.max_nodes, self.max_bytes)
         new._frames = self._frames.copy()
         new._frame_ids = self._frame_ids.copy()
         new._parents = self._parents.copy()
@@ -288,15 +334,31 @@ class CCT:
         new._excl = {m: col.copy() for m, col in self._excl.items()}
         new._cols = list(new._excl.values())
         new._folded = self._folded
+        new._bytes = self._bytes
+        new.budget_folded = self.budget_folded
         return new
 
     # -- folding -------------------------------------------------------------------------
 
+    def _fold_bytes(self) -> None:
+        """Past max_bytes: fold the coldest contexts until the estimate is at most 90% of it. The
+        fold counts nodes, so its target is the node count scaled by the bytes to shed; a few
+        rounds because strings are not spread evenly over nodes."""
+        assert self.max_bytes is not None
+        goal = self.max_bytes * _FOLD_TO
+        before = self._folded
+        for _ in range(4):
+            total, n_nodes = self.estimated_bytes, len(self._parents)
+            if total <= goal or n_nodes <= 2:
+                break
+            self._fold(max(2, min(n_nodes - 1, int(n_nodes * goal / total))))
+        self.budget_folded += self._folded - before
+
     def _fold(self, target: int | None = None) -> None:
         """Fold the coldest subtrees until at most `target` nodes (default: 90% of the cap) remain,
         or nothing is left to fold."""
-        assert self.max_nodes is not None
         if target is None:
+            assert self.max_nodes is not None
             target = max(2, int(self.max_nodes * _FOLD_TO))
         parents, cols = self._parents, self._cols
         n_nodes = len(parents)
@@ -395,3 +457,5 @@ class CCT:
             if node in new_id and old_node_frame[node] != other_fid
         }
         self._turned_away = 0
+        self._bytes = self._node_bytes * len(keep) + sum(map(frame_bytes, frames))
+        self._path_bytes = PATH_BYTES * len(self._leaf_of) + 8 * sum(map(len, self._leaf_of))

@@ -6,7 +6,15 @@ Pure data, no privilege, no I/O, not thread-safe (owned by the aggregation threa
 into the open bucket only, so the hot path costs one `CCT.add` plus a float compare. When time
 moves past the open bucket, it is closed: added once into the cumulative tree and kept for
 window views until it is older than `horizon_s`. Memory is therefore bounded by
-`horizon_s / bucket_s` buckets of at most `max_nodes` nodes each, plus the cumulative tree.
+`horizon_s / bucket_s` buckets of at most `max_nodes` nodes each, plus the cumulative tree,
+and by bytes: `max_bytes` (DEFAULT_MAX_BYTES, 192 MiB) for all of them together, frame strings
+included (CCT.estimated_bytes). A third of it is the cumulative tree's byte cap, a sixth the open
+bucket's (both fold their coldest contexts into `[other]` past it, totals conserved), half is
+for the closed buckets: past it the oldest are dropped before their horizon (window views then
+reach back less far). What the budget cost is counted (`memory()`) and shown in the snapshot's
+meta (`"memory"`) once anything was folded or dropped for it. A hostile target sending unique
+8 KiB frame names held 5.4 GiB of a daemon in 74 s before (issue 17); now a session's tree stays
+within 192 MiB and the agent channel's queue within 64 MiB (inject/server.py).
 
 Views are built when asked for:
 - cumulative: a copy of the cumulative tree plus the open bucket;
@@ -38,6 +46,7 @@ from .snapshot import Snapshot
 from .tree import CCT, METRICS
 
 STAGE_MAX = 4096  # distinct staged paths before a flush (bounds what staging holds alive)
+DEFAULT_MAX_BYTES = 192 << 20  # a session's trees together (see the module docstring)
 
 
 class WindowedCCT:
@@ -50,6 +59,7 @@ class WindowedCCT:
         horizon_s: float = 120.0,
         max_nodes: int | None = 100_000,
         clock: Callable[[], float] = time.monotonic,
+        max_bytes: int | None = DEFAULT_MAX_BYTES,
     ) -> None:
         if not bucket_s > 0 or not horizon_s >= bucket_s:
             raise ValueError(f"need 0 < bucket_s <= horizon_s, got bucket_s={bucket_s}, horizon_s={horizon_s}")
@@ -57,11 +67,18 @@ class WindowedCCT:
         self.bucket_s = bucket_s
         self.horizon_s = horizon_s
         self.max_nodes = max_nodes
+        self.max_bytes = max_bytes
         self._clock = clock
         self._n_buckets = math.ceil(horizon_s / bucket_s)
-        self._cumulative = CCT(self.metrics, max_nodes)
+        self._cumulative_cap = None if max_bytes is None else max_bytes // 3
+        self._open_cap = None if max_bytes is None else max_bytes // 6
+        self._closed_cap = None if max_bytes is None else max_bytes - self._cumulative_cap - self._open_cap
+        self._cumulative = CCT(self.metrics, max_nodes, self._cumulative_cap)
         self._closed: deque[tuple[int, CCT]] = deque()
-        self._open = CCT(self.metrics, max_nodes)
+        self._closed_bytes = 0
+        self._evicted = 0          # closed buckets dropped before their horizon, for the budget
+        self._closed_folded = 0    # budget_folded of the buckets closed so far
+        self._open = CCT(self.metrics, max_nodes, self._open_cap)
         self._open_idx = -(2**62)
         self._open_end = -math.inf
         # id(path) -> [value of metric 0, value of metric 1, ..., path]; the entry keeps the
@@ -139,14 +156,34 @@ class WindowedCCT:
         idx = max(math.floor(t / self.bucket_s), self._open_idx + 1)
         if not _empty(self._open):
             self._cumulative._absorb_tree(self._open)
-            self._open._leaf_of = {}  # a closed bucket is only read: its path cache is dead weight
+            self._open.drop_path_cache()  # a closed bucket is only read: its path cache is dead weight
+            self._closed_folded += self._open.budget_folded
             self._closed.append((self._open_idx, self._open))
-            self._open = CCT(self.metrics, self.max_nodes)
+            self._closed_bytes += self._open.estimated_bytes
+            self._open = CCT(self.metrics, self.max_nodes, self._open_cap)
         self._open_idx = idx
         self._open_end = (idx + 1) * self.bucket_s
         oldest = idx - self._n_buckets + 1
-        while self._closed and self._closed[0][0] < oldest:
-            self._closed.popleft()
+        closed = self._closed
+        while closed and (closed[0][0] < oldest or
+                          (self._closed_cap is not None and self._closed_bytes > self._closed_cap)):
+            if closed[0][0] >= oldest:
+                self._evicted += 1
+            self._closed_bytes -= closed.popleft()[1].estimated_bytes
+
+    def memory(self) -> dict[str, int]:
+        """Estimated bytes held and what the byte budget cost: `budget_folded_nodes` (contexts
+        folded into [other] by a tree's byte cap) and `evicted_buckets` (window buckets dropped
+        before their horizon)."""
+        cum, open_ = self._cumulative.estimated_bytes, self._open.estimated_bytes
+        return {
+            "budget_bytes": self.max_bytes or 0,
+            "used_bytes": cum + open_ + self._closed_bytes,
+            "cumulative_bytes": cum,
+            "window_bytes": open_ + self._closed_bytes,
+            "budget_folded_nodes": self._cumulative.budget_folded + self._closed_folded + self._open.budget_folded,
+            "evicted_buckets": self._evicted,
+        }
 
     def snapshot(
         self,
@@ -158,6 +195,9 @@ class WindowedCCT:
         """Cumulative view (`window_s=None`) or the last `window_s` seconds, to a bucket."""
         self.flush()
         self._advance(self._clock() if now is None else now)
+        mem = self.memory()
+        if mem["budget_folded_nodes"] or mem["evicted_buckets"]:   # what the user does not see
+            meta = {**(meta or {}), "memory": mem}
         if window_s is None:
             if _empty(self._open):
                 return self._cumulative.snapshot(meta, unavailable)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from stacklens.errors import NoSuchProcess, PermissionDenied
 from stacklens.procfs import ProcFS, parse_maps
+from stacklens.textsafe import safe_text
 
 LIBRARY_PATTERNS = {
     "libcuda": re.compile(r"/libcuda\.so(\.\d+)*$"),
@@ -74,7 +75,10 @@ def describe_process(pid: int, procfs: ProcFS | None = None) -> ProcessInfo:
         container = _container_of(procfs.read(pid, "cgroup"))
     except NoSuchProcess:
         container = ""
-    return ProcessInfo(pid=pid, comm=comm, exe=exe, libraries=libs, python=python, container=container)
+    # names the process chose (comm, file names): control characters escaped for `ps` (textsafe.py)
+    return ProcessInfo(pid=pid, comm=safe_text(comm), exe=safe_text(exe),
+                       libraries={k: [safe_text(f) for f in v] for k, v in libs.items()},
+                       python=safe_text(python) if python else python, container=container)
 
 
 def scan(procfs: ProcFS | None = None, *, gpu_only: bool = True) -> list[ProcessInfo]:

@@ -8,6 +8,7 @@ locks. Target exit is noticed within one poll interval and closes the session.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import queue
 import threading
@@ -17,6 +18,7 @@ from typing import Any, Callable, Protocol
 from stacklens.cct import Snapshot
 from stacklens.daemon.join import Joiner
 from stacklens.errors import NoSuchProcess, StacklensError
+from stacklens.textsafe import safe_text
 
 POLL_MS = 50
 # At most this many events and agent records per loop turn, so snapshot requests are answered
@@ -24,6 +26,12 @@ POLL_MS = 50
 # plus as many kernel records kept the loop busy past the 10 s request timeout). What waits stays
 # in bounded queues: the BPF ring (drops counted by the probes) and the agent server's deque.
 BATCH_EVENTS = 20_000
+# A window with an end (one-shot `profile`, `record`): BPF stamps an event (CLOCK_MONOTONIC) and
+# reserves its ring record in the same program run, microseconds apart, so once an event stamped
+# later than end + DRAIN_GRACE_NS has been read, or the ring was found empty after that time,
+# every event stamped up to the end has been read (the ring is read in reservation order).
+DRAIN_GRACE_NS = 50_000_000
+DRAIN_TIMEOUT_S = 300.0   # the drain waits on events, this only bounds a stuck one (then: not drained)
 
 
 class EventSource(Protocol):
@@ -51,6 +59,61 @@ def pid_alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def process_cpu_ns(pid: int, proc: str = "/proc") -> int | None:
+    """utime + stime of the whole process (every thread, live or exited) in ns, or None."""
+    try:
+        with open(f"{proc}/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+@dataclasses.dataclass
+class Window:
+    """What a one-shot profile covers: events stamped in [start_ns, end_ns] (CLOCK_MONOTONIC,
+    the clock BPF stamps with) are joined, the others counted; the target's CPU time over the
+    same span (from /proc/PID/stat) tells how many CPU samples were due."""
+
+    start_ns: int
+    cpu_start_ns: int | None
+    end_ns: int | None = None
+    cpu_end_ns: int | None = None
+    before: int = 0            # stamped before start (while the probes were being attached)
+    after: int = 0             # stamped after end
+    newest_ns: int = 0         # newest stamp read so far
+    drained: bool = False      # every event stamped up to end_ns was read
+    drain_s: float = 0.0       # from end_ns to the close
+    closed: bool = False
+
+    def admit(self, events: list) -> list:
+        if not events:
+            return events
+        lo, hi = self.start_ns, self.end_ns
+        newest = max(ev.ktime_ns for ev in events)
+        if newest > self.newest_ns:
+            self.newest_ns = newest
+        if hi is None and min(ev.ktime_ns for ev in events) >= lo:
+            return events
+        keep = []
+        for ev in events:
+            t = ev.ktime_ns
+            if t < lo:
+                self.before += 1
+            elif hi is not None and t > hi:
+                self.after += 1
+            else:
+                keep.append(ev)
+        return keep
+
+    def past_end(self, ring_empty: bool, now_ns: int) -> bool:
+        """True once everything stamped up to end_ns has been read (see DRAIN_GRACE_NS)."""
+        if self.end_ns is None:
+            return False
+        limit = self.end_ns + DRAIN_GRACE_NS
+        return self.newest_ns > limit or (ring_empty and now_ns > limit)
 
 
 def default_probe_factory(pid: int, *, cpu_hz: int, ops: bool) -> EventSource:
@@ -123,18 +186,33 @@ class ProcessSession:
         self._thread: threading.Thread | None = None
         self._stats: dict[str, int] = {}
         self.comm = ""
+        self.window: Window | None = None
+        self._window_done = threading.Event()
+        self._window_abort = False
+        self._window_stats: dict[str, int] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
-    def start(self) -> list[str]:
+    def start(self, *, window: bool = False, progress: Callable[[str], None] | None = None,
+              before_agent: Callable[[], None] | None = None) -> list[str]:
+        """Attach. `window`: the session covers [end of the probes' attach, close_window()]
+        (one-shot profiles): events stamped outside are counted, not joined. `progress(phase)`
+        hears the attach phases. `before_agent`: called once the probes are attached, before
+        the agent is injected (`record` lets its held program go there)."""
         try:
             with open(f"/proc/{self.pid}/comm") as fh:
-                self.comm = fh.read().strip()
+                self.comm = safe_text(fh.read().strip())   # the target's choice: escaped (textsafe.py)
         except OSError:
             pass
         self.joiner.meta.update({"pid": self.pid, "comm": self.comm})
         self.probes = self._probe_factory(self.pid, cpu_hz=self.cpu_hz, ops=self.ops)
+        if progress is not None and hasattr(self.probes, "on_phase"):
+            self.probes.on_phase = progress
         try:
             report = self.probes.attach()
+            if window:
+                self.window = Window(time.monotonic_ns(), process_cpu_ns(self.pid))
+            if before_agent is not None:
+                before_agent()
             self.notes.extend(getattr(report, "notes", []) or [])
             self._bpf_python = bool(getattr(report, "python_stacks", False)) and \
                 getattr(report, "cpu_sampling_hz", self.cpu_hz) > 0
@@ -143,6 +221,8 @@ class ProcessSession:
                 if self.agent_config:
                     kw["config"] = self.agent_config
                 hz = self.agent_config.get("sample_hz", self._default_sample_hz())
+                if progress is not None:
+                    progress("injecting the agent")
                 self.agent = self._agent_factory(self.pid, sample_hz=hz, **kw)
                 self.notes.append("agent: injected (Python sampler; GPU collector if CUDA/ROCm is present)")
         except BaseException:
@@ -173,6 +253,8 @@ class ProcessSession:
         records of the last launches) and the probes' last events."""
         if self._thread is not None and self._thread.is_alive():
             return  # the aggregation thread did not stop: it still owns the tree
+        if self.window is not None and self.window.closed:
+            return  # closed and drained up to its end; what came after is not part of it
         try:
             if self.agent is not None:
                 self.agent.stop()
@@ -204,21 +286,34 @@ class ProcessSession:
     def _run(self) -> None:
         last_alive = 0.0
         try:
+            w = self.window
             while not self._stop.is_set():
-                for ev in self.probes.poll(POLL_MS, max_events=BATCH_EVENTS):
+                evs = self.probes.poll(POLL_MS, max_events=BATCH_EVENTS)
+                ring_empty = not evs
+                if w is not None:
+                    evs = w.admit(evs)
+                for ev in evs:
                     self.joiner.on_bpf(ev)
                 if self.agent is not None:
                     for rec in self.agent.poll(BATCH_EVENTS):
                         self.joiner.on_agent(rec)
                 self._serve_requests()
+                if w is not None and (w.past_end(ring_empty, time.monotonic_ns()) or self._window_abort):
+                    self._close_window()
+                    self.state = "closed"
+                    break
                 now = time.monotonic()
                 if now - last_alive > 0.2:
                     last_alive = now
                     self.joiner.expire(time.monotonic_ns())
                     if not pid_alive(self.pid):
                         # drain what is left, then close
-                        for ev in self.probes.poll(0):
-                            self.joiner.on_bpf(ev)
+                        if w is not None:
+                            self._drain_exited(w)
+                            self._close_window()
+                        else:
+                            for ev in self.probes.poll(0):
+                                self.joiner.on_bpf(ev)
                         self.state = "exited"
                         break
         except Exception as e:  # noqa: BLE001 — a session error must not take the daemon down
@@ -230,6 +325,101 @@ class ProcessSession:
                 self._serve_requests()
                 if self._on_close:
                     self._on_close(self)
+
+    # ---- a window with an end ---------------------------------------------------------------
+    def close_window(self, *, end_ns: int | None = None, cpu_end_ns: int | None = None,
+                     timeout_s: float = DRAIN_TIMEOUT_S,
+                     progress: Callable[[str], None] | None = None) -> dict:
+        """End the window now (or at `end_ns`), wait until every event stamped up to its end has
+        been read and joined (the BPF ring, then the agent's forced flush), and return its
+        account (also in the snapshot's meta["window"]). `cpu_end_ns`: the target's CPU time
+        at the end when the caller knows it better (a reaped child's rusage)."""
+        w = self.window
+        if w is None:
+            raise StacklensError("close_window() needs a session started with window=True")
+        if not w.closed:
+            if w.end_ns is None:
+                cpu = process_cpu_ns(self.pid)
+                w.cpu_end_ns = cpu_end_ns if cpu_end_ns is not None else cpu
+                w.end_ns = end_ns if end_ns is not None else time.monotonic_ns()
+            t0 = time.monotonic()
+            while self._thread is not None and self._thread.is_alive() and not self._window_done.wait(1.0):
+                waited = time.monotonic() - t0
+                if progress is not None:
+                    behind = max(0.0, (w.end_ns - w.newest_ns) / 1e9) if w.newest_ns else None
+                    progress(f"draining events up to the window's end ({self.joiner.stats.events} joined"
+                             + (f", reading {behind:.1f}s behind" if behind else "") + ")")
+                if waited > timeout_s and not self._window_abort:
+                    self._window_abort = True   # close with what has been read: marked not drained
+            if not w.closed:   # the aggregation thread ended without closing it (an error)
+                if self._thread is not None:
+                    self._thread.join(timeout=10)
+                if not (self._thread is not None and self._thread.is_alive()):
+                    self._close_window()
+        if cpu_end_ns is not None and w.cpu_end_ns != cpu_end_ns:
+            w.cpu_end_ns = cpu_end_ns
+            self.joiner.meta["window"] = self._window_meta(w, self._window_stats)
+        return dict(self.joiner.meta.get("window", {}))
+
+    def _drain_exited(self, w: Window) -> None:
+        """The target has exited: everything it sent is in the ring; read all of it."""
+        if w.end_ns is None:
+            w.cpu_end_ns = process_cpu_ns(self.pid)
+            w.end_ns = time.monotonic_ns()
+        while True:
+            evs = self.probes.poll(0, max_events=BATCH_EVENTS)
+            if not evs:
+                break
+            for ev in w.admit(evs):
+                self.joiner.on_bpf(ev)
+
+    def _close_window(self) -> None:
+        """On the aggregation thread: the agent's last records, the join's end, the account."""
+        w = self.window
+        if w.end_ns is None:
+            w.cpu_end_ns = process_cpu_ns(self.pid)
+            w.end_ns = time.monotonic_ns()
+        w.drained = not self._window_abort or w.past_end(False, 0)
+        try:
+            if self.agent is not None:
+                self.agent.stop()
+                for rec in self.agent.poll():
+                    self.joiner.on_agent(rec)
+        except Exception as e:  # noqa: BLE001 — the window closes whatever the agent did
+            self.notes.append(f"agent drain at the window's end: {e}")
+        pending = sum(len(q) for q in getattr(self.joiner, "_pending", {}).values())
+        self.joiner.finish()
+        st: dict[str, int] = {}
+        try:
+            st = dict(self.probes.stats()) if self.probes is not None else {}
+        except Exception:  # noqa: BLE001
+            pass
+        js = self.joiner.stats
+        st["unjoined"] = int(js.launches_unmatched + js.kernels_unmatched + pending)
+        self._window_stats = st
+        w.drain_s = max(0.0, (time.monotonic_ns() - w.end_ns) / 1e9)
+        w.closed = True
+        self.joiner.meta["window"] = self._window_meta(w, st)
+        self._window_done.set()
+
+    def _window_meta(self, w: Window, st: dict) -> dict:
+        cpu_s = None
+        if w.cpu_start_ns is not None and w.cpu_end_ns is not None:
+            cpu_s = round(max(0, w.cpu_end_ns - w.cpu_start_ns) / 1e9, 3)
+        return {
+            "start_ns": w.start_ns, "end_ns": w.end_ns,
+            "seconds": round((w.end_ns - w.start_ns) / 1e9, 3),
+            "target_cpu_s": cpu_s, "cpu_hz": self.cpu_hz,
+            "expected_cpu_samples": None if cpu_s is None else round(cpu_s * self.cpu_hz),
+            "cpu_samples": self.joiner.stats.cpu_samples,
+            # BPF could not hand these over (ring full, sample records lost, fallback buffer full)
+            "events_dropped": int(st.get("drops", 0) + st.get("lost_samples", 0) + st.get("fallback_full", 0)),
+            # stamped inside the window but not read when it closed (None: not known, not drained)
+            "events_late": 0 if w.drained else None,
+            "drained": w.drained, "drain_s": round(w.drain_s, 3),
+            "unjoined": int(st.get("unjoined", 0)),
+            "before_window": w.before, "after_window": w.after,
+        }
 
     def _serve_requests(self) -> None:
         while True:

@@ -1,11 +1,14 @@
 """Plain-text rendering of a CCT snapshot: the `text` report format and the non-TTY live view.
 
-No privilege; pure formatting over a `Snapshot`.
+No privilege; pure formatting over a `Snapshot`. Frame labels and meta values are printed through
+`safe_text` (control characters escaped): the daemon escapes target strings where they enter, but a
+report may render a snapshot file from anywhere.
 """
 
 from __future__ import annotations
 
 from stacklens.cct import Snapshot
+from stacklens.textsafe import safe_text
 
 _UNITS = {
     "gpu_time_ns": "ns",
@@ -65,7 +68,7 @@ def render_tree(
                 continue
             shown += 1
             excl = snap.exclusive(child, metric)
-            label = snap.frame_of(child).label()
+            label = safe_text(snap.frame_of(child).label())
             row = (
                 f"{fmt_value(metric, incl):>10} {fmt_value(metric, excl):>10} "
                 f"{100.0 * incl / total:5.1f}% {'  ' * depth}{label}"
@@ -83,9 +86,9 @@ def render_report(snap: Snapshot, metric: str, **kw) -> str:
     meta = snap.meta or {}
     head = []
     if meta:
-        head.append(
+        head.append(safe_text(
             "  ".join(f"{k}={meta[k]}" for k in sorted(meta) if not isinstance(meta[k], (dict, list)))
-        )
+        ))
     totals = []
     for m in snap.metrics:
         if m in snap.unavailable:
@@ -94,5 +97,10 @@ def render_report(snap: Snapshot, metric: str, **kw) -> str:
             totals.append(f"{m}={fmt_value(m, snap.total(m))}")
     head.append("totals: " + "  ".join(totals))
     if snap.folded_nodes:
-        head.append(f"folded into [other]: {snap.folded_nodes} contexts (node cap)")
+        head.append(f"folded into [other]: {snap.folded_nodes} contexts (node cap or memory budget)")
+    mem = meta.get("memory")
+    if isinstance(mem, dict) and (mem.get("budget_folded_nodes") or mem.get("evicted_buckets")):
+        head.append(f"memory budget {fmt_value('alloc_bytes', int(mem.get('budget_bytes', 0)))} reached: "
+                    f"{mem.get('budget_folded_nodes', 0)} contexts folded into [other], "
+                    f"{mem.get('evicted_buckets', 0)} window buckets dropped early")
     return "\n".join(head) + "\n\n" + render_tree(snap, metric, **kw)

@@ -1,7 +1,9 @@
 """Frozen records the daemon gets from an agent (already validated by ``server.py``).
 
 All times are CLOCK_MONOTONIC nanoseconds of the target's host (the agent converts CUPTI /
-ROCm timestamps with its clock calibration).
+ROCm timestamps with its clock calibration). Strings are as ``server.py`` left them: control
+characters escaped, frame files and names cut to ``validate.MAX_FRAME_FILE`` / ``MAX_FRAME_NAME``.
+Slotted: up to 250k records wait in a server's queue, a ``__dict__`` each would double that.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass, field
 PyFrame = tuple[str, str, int]          # (file, function/qualname, line)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AgentHello:
     pid: int
     tid: int
@@ -19,7 +21,7 @@ class AgentHello:
     executable: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PySample:
     tid: int
     t_ns: int
@@ -27,7 +29,7 @@ class PySample:
     truncated: bool = False              # deeper than the agent's max_depth: outermost cut
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class KernelRecord:
     name: str
     start_ns: int
@@ -44,7 +46,7 @@ class KernelRecord:
         return self.end_ns - self.start_ns
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ApiRecord:
     domain: str                          # "runtime" | "driver" | "hip"
     name: str
@@ -55,8 +57,9 @@ class ApiRecord:
     cbid: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MemcpyRecord:
+    """A GPU copy or memset (CUPTI MEMCPY / MEMSET activity)."""
     kind: str                            # "HtoD" | "DtoH" | "DtoD" | "HtoH" | "PtoP" | "memset" | "other"
     bytes: int
     start_ns: int
@@ -64,9 +67,15 @@ class MemcpyRecord:
     device: int
     stream: int
     correlation_id: int
+    memory: str = ""                     # copies "Device -> Pinned", memsets "Device"; "" when not sent
+    graph_id: int = 0                    # non-zero: a node of a CUDA graph (joined to its graph launch)
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SyncRecord:
     type: str                            # "event" | "stream" | "context" | "stream_wait_event" | "other"
     start_ns: int
@@ -75,14 +84,14 @@ class SyncRecord:
     correlation_id: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Note:
     level: str                           # "info" | "warning" | "error"
     message: str
     t_ns: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AgentStats:
     samples: int
     sample_hz: float
@@ -94,14 +103,14 @@ class AgentStats:
 HloOp = tuple[str, str, int, str]       # (op_name, source_file, source_line, function); "" / 0 if unknown
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HloKernel:
     name: str                            # HLO instruction name (fusion, custom-call, ...)
     opcode: str
     ops: tuple[HloOp, ...]               # distinct original operators it was fused from
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HloMapRecord:
     """One part of a compiled XLA module's source map (``inject/agent/jaxmeta.py``)."""
     module_id: str                       # executable fingerprint (or an agent-local id)
@@ -113,7 +122,7 @@ class HloMapRecord:
     kernels: tuple[HloKernel, ...]       # in schedule order
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CompileRecord:
     """A ``jax.monitoring`` compile duration event on the thread that compiled."""
     event: str                           # "/jax/core/compile/backend_compile_duration", ...

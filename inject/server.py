@@ -5,12 +5,16 @@ Runs as root. The socket lives in a root-owned directory that is not writable by
 SO_PEERCRED pid is the target is served. Everything the agent sends is treated as hostile:
 bounded frame size, strict types and ranges per message kind, unknown kinds rejected; every
 rejection is counted (``stats()``) and the server keeps running. Nothing received is executed.
-One reader thread per server; records wait in a bounded deque (drops counted) until ``poll()``.
+Strings are escaped (control characters, ``textsafe.py``) and frame strings cut to a length
+(``validate.MAX_FRAME_FILE`` / ``MAX_FRAME_NAME``, counted ``truncated_strings``).
+One reader thread per server; records wait in a deque bounded by count and by estimated bytes
+(``MAX_QUEUED_BYTES``; drops counted ``dropped_records`` / ``dropped_bytes``) until ``poll()``.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import fcntl
 import json
 import os
@@ -28,9 +32,10 @@ from .agent import wire
 from .cuptiraw import MAX_BLOCK, NameReader, parse_layout, parse_raw
 from .records import (AgentHello, AgentStats, ApiRecord, CompileRecord, HloKernel, HloMapRecord,
                       KernelRecord, MemcpyRecord, Note, PySample, SyncRecord)
-from .validate import MAX_BATCH, MAX_INT, MAX_STR, ProtocolError
+from ..textsafe import safe_text
+from .validate import MAX_BATCH, MAX_FRAME_FILE, MAX_FRAME_NAME, MAX_INT, MAX_STR, ProtocolError
 from .validate import check_int as _int, check_list as _list, check_num as _num, check_row as _row
-from .validate import check_str as _str
+from .validate import check_text as _str, clip_text
 
 AGENT_SRC = Path(__file__).parent / "agent"
 LEVELS = ("info", "warning", "error")
@@ -47,6 +52,12 @@ KNOWN_KINDS = ("samples", "kernel", "api", "memcpy", "sync", "note", "stats", "h
                "cupti_layout", "cupti_raw", "cupti_ref")
 MAX_FREE = 256              # addresses per "free" message back to the agent
 MAX_RAW_HEADER = 4096       # bytes of a raw frame's JSON header
+# Bytes the records waiting for poll() may hold (estimated: a message's length, plus RECORD_BYTES
+# a record and FRAME_BYTES a Python frame beyond its strings). Part of a session's memory budget
+# (issue 17): 64 MiB here + the tree's (cct/window.py DEFAULT_MAX_BYTES) = 256 MiB a session.
+MAX_QUEUED_BYTES = 64 << 20
+RECORD_BYTES = 160          # a slotted record object, its ints, the deque slots
+FRAME_BYTES = 180           # a (file, name, line) tuple, two str headers, the line int
 
 # servers by socket path, so inject_agent(pid, socket_path=srv.path) can wait for the hello
 _REGISTRY: dict[str, "AgentServer"] = {}
@@ -61,8 +72,14 @@ def _counts(v) -> dict:
     return {_str(k, 64): (_num(x) if type(x) is float else _int(x, -MAX_INT)) for k, x in v.items()}
 
 
-def _pyframes(v, maxlen=wire.MAX_STACK_DEPTH) -> tuple:
-    return tuple((_str(f[0]), _str(f[1]), _int(f[2], 0, 1 << 31)) for f in (_row(x, 3) for x in _list(v, maxlen)))
+def _pyframes(v, maxlen=wire.MAX_STACK_DEPTH, counts=None) -> tuple:
+    """Python frames (file, name, line): strings cut and escaped (``clip_text``); ``counts``
+    (a Counter) gets the cuts and the frames' estimated bytes (``"bytes"``)."""
+    out = tuple((clip_text(f[0], MAX_FRAME_FILE, counts=counts), clip_text(f[1], MAX_FRAME_NAME, counts=counts),
+                 _int(f[2], 0, 1 << 31)) for f in (_row(x, 3) for x in _list(v, maxlen)))
+    if counts is not None:
+        counts["bytes"] += sum(len(f) + len(n) for f, n, _ in out) + FRAME_BYTES * len(out)
+    return out
 
 
 def _hlo(msg) -> HloMapRecord:
@@ -80,15 +97,29 @@ def _hlo(msg) -> HloMapRecord:
                         _pyframes(msg.get("site")), tuple(kernels))
 
 
-def parse_message(msg) -> list:
-    """One decoded JSON message -> records. Raises ProtocolError on anything unexpected."""
+def _safe_names(recs: list) -> list:
+    """Records of a raw CUPTI buffer with their names (kernel names read from the target's
+    memory) escaped like every string from the agent (``textsafe.py``)."""
+    for i, r in enumerate(recs):
+        name = getattr(r, "name", None)
+        if type(name) is str:
+            safe = safe_text(name)
+            if safe is not name:
+                recs[i] = dataclasses.replace(r, name=safe)
+    return recs
+
+
+def parse_message(msg, counts=None) -> list:
+    """One decoded JSON message -> records. Raises ProtocolError on anything unexpected.
+    ``counts`` (a Counter, optional): strings cut (``truncated_strings``) and the estimated bytes
+    of the samples' frames (``bytes``)."""
     if type(msg) is not dict:
         raise ProtocolError("not an object")
     t = msg.get("t")
     if t == "samples":
         stacks = []
         for st in _list(msg.get("stacks"), 5000):
-            stacks.append(_pyframes(st))
+            stacks.append(_pyframes(st, counts=counts))
         out = []
         for s in _list(msg.get("s")):
             tid, t_ns, idx, trunc = _row(s, 4)
@@ -200,7 +231,7 @@ def target_view(path: Path | str, pid: int) -> str:
 
 class AgentServer:
     def __init__(self, pid: int, socket_dir: Path | str | None = None, *, config: dict | None = None,
-                 max_records: int = 250_000) -> None:
+                 max_records: int = 250_000, max_queued_bytes: int = MAX_QUEUED_BYTES) -> None:
         if type(pid) is not int or pid <= 0:
             raise InputError(f"bad PID {pid!r}")
         self.pid = pid
@@ -240,7 +271,11 @@ class AgentServer:
         self._listener.listen(4)
         self._listener.settimeout(0.1)
         self._records: collections.deque = collections.deque()
+        self._sizes: collections.deque = collections.deque()   # estimated bytes of each record
+        self._queued_bytes = 0
+        self._queue_lock = threading.Lock()     # the reader thread pushes, the session polls
         self._max_records = max_records
+        self._max_queued_bytes = max_queued_bytes
         self._stats = collections.Counter()
         self._conn: socket.socket | None = None
         self._hello: AgentHello | None = None
@@ -356,7 +391,11 @@ class AgentServer:
                         continue
                     kind = msg.get("t") if type(msg) is dict else None
                     if kind == "bye":
+                        # the agent's last message: its detach is over even while children it
+                        # forked (DataLoader workers) still hold a copy of its socket, so the
+                        # wait ends here, not at an EOF that may come much later
                         self._stats["bye"] += 1
+                        return
                     try:
                         if kind == "cupti_layout":
                             self._layout = parse_layout(msg)
@@ -365,11 +404,14 @@ class AgentServer:
                         if kind == "cupti_ref":
                             self._ref_frame(msg)
                             continue
-                        recs = parse_message(msg)
+                        counts = collections.Counter()
+                        recs = parse_message(msg, counts)
                     except (ProtocolError, TypeError, IndexError, KeyError, RecursionError):
                         self._reject(kind)
                         continue
-                    self._push(recs)
+                    if counts["truncated_strings"]:
+                        self._stats["truncated_strings"] += counts["truncated_strings"]
+                    self._push(recs, n + counts["bytes"])
                 while self._to_free:        # the buffers read in place go back to the agent
                     self._send({"t": "free", "a": self._to_free[:MAX_FREE]})
                     del self._to_free[:MAX_FREE]
@@ -437,7 +479,7 @@ class AgentServer:
         for k, v in counts.items():
             if v:
                 st[k] += v
-        self._push(recs)
+        self._push(_safe_names(recs), sum(len(getattr(r, "name", "")) for r in recs))
 
     def _accept_hello(self, msg) -> bool:
         try:
@@ -469,13 +511,23 @@ class AgentServer:
         self._hello_event.set()
         return True
 
-    def _push(self, recs: list) -> None:
-        for r in recs:
-            if len(self._records) >= self._max_records:
-                self._stats["dropped_records"] += 1
-                continue
-            self._records.append(r)
-            self._stats["records"] += 1
+    def _push(self, recs: list, nbytes: int = 0) -> None:
+        """Queue ``recs`` (``nbytes``: the estimated bytes of their message beyond RECORD_BYTES
+        each), dropping (counted) what does not fit the count or the byte bound."""
+        if not recs:
+            return
+        each = RECORD_BYTES + nbytes // len(recs)
+        st = self._stats
+        with self._queue_lock:
+            for r in recs:
+                if len(self._records) >= self._max_records or self._queued_bytes + each > self._max_queued_bytes:
+                    st["dropped_records"] += 1
+                    st["dropped_bytes"] += each
+                    continue
+                self._records.append(r)
+                self._sizes.append(each)
+                self._queued_bytes += each
+                st["records"] += 1
 
     def _send(self, msg: dict) -> bool:
         conn = self._conn
@@ -505,10 +557,18 @@ class AgentServer:
 
     def poll(self, max_n: int | None = None) -> list:
         """Records received so far (at most max_n; the rest stay for the next call)."""
-        q = self._records
-        n = len(q) if max_n is None else min(max_n, len(q))
-        pop = q.popleft
-        return [pop() for _ in range(n)]
+        with self._queue_lock:
+            q = self._records
+            n = len(q) if max_n is None else min(max_n, len(q))
+            pop, sizes = q.popleft, self._sizes
+            out = [pop() for _ in range(n)]
+            self._queued_bytes -= sum(sizes.popleft() for _ in range(n))
+        return out
+
+    @property
+    def queued_bytes(self) -> int:
+        """Estimated bytes of the records waiting for ``poll()`` (at most MAX_QUEUED_BYTES)."""
+        return self._queued_bytes
 
     def stop_agent(self, timeout_s: float = 3.0) -> bool:
         """Ask the agent to detach; True once it has closed its end."""
