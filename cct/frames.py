@@ -10,7 +10,12 @@ Text labels (used by folded output, the TUI, JSON-free tests and `find`):
     native       native:LIB:SYMBOL      LIB ends at the first ':'; SYMBOL may contain '::'
     gpu_api      api:NAME
     kernel       kernel:NAME
+    memcpy       memcpy:NAME            a GPU copy (CUPTI): direction and memory kinds, "DtoH (Device -> Pinned)"
+    memset       memset:NAME            a GPU memset (CUPTI): the memory kind, "Device"
     instruction  insn:NAME
+    backward     backward:NAME          an autograd node the engine ran (AddmmBackward0): below it,
+                                        the backward work; above it, the forward context that
+                                        created the node
     other        [NAME]
 
 So that every label parses back to its frame, the one field that sits left of a free-form
@@ -23,13 +28,15 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-KINDS = ("python", "op", "native", "gpu_api", "kernel", "instruction", "other")
+# appended kinds keep their index: the columnar profile stores a frame's kind as its index here
+KINDS = ("python", "op", "native", "gpu_api", "kernel", "instruction", "other", "backward")
 
 _PREFIX_OF_KIND = {
     "op": "op:",
     "gpu_api": "api:",
     "kernel": "kernel:",
     "instruction": "insn:",
+    "backward": "backward:",
 }
 _KIND_OF_PREFIX = {prefix: kind for kind, prefix in _PREFIX_OF_KIND.items()}
 _LINE = re.compile(r"-?[0-9]+")
@@ -76,8 +83,20 @@ class Frame(NamedTuple):
         return cls("kernel", name)
 
     @classmethod
+    def memcpy(cls, name: str) -> Frame:
+        return cls("memcpy", name)
+
+    @classmethod
+    def memset(cls, name: str) -> Frame:
+        return cls("memset", name)
+
+    @classmethod
     def instruction(cls, name: str) -> Frame:
         return cls("instruction", name)
+
+    @classmethod
+    def backward(cls, name: str) -> Frame:
+        return cls("backward", name)
 
     @classmethod
     def other(cls, name: str) -> Frame:
@@ -116,8 +135,8 @@ class Frame(NamedTuple):
         kind = _KIND_OF_PREFIX.get(prefix + sep)
         if kind is None:
             raise ValueError(
-                f"unknown frame label {label!r}: expected a py:, op:, native:, api:, kernel: or "
-                "insn: prefix, or [name]"
+                f"unknown frame label {label!r}: expected a py:, op:, native:, api:, kernel:, "
+                "insn: or backward: prefix, or [name]"
             )
         return cls(kind, label[len(prefix) + 1 :])
 

@@ -11,7 +11,10 @@ first; `splice()` puts native frames between Python runs where the eval loop's f
   CLOCK_MONOTONIC) claims it; the kernel record with that correlation id then charges
   `gpu_time_ns` and `kernel_count` to the exact launching path. Unmatched launches age out and
   are counted, never guessed.
-- Without an agent `gpu_time_ns` and `kernel_count` are marked unavailable in every snapshot.
+- Copies and memsets: `… → api:cuMemcpyAsync → memcpy:DtoH (Device -> Pinned)` / `… →
+  memset:Device` with GPU time, bytes and counts from CUPTI (see `_on_copy_call`).
+- Without an agent `gpu_time_ns`, `kernel_count`, `memcpy_count` and `memset_count` are marked
+  unavailable in every snapshot.
 
 Cost (issue 9: ~25k launches/s and as many kernel records on an H200 ViT job, one thread): the
 launch and kernel paths are memoized tuples (the same object for the same stacks, api, kernel),
@@ -32,13 +35,15 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from stacklens.cct import METRICS, Frame, Snapshot, WindowedCCT
-from stacklens.daemon.orderjoin import OrderJoin, launch_sig, sorted_pos_from_end
+from stacklens.daemon.orderjoin import OrderJoin, copy_sig, launch_sig, sorted_pos_from_end
 from stacklens.demangle import demangle
+from stacklens.inject.records import MemcpyRecord
 
 # Samples from the in-process Python sampler (all threads, wall clock): kept apart from the BPF
 # CPU samples so neither is double counted.
-DAEMON_METRICS = METRICS + ("py_samples", "compile_time_ns")  # compile_time_ns: JAX (daemon/jaxjoin.py)
-GPU_MEASURED = ("gpu_time_ns", "kernel_count")
+DAEMON_METRICS = METRICS + ("py_samples", "compile_time_ns",  # compile_time_ns: JAX (daemon/jaxjoin.py)
+                             "memcpy_count", "memset_count", "memset_bytes")  # GPU copies/memsets (CUPTI)
+GPU_MEASURED = ("gpu_time_ns", "kernel_count", "memcpy_count", "memset_count")
 
 # The interpreter's files as the Symbolizer names native frames (the mapped file's basename):
 # a shared libpython ("libpython3.12.so.1.0", "libpython3.13t.so.1.0") or a statically linked
@@ -55,6 +60,10 @@ CLAIM_EARLY_NS = 1_000_000
 PENDING_MAX_PER_THREAD = 65_536
 HANDLE_NAMES_MAX = 65_536
 _UNSEEN = (Frame.other("[launch not seen]"),)  # one tuple: its charges are staged together
+# GPU copies and memsets (CUPTI MEMCPY / MEMSET activity), see `_on_copy_call`
+_COPY_UNSEEN = (Frame.other("[copy call not seen]"),)
+COPY_WAIT_MAX_NS = 10_000_000_000   # exact join: a copy record waits this long for its API record
+_MEMSET_UNIT = re.compile(r"MemsetD(8|16|32)")
 
 
 def trim_native(frames: Iterable[Frame]) -> tuple[Frame, ...]:
@@ -182,6 +191,22 @@ def _ktime_of(p: _Pending) -> int:
     return p.ktime_ns
 
 
+class _CopyCall:
+    """A BPF copy or memset call waiting for its CUPTI record: the call's path (… → api:…) and
+    what the call itself said it moves (`nbytes` of `metric`), charged only if no record claims
+    it (`Joiner._copy_dropped`), so every byte is counted once."""
+    __slots__ = ("ktime_ns", "path", "nbytes", "metric")
+
+    def __init__(self, ktime_ns: int, path: tuple[Frame, ...], nbytes: int, metric: str) -> None:
+        self.ktime_ns, self.path, self.nbytes, self.metric = ktime_ns, path, nbytes, metric
+
+
+def is_copy_api(name: str) -> bool:
+    """A CUPTI API record of a copy or memset call (cudaMemcpyAsync, cuMemsetD32Async …), not a
+    graph-building one (cudaGraphAddMemcpyNode): the agent keeps the same cbids."""
+    return ("Memcpy" in name or "Memset" in name) and "Graph" not in name
+
+
 AGENT_DROP_KINDS = ("samples", "gpu", "gpu_buffers", "messages", "jax")
 AGENT_STAT_MAX = 1 << 53
 
@@ -232,6 +257,14 @@ class Joiner:
         self._clock = clock
         # without CUPTI API records (agent config gpu_api_records=False) kernels join by launch order
         self.order = OrderJoin() if (agent and not api_records) else None
+        # copies and memsets: their own queue of calls (the records claim calls, never launches)
+        self.copy_order = OrderJoin(copy_sig, self._copy_dropped) if self.order is not None else None
+        self._pending_copies: dict[int, collections.deque[_CopyCall]] = collections.defaultdict(collections.deque)
+        self._last_copy_claim: dict[int, _CopyCall] = {}
+        self._copy_by_corr: collections.OrderedDict[int, _CopyCall] = collections.OrderedDict()
+        self._copies_waiting: dict[int, list] = {}     # correlation id -> [arrival ns, [records]]
+        self._copy_frames: dict[tuple[str, str], Frame] = {}
+        self._memset_units: dict[str, int] = {}
         self.tree = WindowedCCT(
             metrics=DAEMON_METRICS, bucket_s=bucket_s, horizon_s=horizon_s, max_nodes=max_nodes, clock=clock
         )
@@ -299,8 +332,8 @@ class Joiner:
         api = Frame.api(ev.api)
         if kind == "sync":
             add(base + (api,), {"sync_wait_ns": ev.duration_ns, "api_cpu_ns": ev.duration_ns})
-        elif kind == "memcpy":
-            add(base + (api,), {"copy_bytes": ev.bytes, "api_cpu_ns": getattr(ev, "duration_ns", 0)})
+        elif kind == "memcpy":                  # copies and memsets (probes.toml: direction "memset")
+            self._on_copy_call(ev, base + (api,))
         elif kind == "alloc":
             add(base + (api,), {"alloc_bytes": ev.bytes, "api_cpu_ns": getattr(ev, "duration_ns", 0)})
         elif kind == "free":
@@ -347,6 +380,9 @@ class Joiner:
         if kind == "KernelRecord" and self.order is not None:
             self.order.on_kernel(rec, int(self._clock() * 1e9))
             return
+        if kind == "MemcpyRecord":
+            self._on_copy_record(rec)
+            return
         if kind == "PySample":
             frames = tuple(Frame.python(f, fn, ln) for (f, fn, ln) in rec.frames)
             if frames:
@@ -354,6 +390,8 @@ class Joiner:
         elif kind == "ApiRecord":
             if "Launch" in rec.name:
                 self._claim(rec)
+            elif is_copy_api(rec.name):
+                self._claim_copy(rec)
         elif kind == "KernelRecord":
             path = self._by_correlation.get(rec.correlation_id)
             if path is None:
@@ -376,6 +414,7 @@ class Joiner:
                     ex[f"agent_dropped_{k}"] = _agent_gauge(v)
             if self.order is not None and rec.gpu.get("enabled_at_ns"):
                 self.order.enabled_at_ns = max(self.order.enabled_at_ns, int(rec.gpu["enabled_at_ns"]))
+                self.copy_order.enabled_at_ns = self.order.enabled_at_ns
         elif kind in ("HloMapRecord", "CompileRecord"):
             from stacklens.daemon.jaxjoin import on_agent_record
             on_agent_record(self, rec)
@@ -418,6 +457,9 @@ class Joiner:
             self._by_correlation.popitem(last=False)
         for krec in self._kernels_waiting.pop(api.correlation_id, ()):
             self._charge(claim.path, krec)
+        if self._copies_waiting:                # copy/memset nodes of a graph launch
+            for crec in self._copies_waiting.pop(api.correlation_id, (0, ()))[1]:
+                self._charge_copy(claim.path, crec)
 
     def _charge_memoized(self, path: tuple[Frame, ...] | None, krec: Any) -> bool:
         """`_charge`'s common case: the launching path (kept alive by the memo, so its id is its
@@ -472,6 +514,9 @@ class Joiner:
         self.stats.kernels_joined += 1
 
     def _charge_ordered(self, path: tuple[Frame, ...] | None, krec: Any) -> None:
+        if type(krec) is MemcpyRecord:          # a copy/memset node of a graph, grouped with its kernels
+            self._charge_copy(path, krec)
+            return
         self.gpu_collector_active = True
         if self.jax is None and self._charge_memoized(path, krec):  # never for None: not memoized
             return
@@ -481,16 +526,165 @@ class Joiner:
             path = _UNSEEN
         self._charge(path, krec)
 
+    # ---- copies and memsets (CUPTI MEMCPY / MEMSET activity) ---------------------------------
+    # A copy or memset call seen by BPF (`kind = "memcpy"` probes; memsets have direction
+    # "memset") adds its CPU time at once under `… → api:NAME`. With an agent the call then waits
+    # for its CUPTI record, which charges GPU time, bytes and a count to `… → api:NAME →
+    # memcpy:DtoH (Device -> Pinned)` / `memset:Device`; the bytes the call asked for are added
+    # under `api:NAME` only if no record claims it, so bytes are never counted twice. Claims: by
+    # order (`copy_order`, the default without API records: records in correlation-id order claim
+    # calls whose (memcpy|memset, bytes) match) or exactly (API records of copy calls claim the
+    # thread's call inside their interval, as launches). A copy node of a CUDA graph joins with
+    # the graph's kernels. A record no call claims lands under `[copy call not seen]`: its GPU
+    # time stays in the totals, counted in `copies_unjoined`.
+
+    def _memset_unit(self, api: str) -> int:
+        """Bytes per element of a memset call (cuMemsetD32Async: 4); 1 for byte counts."""
+        u = self._memset_units.get(api)
+        if u is None:
+            m = _MEMSET_UNIT.search(api)
+            u = int(m.group(1)) // 8 if m else 1
+            if len(self._memset_units) < 4096:
+                self._memset_units[api] = u
+        return u
+
+    def _on_copy_call(self, ev: Any, path: tuple[Frame, ...]) -> None:
+        memset = getattr(ev, "direction", "") == "memset"
+        nbytes = ev.bytes * self._memset_unit(ev.api) if memset else ev.bytes
+        metric = "memset_bytes" if memset else "copy_bytes"
+        if not self.agent:
+            self.tree.add_many(path, {metric: nbytes, "api_cpu_ns": getattr(ev, "duration_ns", 0)})
+            return
+        self.tree.add_many(path, {"api_cpu_ns": getattr(ev, "duration_ns", 0)})
+        call = _CopyCall(ev.ktime_ns, path, nbytes, metric)
+        if self.copy_order is not None:
+            self.copy_order.on_launch(ev.ktime_ns, call, ("memset" if memset else "memcpy", nbytes))
+            return
+        q = self._pending_copies[ev.tid]
+        if q and ev.ktime_ns < q[-1].ktime_ns:
+            q.insert(sorted_pos_from_end(q, ev.ktime_ns, _ktime_of), call)
+        else:
+            q.append(call)
+        if len(q) > PENDING_MAX_PER_THREAD:
+            self._copy_dropped(q.popleft())
+
+    def _copy_dropped(self, call: _CopyCall) -> None:
+        """A call no record claimed (before the collector was on, a lost record, too old): the
+        bytes it asked for are all that is known of it."""
+        self.tree.add_many(call.path, {call.metric: call.nbytes})
+        ex = self.stats.extra
+        ex["copy_calls_unmatched"] = ex.get("copy_calls_unmatched", 0) + 1
+
+    def _on_copy_record(self, rec: MemcpyRecord) -> None:
+        self.gpu_collector_active = True
+        if self.copy_order is not None:
+            now = int(self._clock() * 1e9)
+            (self.order if rec.graph_id else self.copy_order).on_kernel(rec, now)
+            return
+        corr = rec.correlation_id
+        target = self._copy_by_corr.get(corr) or self._by_correlation.get(corr)  # a call, or a graph launch
+        if target is not None:
+            self._charge_copy(target, rec)
+            return
+        w = self._copies_waiting.get(corr)
+        if w is None:
+            w = self._copies_waiting[corr] = [int(self._clock() * 1e9), []]
+            if len(self._copies_waiting) > PENDING_MAX_PER_THREAD:
+                for old in self._copies_waiting.pop(next(iter(self._copies_waiting)))[1]:
+                    self._charge_copy(None, old)
+        w[1].append(rec)
+
+    def _claim_copy(self, api: Any) -> None:
+        """A CUPTI API record of a copy/memset call claims the thread's pending call inside its
+        interval (`_claim`'s rule); calls before it were never reported and keep their own bytes."""
+        q = self._pending_copies.get(api.tid)
+        hi = api.end_ns + CLAIM_SLACK_NS
+        n = 0
+        if q:
+            while n < len(q) and q[n].ktime_ns <= hi:
+                n += 1
+        claim = None
+        if n and q[n - 1].ktime_ns >= api.start_ns - CLAIM_EARLY_NS:
+            for _ in range(n - 1):
+                self._copy_dropped(q.popleft())
+            claim = q.popleft()
+            self._last_copy_claim[api.tid] = claim
+        else:
+            last = self._last_copy_claim.get(api.tid)   # a runtime record around its driver record
+            if last is not None and api.start_ns - CLAIM_EARLY_NS <= last.ktime_ns <= hi:
+                claim = last
+        if claim is None:
+            return
+        self._copy_by_corr[api.correlation_id] = claim
+        if len(self._copy_by_corr) > PENDING_MAX_PER_THREAD:
+            self._copy_by_corr.popitem(last=False)
+        for rec in self._copies_waiting.pop(api.correlation_id, (0, ()))[1]:
+            self._charge_copy(claim, rec)
+
+    def _copy_frame(self, rec: MemcpyRecord) -> Frame:
+        key = (rec.kind, rec.memory)
+        f = self._copy_frames.get(key)
+        if f is None:
+            if rec.kind == "memset":
+                f = Frame.memset(rec.memory or "Unknown")
+            else:
+                f = Frame.memcpy(f"{rec.kind} ({rec.memory})" if rec.memory else rec.kind)
+            if len(self._copy_frames) < 4096:
+                self._copy_frames[key] = f
+        return f
+
+    def _charge_copy(self, target: Any, rec: MemcpyRecord) -> None:
+        """GPU time, bytes and a count of one record under the call (a `_CopyCall`) or graph
+        launch (a path) that issued it; None: `[copy call not seen]`."""
+        self.gpu_collector_active = True
+        ex = self.stats.extra
+        if target is None:
+            path = _COPY_UNSEEN
+            ex["copies_unjoined"] = ex.get("copies_unjoined", 0) + 1
+        else:
+            path = target.path if type(target) is _CopyCall else target
+            ex["copies_joined"] = ex.get("copies_joined", 0) + 1
+        d = rec.end_ns - rec.start_ns
+        if rec.kind == "memset":
+            m = {"gpu_time_ns": d if d > 0 else 0, "memset_count": 1, "memset_bytes": rec.bytes}
+        else:
+            m = {"gpu_time_ns": d if d > 0 else 0, "memcpy_count": 1, "copy_bytes": rec.bytes}
+        self.tree.add_many(path + (self._copy_frame(rec),), m)
+
+    def _expire_copies(self, now_ns: int, force: bool = False) -> None:
+        """Calls and records that waited too long (all of them at detach): calls keep their own
+        bytes, records land under `[copy call not seen]`."""
+        ex = self.stats.extra
+        if self.copy_order is not None:
+            if force:
+                self.copy_order.drain(0, self._charge_copy, force=True)
+                self.copy_order.discard()
+            else:
+                self.copy_order.drain(int(self._clock() * 1e9), self._charge_copy)
+            for k, v in self.copy_order.stats.items():
+                ex["copy_" + k] = v
+            return
+        for q in self._pending_copies.values():
+            while q and (force or now_ns - q[0].ktime_ns > PENDING_MAX_AGE_NS):
+                self._copy_dropped(q.popleft())
+        if self._copies_waiting:
+            now = int(self._clock() * 1e9)
+            for corr in [c for c, w in self._copies_waiting.items() if force or now - w[0] > COPY_WAIT_MAX_NS]:
+                for rec in self._copies_waiting.pop(corr)[1]:
+                    self._charge_copy(None, rec)
+
     def flush(self) -> None:
         """End of a batch: apply the staged launch/kernel counts to the tree (see the module
         docstring). Snapshots, `expire()` and `finish()` flush by themselves."""
         self.tree.flush()
 
     def finish(self) -> None:
-        """At detach: join what is still waiting (the order join's unsettled kernel groups)."""
+        """At detach: join what is still waiting (the order join's unsettled kernel groups, the
+        copies and memsets)."""
         if self.order is not None:
             self.order.drain(0, self._charge_ordered, force=True)
             self.stats.extra.update(self.order.stats)
+        self._expire_copies(0, force=True)
         self.tree.flush()
 
     def expire(self, now_ns: int) -> None:
@@ -501,6 +695,7 @@ class Joiner:
             while q and now_ns - q[0].ktime_ns > PENDING_MAX_AGE_NS:
                 q.popleft()
                 self.stats.launches_unmatched += 1
+        self._expire_copies(now_ns)
         self.tree.flush()
 
     # ---- reading --------------------------------------------------------------------------

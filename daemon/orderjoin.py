@@ -41,11 +41,18 @@ MAX_AGE_NS = 60_000_000_000
 
 
 def kernel_sig(rec: Any) -> tuple:
-    """(grid_x, grid_y, grid_z, block_x, block_y, block_z) of a kernel record."""
-    g, b = rec.grid, rec.block
+    """(grid_x, grid_y, grid_z, block_x, block_y, block_z) of a kernel record; () for a copy or
+    memset node of a CUDA graph (grouped with the graph's kernels: it matches graph launches only)."""
+    g, b = getattr(rec, "grid", ()), getattr(rec, "block", ())
     if type(g) is tuple and type(b) is tuple:  # the common case: no copies
         return g + b
     return tuple(g) + tuple(b)
+
+
+def copy_sig(rec: Any) -> tuple:
+    """What a copy or memset record and the BPF event of its call both know: ("memset" or
+    "memcpy", bytes). The call's event carries the same pair (`Joiner` computes it)."""
+    return ("memset" if rec.kind == "memset" else "memcpy", rec.bytes)
 
 
 _SIG_MEMO: dict[tuple, tuple] = {}
@@ -87,7 +94,16 @@ def sorted_pos_from_end(q, t: int, key=None) -> int:
 
 
 class OrderJoin:
-    def __init__(self) -> None:
+    """Records claim pending BPF events in correlation-id order (the module docstring).
+
+    sig_of: a record's signature, compared with each pending event's (kernel_sig for kernels,
+    copy_sig for the copy queue). on_drop: called with the path of every pending event removed
+    without a claim (skipped, aged, before the collector was enabled, `discard`)."""
+
+    def __init__(self, sig_of: Callable[[Any], tuple] = kernel_sig,
+                 on_drop: Callable[[Any], None] | None = None) -> None:
+        self.sig_of = sig_of
+        self.on_drop = on_drop
         # pending launches in entry-time order, as parallel deques: entry time, path, and sig =
         # (grid_x, grid_y, grid_z, block_x, block_y, block_z) or None = any (graph launches)
         self.times: collections.deque[int] = collections.deque()
@@ -119,8 +135,16 @@ class OrderJoin:
 
     def _pop(self) -> None:
         self.times.popleft()
-        self.paths.popleft()
+        path = self.paths.popleft()
         self.sigs.popleft()
+        if self.on_drop is not None:
+            self.on_drop(path)
+
+    def discard(self) -> None:
+        """Drop every pending event (at detach, after a forced drain): counted, handed to on_drop."""
+        while self.times:
+            self._pop()
+            self.stats["order_skipped_launches"] += 1
 
     def on_kernel(self, rec: Any, now_ns: int) -> None:
         corr = rec.correlation_id
@@ -154,6 +178,7 @@ class OrderJoin:
         popleft, heappop = run.popleft, heapq.heappop
         tpop, ppop, spop = times.popleft, paths.popleft, sigs.popleft
         enabled = self.enabled_at_ns
+        sig_of = self.sig_of
         before_enable = 0
         try:
             while True:
@@ -186,7 +211,7 @@ class OrderJoin:
                 while times and times[0] < enabled:
                     qpop()
                     before_enable += 1
-                sig = kernel_sig(first)
+                sig = sig_of(first)
                 latest = first.start_ns + START_SLACK_NS
                 if times and times[0] <= latest:
                     s0 = sigs[0]

@@ -32,6 +32,7 @@ MAX_KIND_CODE = 1000
 ALIGNS = (1, 2, 4, 8, 16)
 MODES = ("sizes", "offsets")
 COPY_KINDS = wire.RAW_COPY_KINDS
+MEMORY_KINDS = wire.RAW_MEMORY_KINDS
 # required fields per record type (the first is always "kind"), in the order parse_raw reads them
 FIELDS = wire.RAW_FIELDS
 OPTIONAL = wire.RAW_OPTIONAL_FIELDS
@@ -41,19 +42,24 @@ _U32 = struct.Struct("<I")
 
 class KindLayout:
     """One record kind: its type, size and a reader ``read(buf, off) -> tuple`` of the FIELDS
-    (without "kind"; kernels get graph_id appended, 0 when the layout has none)."""
-    __slots__ = ("code", "rec", "size", "fields", "read")
+    (without "kind") then the OPTIONAL fields, 0 for each one the layout does not have.
+    ``memory``: a copy's layout has src_kind and dst_kind, a memset's memory_kind."""
+    __slots__ = ("code", "rec", "size", "fields", "read", "memory")
 
     def __init__(self, code: int, rec: str, size: int, fields: dict) -> None:
         self.code, self.rec, self.size, self.fields = code, rec, size, fields
-        want = FIELDS[rec][1:] + tuple(f for f in OPTIONAL[rec] if f in fields)
-        self.read = _reader([(f, *fields[f]) for f in want], pad_zero=rec == "kernel" and "graph_id" not in fields)
+        want = FIELDS[rec][1:] + OPTIONAL[rec]
+        self.read = _reader([(f, *fields[f]) if f in fields else None for f in want])
+        self.memory = ("src_kind" in fields and "dst_kind" in fields) if rec == "memcpy" else "memory_kind" in fields
 
 
-def _reader(spec, pad_zero: bool):
-    """Precompiled reader of (name, offset, fmt) fields: few struct.Structs over non-overlapping
-    runs (pad bytes between fields), then one itemgetter into the wanted order."""
-    order = sorted(range(len(spec)), key=lambda i: spec[i][1])
+def _reader(spec):
+    """Precompiled reader of (name, offset, fmt) fields (None: a field the layout lacks, read as
+    0): few struct.Structs over non-overlapping runs (pad bytes between fields), then one
+    itemgetter into the wanted order."""
+    absent = [i for i in range(len(spec)) if spec[i] is None]
+    pad_zero = bool(absent)
+    order = sorted((i for i in range(len(spec)) if spec[i] is not None), key=lambda i: spec[i][1])
     groups = []                     # [(fmt string, end, [spec indices])]
     for i in order:
         _, off, fmt = spec[i]
@@ -72,8 +78,8 @@ def _reader(spec, pad_zero: bool):
         for i in g[2]:
             pos[i] = k
             k += 1
-    if pad_zero:
-        pos.append(k)               # graph_id absent: a constant 0 after the unpacked values
+    for i in absent:
+        pos[i] = k                  # a constant 0 after the unpacked values
     get = operator.itemgetter(*pos)
     if len(structs) == 1 and not pad_zero:
         u = structs[0]
@@ -94,11 +100,25 @@ def _reader(spec, pad_zero: bool):
 
 
 class Layout:
-    __slots__ = ("kinds", "copy_kinds")
+    __slots__ = ("kinds", "copy_kinds", "memory_kinds", "_memory")
 
-    def __init__(self, kinds: dict, copy_kinds: dict) -> None:
+    def __init__(self, kinds: dict, copy_kinds: dict, memory_kinds: dict | None = None) -> None:
         self.kinds: dict[int, KindLayout] = kinds
         self.copy_kinds: dict[int, str] = copy_kinds
+        self.memory_kinds: dict[int, str] = memory_kinds or {}
+        self._memory: dict[tuple, str] = {}
+
+    def memory(self, src: int, dst: int | None = None) -> str:
+        """"Device -> Pinned" of a copy's (src, dst) codes, "Device" of a memset's one code
+        (memoized: a few distinct pairs in a job)."""
+        key = (src, dst)
+        m = self._memory.get(key)
+        if m is None:
+            mk = self.memory_kinds
+            m = mk.get(src, "Unknown") if dst is None else f"{mk.get(src, 'Unknown')} -> {mk.get(dst, 'Unknown')}"
+            if len(self._memory) < 4096:
+                self._memory[key] = m
+        return m
 
 
 def _code(k) -> int:
@@ -139,7 +159,13 @@ def parse_layout(msg) -> Layout:
     for k, v in check_dict(msg.get("copy_kinds", {}), 64, "bad copy_kinds").items():
         v = check_choice(v, COPY_KINDS, "bad copy kind")
         copy_kinds[_code(k)] = v
-    return Layout(kinds, copy_kinds)
+    memory_kinds = {}
+    for k, v in check_dict(msg.get("memory_kinds", {}), 64, "bad memory_kinds").items():
+        memory_kinds[_code(k)] = check_choice(v, MEMORY_KINDS, "bad memory kind")
+    if not memory_kinds:             # codes without names say nothing: no memory kinds in the frames
+        for kl in kinds.values():
+            kl.memory = False
+    return Layout(kinds, copy_kinds, memory_kinds)
 
 
 class NameReader:
@@ -256,8 +282,8 @@ def _header(h) -> tuple[int, str, int, int]:
 def parse_raw(header: dict, body, layout: Layout, names: NameReader) -> tuple[list, dict]:
     """One raw frame -> (records, counters). Raises ProtocolError for a bad header or a buffer
     whose structure is wrong (offsets out of range / not increasing, a truncated record); records
-    with out-of-range values, unknown kinds (mode "offsets") or an unfinished kernel (end 0) are
-    skipped and counted."""
+    with out-of-range values, unknown kinds (mode "offsets") or an unfinished kernel, copy or
+    memset (end 0) are skipped and counted."""
     off_ns, mode, n_offs, align = _header(header)
     if type(layout) is not Layout:
         raise ProtocolError("no layout")
@@ -333,11 +359,16 @@ def parse_raw(header: dict, body, layout: Layout, names: NameReader) -> tuple[li
             append(KR(name, s, e, dev, strm, corr, (gx, gy, gz), (bx, by, bz), graph))
         else:
             if rec == "memcpy":
-                ck, nbytes, s, e, dev, strm, corr = v
+                ck, nbytes, s, e, dev, strm, corr, src, dst, graph = v
                 kind = copy_kinds.get(ck, "other")
+                memory = layout.memory(src, dst) if kl.memory else ""
             else:
-                nbytes, s, e, dev, strm, corr = v
+                nbytes, s, e, dev, strm, corr, mk, graph = v
                 kind = "memset"
+                memory = layout.memory(mk) if kl.memory else ""
+            if not e:                    # in flight at a forced flush (as kernels): no GPU time yet
+                incomplete += 1
+                continue
             if e < s:
                 e = s
             s += off_ns
@@ -346,10 +377,10 @@ def parse_raw(header: dict, body, layout: Layout, names: NameReader) -> tuple[li
                 s = 0
             if e < 0:
                 e = 0
-            if e > MI or (nbytes | strm | corr) >> 63 or not 0 <= dev <= MAX_DEVICE:
+            if e > MI or (nbytes | strm | corr | graph) >> 63 or not 0 <= dev <= MAX_DEVICE:
                 bad += 1
                 continue
-            append(MR(kind, nbytes, s, e, dev, strm, corr))
+            append(MR(kind, nbytes, s, e, dev, strm, corr, memory, graph))
     counters = {"raw_records": len(out), "raw_incomplete": incomplete, "raw_unknown_kind": unknown,
                 "raw_bad_record": bad, "raw_unresolved_names": names.unresolved - unresolved0}
     return out, counters

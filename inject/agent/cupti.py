@@ -1,7 +1,8 @@
 """CUPTI collector through cupti-python: activity API only (never a subscriber, never finalize).
 
 Runs in the target. Kinds: CONCURRENT_KERNEL, MEMCPY, MEMSET, and RUNTIME/DRIVER API records
-restricted to the launch calls (cbids whose name holds "Launch"): the join needs only those, and
+restricted to the launch, copy and memset calls (cbids whose name holds "Launch", "Memcpy" or
+"Memset", not the graph-building cudaGraphAddMemcpyNode …): the join needs only those, and
 PyTorch makes many cheap API calls per operator (cudaGetDevice, cuCtxGetCurrent, …) whose
 records, turned into Python objects, cost the target far more than the kernels themselves
 (measured on the H200: all API kinds made a GPT-2 step 11x slower). API records carry the
@@ -164,7 +165,8 @@ class CuptiCollector:
             self._system_tids = False
 
     def _restrict_api_records(self):
-        """Keep API records for launches only; returns how many cbids stay on (-1: all, could not restrict)."""
+        """Keep API records for launches, copies and memsets only (the calls whose activity the
+        join charges); returns how many cbids stay on (-1: all, could not restrict)."""
         lib = self._lib
         kept = 0
         try:
@@ -177,7 +179,7 @@ class CuptiCollector:
                         name = str(lib.get_callback_name(cbdom, cbid))
                     except Exception:
                         continue
-                    want = "Launch" in name
+                    want = "Launch" in name or (("Memcpy" in name or "Memset" in name) and "Graph" not in name)
                     enable(cbid, 1 if want else 0)
                     kept += want
         except Exception as e:
@@ -329,8 +331,13 @@ class CuptiCollector:
             name = _MEMCPY.get(m.name)
             if name:
                 copy_kinds[str(int(m))] = name
+        memory_kinds = {}
+        for m in getattr(lib, "ActivityMemoryKind", ()):   # "DEVICE_STATIC" -> "Device Static"
+            name = m.name.replace("_", " ").title()
+            if name in wire.RAW_MEMORY_KINDS:
+                memory_kinds[str(int(m))] = name
         self._raw_sizes = {int(k): v["size"] for k, v in kinds.items()}
-        return {"t": "cupti_layout", "kinds": kinds, "copy_kinds": copy_kinds}
+        return {"t": "cupti_layout", "kinds": kinds, "copy_kinds": copy_kinds, "memory_kinds": memory_kinds}
 
     def _raw_buffer(self, data, offsets):
         """A completed buffer's valid bytes (CUPTI's thread, GIL held). Once the layout walk is

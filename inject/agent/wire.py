@@ -10,8 +10,11 @@ Raw CUPTI buffers (the agent's default GPU path; no Python object per record in 
   dtypes (fmt: one struct letter of B H I Q b h i q, little-endian). Fields per rec:
   kernel: kind start end device_id stream_id correlation_id grid_x grid_y grid_z block_x block_y
   block_z name (a pointer into the target: the daemon reads the string from the target's
-  memory) [graph_id]; memcpy: kind copy_kind bytes start end device_id stream_id correlation_id;
-  memset: kind bytes start end device_id stream_id correlation_id.
+  memory) [graph_id]; memcpy: kind copy_kind bytes start end device_id stream_id correlation_id
+  [src_kind dst_kind graph_id]; memset: kind bytes start end device_id stream_id correlation_id
+  [memory_kind graph_id]. Optional: ``"memory_kinds": {code: one of RAW_MEMORY_KINDS}`` (the
+  CUpti_ActivityMemoryKind names of src_kind / dst_kind / memory_kind; a code not named is
+  "Unknown").
 - per completed buffer, a raw frame with header ``{"t": "cupti_raw", "off_ns": CLOCK_MONOTONIC
   minus CUPTI clock, "mode": "sizes"|"offsets", "n_offs": N, "align": A}`` and body = N
   little-endian uint32 record offsets (mode "offsets", from cuptiActivityGetNextRecord), then the
@@ -46,8 +49,12 @@ RAW_FIELDS = {
     "memcpy": ("kind", "copy_kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id"),
     "memset": ("kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id"),
 }
-RAW_OPTIONAL_FIELDS = {"kernel": ("graph_id",), "memcpy": (), "memset": ()}
+RAW_OPTIONAL_FIELDS = {"kernel": ("graph_id",), "memcpy": ("src_kind", "dst_kind", "graph_id"),
+                       "memset": ("memory_kind", "graph_id")}
 RAW_COPY_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
+# CUpti_ActivityMemoryKind, as torch.profiler names them ("Memcpy DtoH (Device -> Pinned)")
+RAW_MEMORY_KINDS = ("Unknown", "Pageable", "Pinned", "Device", "Array", "Managed", "Device Static",
+                    "Managed Static")
 
 
 def encode(msg: dict) -> bytes:

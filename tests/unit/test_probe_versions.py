@@ -19,6 +19,9 @@ cuMemcpyDtoD cuMemcpyDtoD_v2 cuMemcpyDtoD_v2_ptds cuMemcpyHtoDAsync cuMemcpyHtoD
 cuMemcpyHtoDAsync_v2_ptsz cuMemcpyDtoHAsync cuMemcpyDtoHAsync_v2 cuMemcpyDtoHAsync_v2_ptsz
 cuMemcpyDtoDAsync cuMemcpyDtoDAsync_v2 cuMemcpyDtoDAsync_v2_ptsz
 cuModuleGetFunction cuLibraryGetKernel cuKernelGetFunction cuGetProcAddress cuGetProcAddress_v2
+cuMemsetD8 cuMemsetD8_v2 cuMemsetD8_v2_ptds cuMemsetD16 cuMemsetD16_v2 cuMemsetD32 cuMemsetD32_v2
+cuMemsetD32_v2_ptds cuMemsetD8Async cuMemsetD8Async_ptsz cuMemsetD16Async cuMemsetD16Async_ptsz
+cuMemsetD32Async cuMemsetD32Async_ptsz cuMemsetD2D8_v2
 """.split()
 CUDA_SPECS = [s for s in load_specs() if "libcuda" in s.library]
 
