@@ -18,14 +18,17 @@ except ImportError:  # pragma: no cover - other Pythons
 _tnew = tuple.__new__
 _tget = tuple.__getitem__
 EVENT_FIELDS = ("kind", "api", "pid", "tid", "ktime_ns", "duration_ns", "args", "op_path", "native_stack",
-                "py_stack", "kernel_name", "bytes", "direction", "ret", "py_entries")
+                "py_stack", "kernel_name", "bytes", "direction", "ret", "py_entries", "bwd_node")
 _ARGS_I = 6
 
 
 class Event(tuple):
     """One GPU API call or CPU sample of the target (immutable).
 
-    kind: "launch" | "graph" | "alloc" | "free" | "memcpy" | "sync" | "cpu_sample"
+    kind: "launch" | "graph" | "alloc" | "free" | "memcpy" | "sync" | "cpu_sample" |
+        "autograd_node" (a forward op created an autograd node) | "autograd_eval" (the engine
+        runs one): args {"node": address, "seq": sequence number, "thread": forward thread id,
+        "layout": torch's Node layout}, api = the node's class ("AddmmBackward0") for evals
     api: the probed symbol ("cuLaunchKernel"), "" for samples
     ktime_ns: CLOCK_MONOTONIC at the call's entry (or the sample)
     duration_ns: time inside the call for return-probed APIs (syncs, allocs, copies), else 0
@@ -39,6 +42,7 @@ class Event(tuple):
     kernel_name: launches: kernel name, or "unresolved:0x..." when the handle's name was not seen
     bytes: allocs/frees/copies; direction: copies ("HtoD", "DtoH", "DtoD", "HtoH", "default")
     ret: return value (return-probed APIs)
+    bwd_node: launches and samples: the autograd node the thread was evaluating (0: none)
 
     Behaves like the frozen dataclass it was (keyword constructor with the same defaults, fields
     by name, immutable, `==` and hash ignore `args` and `py_entries`, dataclass-style repr), but
@@ -54,9 +58,9 @@ class Event(tuple):
     def __new__(cls, kind: str, api: str, pid: int, tid: int, ktime_ns: int, duration_ns: int = 0,
                 args: dict | None = None, op_path: tuple[str, ...] = (), native_stack: tuple[Frame, ...] = (),
                 py_stack: tuple[Frame, ...] = (), kernel_name: str = "", bytes: int = 0, direction: str = "",
-                ret: int = 0, py_entries: tuple[bool, ...] = ()) -> "Event":
+                ret: int = 0, py_entries: tuple[bool, ...] = (), bwd_node: int = 0) -> "Event":
         return _tnew(cls, (kind, api, pid, tid, ktime_ns, duration_ns, {} if args is None else args, op_path,
-                           native_stack, py_stack, kernel_name, bytes, direction, ret, py_entries))
+                           native_stack, py_stack, kernel_name, bytes, direction, ret, py_entries, bwd_node))
 
     kind = _tuplegetter(0, "event kind")
     api = _tuplegetter(1, "probed symbol")
@@ -72,6 +76,7 @@ class Event(tuple):
     direction = _tuplegetter(12, "copy direction")
     ret = _tuplegetter(13, "return value (return probes)")
     py_entries = _tuplegetter(14, "eval-loop entry flags aligned with py_stack")
+    bwd_node = _tuplegetter(15, "autograd node being evaluated (0: none)")
 
     @property
     def args(self) -> dict:
@@ -81,7 +86,7 @@ class Event(tuple):
         return v
 
     def _cmp(self) -> tuple:
-        return _tget(self, slice(0, 6)) + _tget(self, slice(7, 14))
+        return _tget(self, slice(0, 6)) + _tget(self, slice(7, 14)) + _tget(self, slice(15, 16))
 
     def __eq__(self, other):
         if other.__class__ is not self.__class__:
@@ -110,10 +115,10 @@ class Event(tuple):
 
 
 def make_event(kind, api, pid, tid, ktime_ns, duration_ns, args, op_path, native_stack, py_stack,
-               kernel_name="", nbytes=0, direction="", ret=0, py_entries=()) -> Event:
+               kernel_name="", nbytes=0, direction="", ret=0, py_entries=(), bwd_node=0) -> Event:
     """Same result as Event(...), positional and without the defaults' handling."""
     return _tnew(Event, (kind, api, pid, tid, ktime_ns, duration_ns, args, op_path, native_stack, py_stack,
-                         kernel_name, nbytes, direction, ret, py_entries))
+                         kernel_name, nbytes, direction, ret, py_entries, bwd_node))
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ SL_OP_DEPTH = 32  # default of -DSL_OP_DEPTH
 SL_EV_API = 1
 SL_EV_SAMPLE = 2
 SL_EV_NAME = 3
+SL_EV_NODE_NEW = 4
+SL_EV_NODE_EVAL = 5
 
 # indices of the per-CPU `counters` array
 COUNTERS = (
@@ -55,6 +57,7 @@ class SlEvent(ct.Structure):
         ("ret", ct.c_uint64),
         ("out", ct.c_uint64),
         ("caller", ct.c_uint64),
+        ("bwd_node", ct.c_uint64),
         ("args", ct.c_uint64 * SL_NARGS),
         ("blob", ct.c_uint8 * SL_BLOB),
     ]
@@ -81,7 +84,9 @@ class SlOpEntry(ct.Structure):
 
 
 class SlShadow(ct.Structure):
-    _fields_ = [("depth", ct.c_uint32), ("pad", ct.c_uint32), ("e", SlOpEntry * SL_OP_DEPTH)]
+    _fields_ = [("depth", ct.c_uint32), ("pad", ct.c_uint32), ("bwd_sp", ct.c_uint64), ("bwd_ret", ct.c_uint64),
+                ("bwd_node", ct.c_uint64), ("new_node", ct.c_uint64), ("new_tag", ct.c_uint64 * 2),
+                ("e", SlOpEntry * SL_OP_DEPTH)]
 
 
 class SlOpPath(ct.Structure):

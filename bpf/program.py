@@ -56,9 +56,11 @@ def _expand(name: str, seen: set[str], pystack: bool = False) -> str:
 
 def build_source(pid: int, *, gpu: bool, ops: bool, cpu: bool, native_stacks: bool = True,
                  python_stacks: bool = False, pystack_cflags: tuple[str, ...] = (), max_specs: int = 64, ringbuf_pages: int = 4096,
-                 api_stubs: int = 0, op_stubs: int = 0) -> ProgramSource:
-    """api_stubs/op_stubs > 0 selects the per-probe fallback (kernels without uprobe_multi)."""
-    parts = [p for p, on in (("gpu.bpf.c", gpu), ("ops.bpf.c", ops), ("cpu.bpf.c", cpu)) if on]
+                 api_stubs: int = 0, op_stubs: int = 0, autograd: bool = False) -> ProgramSource:
+    """api_stubs/op_stubs > 0 selects the per-probe fallback (kernels without uprobe_multi).
+    autograd: the forward→backward link's probes (autograd.bpf.c), with the operator probes."""
+    parts = [p for p, on in (("gpu.bpf.c", gpu), ("ops.bpf.c", ops), ("cpu.bpf.c", cpu),
+                             ("autograd.bpf.c", ops and autograd)) if on]
     seen: set[str] = set()
     text = "\n".join(_expand(p, seen, python_stacks) for p in parts)
     if api_stubs or op_stubs:

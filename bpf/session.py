@@ -21,10 +21,10 @@ from stacklens.errors import (AttachError, InputError, NoSuchProcess, NotApplica
                               StacklensError, UnsupportedVersion)
 from stacklens.procfs import ProcFS
 
-from . import program
+from . import autograd, program
 from .events import AttachReport, Event, LibraryAttach, make_event
-from .events_abi import (COUNTERS, SL_BLOB, SL_EV_NAME, SL_EV_SAMPLE, SL_NAME, SL_NARGS, SL_STACK_IN_2,
-                         SL_STACK_INLINE, SlEvent, SlSpec)
+from .events_abi import (COUNTERS, SL_BLOB, SL_EV_NAME, SL_EV_NODE_NEW, SL_EV_SAMPLE, SL_NAME, SL_NARGS,
+                         SL_STACK_IN_2, SL_STACK_INLINE, SlEvent, SlSpec)
 from .frames import Frame
 from .ops import LIBTORCH_RE, OpSymbol, find_op_symbols, select_ops
 from .procmaps import UNKNOWN as UNKNOWN_FRAME
@@ -33,7 +33,7 @@ from .ringbuf import BUSY, DISCARD, RingBufReader
 from .spec import DEFAULT_SPEC, MEMCPY_KINDS, ProbeSpec, load_specs, resolve_library
 from .uprobe_multi import BPF_TRACE_UPROBE_MULTI, UprobeMultiError, attach_uprobe_multi
 
-_HEAD = struct.Struct("<IIIIQQQIiQQQQ")  # sl_event up to `args` (checked against SlEvent below)
+_HEAD = struct.Struct("<IIIIQQQIiQQQQQ")  # sl_event up to `args` (checked against SlEvent below)
 _ARGS = struct.Struct(f"<{SL_NARGS}Q")
 _ARGS_OFF = SlEvent.args.offset
 _BLOB_OFF = SlEvent.blob.offset
@@ -50,6 +50,7 @@ _RING_HDR = struct.Struct("<II")
 _tuple_new = tuple.__new__  # Event is a tuple subclass (bpf/events.py)
 _NO_ARGS: dict = {}  # shared by every sample (Event.args is read-only by contract)
 _KIND = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
 TRUNCATED = Frame.other("[truncated]")
 STACK_DEPTH = 127  # frames a BPF stack-map walk holds (perf_event_max_stack): a full walk may be cut
 INLINE_CACHE_MAX = 4096  # CPU samples' stacks kept by their addresses (≤ ~5 MiB; then it starts again)
@@ -111,6 +112,8 @@ class ProbeConfig:
     op_filter: str = ""
     all_ops: bool = field(default_factory=lambda: os.environ.get("STACKLENS_ALL_OPS", "") not in ("", "0"))
     force_fallback: bool = False       # per-probe perf-event uprobes even where uprobe_multi works
+    # the forward→backward link (autograd.bpf.c, with the op probes); env STACKLENS_AUTOGRAD=0: off
+    autograd: bool = field(default_factory=lambda: os.environ.get("STACKLENS_AUTOGRAD", "1") not in ("0", "no", "off"))
     # extra -D flags for pystack.h (e.g. -DSL_PY_STACKS=…), added after the ones attach() gets
     # from PythonStackReader for this target (layout, TLS offset, interpreter address)
     pystack_cflags: tuple[str, ...] = ()
@@ -202,6 +205,8 @@ class ProbeSession:
         self._fb_records: list[bytes] = []
         self._op_slots = None      # (mmap, memoryview as u64) of the op_slots array, when read
         self._op_names: list[str] = []
+        self._vtables = autograd.VtableNames()   # autograd node classes by vtable pointer
+        self._node_classes: dict[int, str] = {}
         self._names: dict[int, str] = {}
         self._unresolved_names: dict[int, str] = {}
         self._allocs: dict[int, int] = {}
@@ -234,9 +239,12 @@ class ProbeSession:
         self._notes = []
         self._libraries = []
         try:
+            self._phase("reading the target")
             self._compile_and_load()
+            self._phase("attaching probes")
             self._scan(initial=True)
             if cfg.cpu_sample_hz > 0:
+                self._phase("starting CPU sampling")
                 self._bpf.attach_perf_event(ev_type=PERF_TYPE_SOFTWARE, ev_config=PERF_COUNT_SW_CPU_CLOCK,
                                             fn_name=b"sl_cpu_sample", sample_freq=int(cfg.cpu_sample_hz))
                 self._perf_attached = True
@@ -285,10 +293,11 @@ class ProbeSession:
             self.pid, gpu=cfg.gpu, ops=cfg.ops, cpu=cfg.cpu_sample_hz > 0, native_stacks=cfg.native_stacks,
             python_stacks=bool(py_flags), pystack_cflags=py_flags, max_specs=max(64, len(self._specs)), ringbuf_pages=cfg.ringbuf_pages,
             api_stubs=len(self._specs) if self._fallback else 0,
-            op_stubs=len(FALLBACK_OPS) if self._fallback else 0)
+            op_stubs=len(FALLBACK_OPS) if self._fallback else 0, autograd=cfg.ops and cfg.autograd)
         if cfg.extra_cflags:
             src = program.ProgramSource(src.text, src.cflags + tuple(cfg.extra_cflags))
         self._source = src
+        self._phase("compiling BPF")
         try:
             self._bpf = program.compile_bpf(src)  # one BCC compile at a time per process (LLVM)
         except Exception as e:
@@ -309,6 +318,16 @@ class ProbeSession:
             if cfg.ops:
                 self._op_entry = self._bpf.load_func(b"sl_op_entry_multi", BPF.KPROBE,
                                                      attach_type=BPF_TRACE_UPROBE_MULTI)
+            if cfg.ops and cfg.autograd:
+                self._ag_entry = self._bpf.load_func(b"sl_autograd_multi", BPF.KPROBE,
+                                                     attach_type=BPF_TRACE_UPROBE_MULTI)
+
+    # progress of attach(): called with a phase name ("compiling BPF", …); None: silent
+    on_phase = None
+
+    def _phase(self, name: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(name)
 
     # ------------------------------------------------------------------ discovery
     def rescan(self) -> list[LibraryAttach]:
@@ -344,6 +363,8 @@ class ProbeSession:
             for lib in libs:
                 if lib.key not in self._attached_files:
                     self._attach_torch(lib)
+                    if cfg.autograd:
+                        self._attach_autograd(lib, maps)
             if initial and not libs:
                 self._notes.append("operator probes: not applicable: the process maps no libtorch_cpu.so")
 
@@ -406,6 +427,46 @@ class ProbeSession:
             self._links.append(self._link(self._op_entry.fd, lib.host_path, [o.offset for o in ops],
                                           list(range(base, base + len(ops)))))
         self._libraries.append(LibraryAttach(lib.path, "torch", len(ops)))
+
+    def _attach_autograd(self, lib: LibraryFile, maps) -> None:
+        """The forward→backward link's two entry points in libtorch_cpu (autograd.bpf.c), and
+        the node classes' vtables of that file."""
+        from stacklens.elf import ElfFile
+
+        with ElfFile(lib.host_path) as elf:
+            offsets = elf.symbol_offsets(list(autograd.SYMBOLS))
+            mine = [m for m in maps if m.inode == lib.inode and m.dev == lib.dev]
+            bias = elf.load_bias(mine) if mine else None
+        missing = [s for s in autograd.SYMBOLS if s not in offsets]
+        if missing or bias is None:
+            self._notes.append(f"backward link: unavailable: {lib.path} does not export "
+                               f"{'the autograd entry points' if missing else 'a mapping we can place'} "
+                               "(backward work keeps the stacks of the autograd threads)")
+            return
+        self._vtables.add(lib.host_path, bias)
+        if self._fallback:
+            for i, sym in enumerate(autograd.SYMBOLS):
+                self._bpf.attach_uprobe(name=lib.host_path.encode(), sym=sym.encode(),
+                                        fn_name=f"sl_autograd_{i}".encode(), pid=self.pid)
+        else:
+            self._links.append(self._link(self._ag_entry.fd, lib.host_path,
+                                          [offsets[s] for s in autograd.SYMBOLS], [0, 1]))
+        self._notes.append("backward link: on (autograd nodes created and evaluated are probed)")
+
+    def _node_event(self, kind: int, data, off: int, pid: int, tid: int, t: int, ops, pys) -> Event:
+        """An autograd node event: its class (from the vtable), sequence number and forward thread."""
+        node = _U64.unpack_from(data, off + _ARGS_REC)[0]
+        blob = bytes(data[off + _BLOB_REC:off + _BLOB_REC + SL_BLOB])
+        vptr, seq, thread, layout = autograd.decode_node(blob, node)
+        name = self._node_classes.get(vptr)
+        if name is None:
+            name = self._vtables.name(vptr) or f"node@0x{vptr:x}"
+            if len(self._node_classes) < 65536:
+                self._node_classes[vptr] = name
+        args = {"node": node, "seq": seq, "thread": thread, "layout": layout.name}
+        if kind == SL_EV_NODE_NEW:
+            return make_event("autograd_node", name, pid, tid, t, 0, args, ops, (), pys[0], py_entries=pys[1])
+        return make_event("autograd_eval", name, pid, tid, t, 0, args, (), (), ())
 
     def _link(self, prog_fd: int, path: str, offsets: list[int], cookies: list[int],
               retprobe: bool = False) -> int:
@@ -482,7 +543,7 @@ class ProbeSession:
         commit_at = cons + COMMIT_BYTES
         while cons < prod:
             off = cons & mask
-            (ln, _pg, kind, si, pid, tid, t, dur, oh, _od, sid, pyid, ret, outv, caller) = rec(data, off)
+            (ln, _pg, kind, si, pid, tid, t, dur, oh, _od, sid, pyid, ret, outv, caller, bwd) = rec(data, off)
             if ln & BUSY:
                 break
             cons += ((ln & 0x3FFFFFFF) + 15) & ~7
@@ -514,7 +575,10 @@ class ProbeSession:
                 pys = self._py_stack(pyid)
             if kind == SL_EV_SAMPLE:
                 append(new(Event, ("cpu_sample", "", pid, tid, t, 0, _NO_ARGS, ops, stack, pys[0], "", 0, "", 0,
-                                   pys[1])))
+                                   pys[1], bwd)))
+                continue
+            if kind >= SL_EV_NODE_NEW:
+                append(self._node_event(kind, data, off, pid, tid, t, ops, pys))
                 continue
             sh = shapes.get(si)
             if sh is None:
@@ -533,7 +597,7 @@ class ProbeSession:
                         kernel = names.get(h) or self._unresolved(h)
                 # args: raw (spec, values, blob), decoded by Event.args on access
                 append(new(Event, (k, sh[2], pid, tid, t, dur, (sh[0], a, blob), ops, stack, pys[0], kernel, 0,
-                                   "", ret, pys[1])))
+                                   "", ret, pys[1], bwd)))
                 continue
             spec = sh[0]
             args = spec.decode(a, blob)
@@ -550,7 +614,7 @@ class ProbeSession:
                 nbytes = args.get(spec.bytes_arg, 0)
                 direction = spec.direction or MEMCPY_KINDS.get(args.get(spec.direction_arg, -1), "unknown")
             append(make_event(k, spec.symbol, pid, tid, t, dur, args, ops, stack, pys[0], "", nbytes,
-                              direction, ret, pys[1]))
+                              direction, ret, pys[1], bwd))
         reader.commit(cons)
         self._user["decoded"] += len(out)
         return out

@@ -29,7 +29,7 @@ import re
 from typing import NamedTuple
 
 # appended kinds keep their index: the columnar profile stores a frame's kind as its index here
-KINDS = ("python", "op", "native", "gpu_api", "kernel", "instruction", "other", "backward")
+KINDS = ("python", "op", "native", "gpu_api", "kernel", "instruction", "other", "backward", "memcpy", "memset")
 
 _PREFIX_OF_KIND = {
     "op": "op:",
@@ -37,6 +37,8 @@ _PREFIX_OF_KIND = {
     "kernel": "kernel:",
     "instruction": "insn:",
     "backward": "backward:",
+    "memcpy": "memcpy:",
+    "memset": "memset:",
 }
 _KIND_OF_PREFIX = {prefix: kind for kind, prefix in _PREFIX_OF_KIND.items()}
 _LINE = re.compile(r"-?[0-9]+")

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from stacklens.cct import METRICS, Frame, Snapshot, WindowedCCT
+from stacklens.daemon.backward import BackwardLink
 from stacklens.daemon.orderjoin import OrderJoin, copy_sig, launch_sig, sorted_pos_from_end
 from stacklens.demangle import demangle
 from stacklens.inject.records import MemcpyRecord
@@ -278,6 +279,8 @@ class Joiner:
         # GPU time is measured only while the agent's GPU collector runs (CUPTI/RocTracer active)
         self.gpu_collector_active = False
         self._splice_memo: dict[tuple[int, int, int], list] = {}
+        self._backward_memo: dict[tuple[int, int, int, int], list] = {}
+        self.backward = BackwardLink(splice)   # autograd nodes → their forward context
         # memoized full paths: {api: {kernel name: launch path}} in each splice memo entry, and
         # id(launching path) -> (launching path, {CUPTI kernel name: (charged path, unresolved
         # handle or None, demangled name)}); an entry keeps its path alive, so ids stay unique
@@ -297,10 +300,13 @@ class Joiner:
         if kind == "launch" or kind == "graph":
             stats.launches += 1
             py, nat, ops = ev.py_stack, ev.native_stack, ev.op_path
-            key = (id(py), id(nat), id(ops))
-            m = self._splice_memo.get(key)  # _base_entry's lookup, inline
-            if m is None or m[0] is not py or m[1] is not nat or m[2] is not ops:
-                m = self._new_base_entry(ev, key)
+            if getattr(ev, "bwd_node", 0):
+                m = self._base_entry(ev)
+            else:
+                key = (id(py), id(nat), id(ops))
+                m = self._splice_memo.get(key)  # _base_entry's lookup, inline
+                if m is None or m[0] is not py or m[1] is not nat or m[2] is not ops:
+                    m = self._new_base_entry(ev, key)
             name = getattr(ev, "kernel_name", "") or ""
             if name.startswith("unresolved:"):  # CUPTI named this handle before: use the name
                 name = self._handle_names.get(name, name)
@@ -340,6 +346,10 @@ class Joiner:
             add(base + (api,), {"api_cpu_ns": getattr(ev, "duration_ns", 0)})
         elif kind == "op_counts":
             pass  # aggregated op entry counts are reported through stats only
+        elif kind == "autograd_node":
+            self.backward.on_node(ev)
+        elif kind == "autograd_eval":
+            self.backward.on_eval(ev)
         else:
             stats.rejected += 1
 
@@ -356,13 +366,40 @@ class Joiner:
     def _base_entry(self, ev: Any) -> list:
         """[py, nat, ops, splice() of the event's stacks, {api: {kernel name: launch path}}],
         memoized on the identity of its parts: the probe session hands out the same tuples for
-        the same stack ids, so most events are one lookup (on_bpf does that lookup inline)."""
+        the same stack ids, so most events are one lookup (on_bpf does that lookup inline).
+        An event under an autograd node (`bwd_node`) gets the node's head (daemon/backward.py)
+        in place of its Python frames."""
         py, nat, ops = ev.py_stack, ev.native_stack, ev.op_path
+        node = getattr(ev, "bwd_node", 0)
+        if node:
+            h = self.backward.head(ev.tid, node)
+            if h is not None:
+                return self._backward_entry(ev, *h)
         key = (id(py), id(nat), id(ops))
         m = self._splice_memo.get(key)
         if m is not None and m[0] is py and m[1] is nat and m[2] is ops:
             return m
         return self._new_base_entry(ev, key)
+
+    def _backward_entry(self, ev: Any, head: tuple[Frame, ...], linked: bool) -> list:
+        """The memo entry of a backward event: head (forward context → backward:NODE) + the
+        node's own operators and native frames below the engine's evaluate_function. An
+        unlinked node's head follows the thread's own Python frames (where backward() ran)."""
+        py, nat, ops = ev.py_stack, ev.native_stack, ev.op_path
+        if linked:
+            py = ()
+        key = (id(head), id(py), id(nat), id(ops))
+        m = self._backward_memo.get(key)
+        if m is not None and m[0] is head and m[1] is nat and m[2] is ops and m[5] is py:
+            return m
+        native = tuple(nat)
+        below = next((i for i in range(len(native) - 1, -1, -1) if "evaluate_function" in native[i].name), -1)
+        own = splice(tuple(py), tuple(getattr(ev, "py_entries", ()) or ()) if py else (), (), ()) if py else ()
+        path = own + head + splice((), (), tuple(ops), native[below + 1:] if below >= 0 else native)
+        if len(self._backward_memo) >= 65_536:
+            self._backward_memo.clear()
+        m = self._backward_memo[key] = [head, nat, ops, path, {}, py]
+        return m
 
     def _new_base_entry(self, ev: Any, key: tuple[int, int, int]) -> list:
         """A memo miss: splice the event's stacks and remember them under `key` (their ids)."""
@@ -691,6 +728,9 @@ class Joiner:
         if self.order is not None:
             self.order.drain(int(self._clock() * 1e9), self._charge_ordered)
             self.stats.extra.update(self.order.stats)
+        if self.backward.stats:
+            self.stats.extra.update(self.backward.stats)
+            self.stats.extra.update(self.backward.sizes())
         for q in self._pending.values():
             while q and now_ns - q[0].ktime_ns > PENDING_MAX_AGE_NS:
                 q.popleft()
@@ -710,4 +750,7 @@ class Joiner:
         return out
 
     def snapshot(self, window_s: float | None = None) -> Snapshot:
-        return self.tree.snapshot(window_s=window_s, meta=dict(self.meta), unavailable=self.unavailable())
+        meta = dict(self.meta)
+        if self.backward.stats:   # how much backward work found its forward context
+            meta["backward_link"] = dict(self.backward.stats)
+        return self.tree.snapshot(window_s=window_s, meta=meta, unavailable=self.unavailable())

@@ -45,6 +45,7 @@ _KIND_TAG = {
     "gpu_api": "api",
     "kernel": "krn",
     "instruction": "ins",
+    "backward": "bwd",
     "other": "",
 }
 KIND_STYLE = {
@@ -54,6 +55,7 @@ KIND_STYLE = {
     "gpu_api": "yellow",
     "kernel": "magenta",
     "instruction": "blue",
+    "backward": "red",
     "other": "bright_black",
 }
 
@@ -604,7 +606,8 @@ def status_text(s: Status) -> str:
 
 
 # Dropped first when a chain does not fit: plumbing (native, API) before the user's own code.
-_DROP_ORDER = {"native": 0, "other": 1, "instruction": 2, "gpu_api": 3, "kernel": 4, "python": 5, "op": 6}
+_DROP_ORDER = {"native": 0, "other": 1, "instruction": 2, "gpu_api": 3, "kernel": 4, "python": 5, "op": 6,
+               "backward": 7}
 SEP = " › "
 
 

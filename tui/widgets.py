@@ -336,6 +336,7 @@ class IcicleView(Widget, can_focus=True):
         "gpu_api": "#7a6a1f",
         "kernel": "#6b2e6b",
         "instruction": "#2e3f6b",
+        "backward": "#7a2e2e",
         "other": "#3a3a3a",
     }
 

@@ -1,9 +1,10 @@
 """backward_cost: backward work charged to the forward line that created it, where it is out
 of proportion to that line's forward.
 
-Needs the forward→backward link in the tree: backward frames (`autograd::engine::evaluate_function:
-XBackward0`, `XBackward0`) under the *forward* Python line (joined through autograd sequence
-numbers, as DeepContext does). Backward frames found only under `loss.backward()` carry no such
+Needs the forward→backward link in the tree: backward frames (`backward:XBackward0`, as the
+daemon's backward link writes them, or `autograd::engine::evaluate_function: XBackward0` /
+`XBackward0` from other recorders) under the *forward* Python line (joined through autograd
+sequence numbers, as DeepContext does). Backward frames found only under `loss.backward()` carry no such
 link; the rule then says so instead of guessing.
 """
 
@@ -23,7 +24,7 @@ _bwd = name_matcher(r"Backward\d*$|^autograd::engine::evaluate_function")
 
 
 def _is_backward(f: Frame) -> bool:
-    return f.kind in ("op", "other", "native") and _bwd(f.name)
+    return f.kind == "backward" or (f.kind in ("op", "other", "native") and _bwd(f.name))
 
 
 def _is_backward_call(f: Frame) -> bool:
@@ -37,7 +38,7 @@ def backward_cost(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     min_ratio = config.param(RULE, "min_ratio", 3.0)
     normal_ratio = config.param(RULE, "normal_ratio", 2.0)
     frames = view.frames
-    marks = view.mark(_is_backward, kinds=("op", "other", "native"))
+    marks = view.mark(_is_backward, kinds=("backward", "op", "other", "native"))
     metrics = ("cpu_samples", "py_samples", "gpu_time_ns")
     cost_nodes = view.nodes_with_value(metrics)
     bwd_nodes = [i for i in cost_nodes if marks[i]]

@@ -38,7 +38,7 @@ int sl_cpu_sample(struct bpf_perf_event_data *ctx)
     if (uregs)
         bpf_probe_read_kernel(&usp, sizeof(usp), &uregs->sp);
     if (usp)
-        sl_op_context(usp, &ev->op_depth, &ev->op_hash);
+        sl_op_context(usp, &ev->op_depth, &ev->op_hash, &ev->bwd_node);
     else
         sl_count(SL_C_NO_USER_REGS);
     ev->stack_id = -1;

@@ -102,6 +102,8 @@ static __always_inline u32 sl_op_idx(u32 i)
 #define SL_EV_API 1      /* GPU API call: entry-only, or entry+return with duration */
 #define SL_EV_SAMPLE 2   /* perf cpu-clock sample */
 #define SL_EV_NAME 3     /* struct sl_name_event: handle -> kernel name */
+#define SL_EV_NODE_NEW 4  /* autograd.bpf.c: a forward op gave a tensor its autograd node */
+#define SL_EV_NODE_EVAL 5 /* autograd.bpf.c: the autograd engine starts evaluating a node */
 
 /* spec flags (struct sl_spec.flags) */
 #define SL_F_RETURN 1    /* a return probe completes the event (duration, return value) */
@@ -161,6 +163,8 @@ struct sl_event {
     u64 caller;        /* API probes: return address at [sp] on entry. The frame-pointer walk
                         * from a function's first instruction skips its direct caller (rbp is
                         * still the caller's), so user space inserts this frame. */
+    u64 bwd_node;      /* the autograd node (torch::autograd::Node *) the thread is evaluating
+                        * at the event (autograd.bpf.c), 0 = none */
     u64 args[SL_NARGS];
     u8 blob[SL_BLOB];
 };
@@ -184,6 +188,14 @@ struct sl_op_entry {
 struct sl_shadow {
     u32 depth;
     u32 pad;
+    /* autograd.bpf.c: the node the engine evaluates on this thread, live while the frame of
+     * Engine::evaluate_function is (its sp above the event's, its return address still there);
+     * the last node created here and its bytes 16..31, so a node with several outputs is sent once */
+    u64 bwd_sp;
+    u64 bwd_ret;
+    u64 bwd_node;
+    u64 new_node;
+    u64 new_tag[2];
     struct sl_op_entry e[SL_OP_DEPTH];
 };
 
@@ -335,13 +347,20 @@ static __always_inline struct sl_shadow *sl_shadow_get(u64 flags)
     return shadow.task_storage_get(bpf_get_current_task_btf(), 0, flags);
 }
 
-static __always_inline void sl_op_context(u64 sp, u32 *depth, u64 *hash)
+/* the thread's live operator path (depth, hash of its top) and autograd node at stack pointer sp */
+static __always_inline void sl_op_context(u64 sp, u32 *depth, u64 *hash, u64 *bwd)
 {
     struct sl_shadow *s = sl_shadow_get(0);
     *depth = 0;
     *hash = 0;
+    *bwd = 0;
     if (!s)
         return;
+    if (s->bwd_node && s->bwd_sp > sp) {
+        u64 ret = 0;
+        if (bpf_probe_read_user(&ret, sizeof(ret), (void *)s->bwd_sp) == 0 && ret == s->bwd_ret)
+            *bwd = s->bwd_node;
+    }
     u32 d = sl_shadow_live_depth(s, sp);
     s->depth = d;
     if (d == 0 || d > SL_OP_DEPTH)

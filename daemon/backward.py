@@ -1,0 +1,117 @@
+"""The forward→backward link: backward work charged under the forward context that created it.
+
+Pure (no privilege, no I/O); runs on the session's aggregation thread, inside the join.
+
+autograd.bpf.c reports two things (bpf/autograd.py decodes them):
+- `autograd_node`: a forward op gave an output its autograd node. The event carries the node's
+  address and sequence number, and the Python stack and operator path of the forward thread at
+  that moment: the node's *forward context*.
+- `autograd_eval`: the engine starts running a node (on an autograd worker thread for CUDA, on
+  the thread that called backward() for CPU); launches and CPU samples under it carry the node's
+  address (`Event.bwd_node`).
+A backward event's path is then
+
+    forward Python frames → forward ops → backward:AddmmBackward0 → backward ops → native → …
+
+DeepContext links nodes to forward ops the same way, through sequence numbers; torch.profiler
+shows the same pairs ("Sequence number", "Fwd thread id"). A node is looked up by (address,
+sequence number): an address reused by a later node never names the wrong context.
+
+Unlinked nodes are never guessed: a node created before the attach (or whose creation event
+was lost) is charged to `backward:NAME` at the root with the evaluating thread's own Python stack
+(where backward() was called, or none), and counted; nodes with no forward op (AccumulateGrad,
+GraphRoot: sequence number UINT64_MAX) likewise, counted apart.
+
+Memory: one entry per node created and not yet evaluated — one step's graph — capped at
+FORWARD_MAX (oldest dropped first, counted: nodes of graphs that never ran backward, e.g. a
+forward with grad enabled and no backward); contexts are shared tuples, memoized by the identity
+of the stacks the probe session hands out (the same objects for the same stacks).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from stacklens.cct import Frame
+
+FORWARD_MAX = 131_072       # nodes awaiting evaluation (a 48-layer LLM step creates ~20k)
+EVALS_PER_THREAD = 64       # nodes being evaluated at once on one thread (reentrant backward)
+MEMO_MAX = 65_536
+NO_SEQUENCE = (1 << 64) - 1  # Node(sequence_nr=UINT64_MAX): AccumulateGrad, GraphRoot
+
+
+class BackwardLink:
+    def __init__(self, splice, *, forward_max: int = FORWARD_MAX) -> None:
+        self._splice = splice                     # daemon.join.splice
+        self._forward_max = forward_max
+        self._forward: collections.OrderedDict[tuple[int, int], tuple[Frame, ...]] = collections.OrderedDict()
+        self._evals: dict[int, collections.OrderedDict[int, tuple[Frame, ...] | None]] = {}
+        self._contexts: dict[tuple[int, int], tuple] = {}   # (id(py), id(ops)) -> (py, ops, context)
+        self._heads: dict[tuple[int, str], tuple[Frame, ...]] = {}
+        self.stats = collections.Counter()
+
+    # ---- events ---------------------------------------------------------------------------
+    def on_node(self, ev: Any) -> None:
+        a = ev.args
+        self.stats["autograd_nodes"] += 1
+        fwd = self._forward
+        fwd[(a["node"], a["seq"])] = self._context(ev)
+        if len(fwd) > self._forward_max:
+            fwd.popitem(last=False)
+            self.stats["autograd_forward_evicted"] += 1
+
+    def on_eval(self, ev: Any) -> None:
+        """The engine runs node `args['node']` on thread `ev.tid`: what that thread launches or
+        samples under it gets this head (None: charged as today, from the thread's own stacks,
+        under `backward:NAME`)."""
+        a = ev.args
+        self.stats["autograd_evals"] += 1
+        ctx = self._forward.pop((a["node"], a["seq"]), None)
+        if ctx is None:
+            self.stats["autograd_no_forward" if a["seq"] == NO_SEQUENCE else "autograd_unlinked"] += 1
+        else:
+            self.stats["autograd_linked"] += 1
+        head = self._head(ctx, ev.api) if ctx is not None else None
+        evals = self._evals.get(ev.tid)
+        if evals is None:
+            evals = self._evals[ev.tid] = collections.OrderedDict()
+        evals[a["node"]] = head if head is not None else (Frame.backward(ev.api),)
+        evals.move_to_end(a["node"])
+        if len(evals) > EVALS_PER_THREAD:
+            evals.popitem(last=False)
+
+    def head(self, tid: int, node: int) -> tuple[tuple[Frame, ...], bool] | None:
+        """(path head, linked) for an event of thread `tid` under node `node`; None when the
+        node's evaluation was not seen (its event lost: counted)."""
+        evals = self._evals.get(tid)
+        h = evals.get(node) if evals is not None else None
+        if h is None:
+            self.stats["autograd_eval_missing"] += 1
+            return None
+        return h, len(h) > 1
+
+    # ---- memoized parts -------------------------------------------------------------------
+    def _context(self, ev: Any) -> tuple[Frame, ...]:
+        py, ops = ev.py_stack, ev.op_path
+        key = (id(py), id(ops))
+        m = self._contexts.get(key)
+        if m is None or m[0] is not py or m[1] is not ops:
+            if len(self._contexts) >= MEMO_MAX:
+                self._contexts.clear()
+            ctx = self._splice(tuple(py), tuple(getattr(ev, "py_entries", ()) or ()), tuple(ops), ())
+            m = self._contexts[key] = (py, ops, ctx)   # keeps py and ops alive: ids stay unique
+        return m[2]
+
+    def _head(self, ctx: tuple[Frame, ...], name: str) -> tuple[Frame, ...]:
+        key = (id(ctx), name)
+        h = self._heads.get(key)
+        if h is None or h[:-1] != ctx:
+            if len(self._heads) >= MEMO_MAX:
+                self._heads.clear()
+            h = self._heads[key] = ctx + (Frame.backward(name),)
+        return h
+
+    def sizes(self) -> dict[str, int]:
+        return {"autograd_forward_table": len(self._forward),
+                "autograd_eval_threads": len(self._evals)}

@@ -1,0 +1,71 @@
+"""The forward→backward link on a real CPU training loop (BPF as root): backward CPU samples
+carry the forward line and the autograd node, in the ratio the target measures itself."""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+
+import pytest
+
+from stacklens.daemon.session import ProcessSession
+
+from .conftest import Target
+
+pytestmark = pytest.mark.bpf
+
+SAMPLE_HZ = 499
+ENOUGH = 300          # backward samples of the cheaper layer: ±6% at one standard deviation
+PATIENCE_S = 300      # only a bound for a machine that never gets there; the loop waits on samples
+
+
+def _backward_by_line(snap, file_tag: str) -> collections.Counter:
+    """cpu_samples by (backward node, line of the target's forward) over every path."""
+    out: collections.Counter = collections.Counter()
+    for node in range(1, snap.node_count):
+        n = snap.exclusive(node, "cpu_samples")
+        if not n:
+            continue
+        path = snap.path(node)
+        bwd = next((f.name for f in path if f.kind == "backward"), "-")
+        line = next((f.line for f in path if f.kind == "python" and file_tag in f.file
+                     and f.name.endswith("forward")), 0)
+        out[(bwd, line)] += n
+    return out
+
+
+def test_backward_samples_carry_the_forward_line_and_node(bpf_ok):
+    t = Target("backward_ratio.py")
+    try:
+        t.send("info")
+        info = json.loads(t.readline())
+        s = ProcessSession(t.pid, cpu_hz=SAMPLE_HZ)
+        notes = s.start()
+        assert any(n.startswith("backward link: on") for n in notes), notes
+        try:
+            deadline = time.monotonic() + PATIENCE_S
+            while True:
+                by = _backward_by_line(s.snapshot(), "backward_ratio.py")
+                if by[("AddmmBackward0", info["line_small"])] >= ENOUGH or time.monotonic() > deadline:
+                    break
+                time.sleep(1.0)
+            snap = s.snapshot()
+        finally:
+            s.stop()
+    finally:
+        t.proc.kill()
+    small = by[("AddmmBackward0", info["line_small"])]
+    big = by[("AddmmBackward0", info["line_big"])]
+    assert small >= ENOUGH, f"only {small} backward samples of the small layer: {by}"
+    ratio = big / small
+    assert abs(ratio / info["backward_ratio"] - 1) < 0.10, (ratio, info, by)
+    # every linked backward sample sits under a line of the model; only nodes without a forward
+    # op (AccumulateGrad) or created before the attach may sit elsewhere
+    linked = sum(n for (bwd, line), n in by.items() if bwd not in ("-", "AccumulateGrad") and line)
+    stray = sum(n for (bwd, line), n in by.items() if bwd not in ("-", "AccumulateGrad") and not line)
+    assert stray <= 0.02 * linked, by
+    link = snap.meta["backward_link"]
+    assert link["autograd_linked"] > 0 and link["autograd_no_forward"] > 0, link
+    # the forward of each layer is there too, apart from its backward
+    assert by[("-", info["line_big"])] > 0 and by[("-", info["line_small"])] > 0
