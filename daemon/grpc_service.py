@@ -319,10 +319,20 @@ class StacklensServicer(pbg.StacklensServicer):
 
     @rpc
     def GetAdvice(self, request, context):
+        """The analyzer's findings on the snapshot GetSnapshot gives for the same pid and window.
+
+        Without an analyzer this is an error, never an empty answer: a wheel that lacked
+        stacklens.analyzer.rules made every `advise` say "no findings" (issue 23)."""
         _check_pid(request.pid)
+        advisor = self.advisor
+        if advisor is None:
+            try:
+                from stacklens.analyzer import analyze as advisor
+            except ImportError as e:
+                raise StacklensError(f"stacklensd cannot load its analyzer ({type(e).__name__}: {e}): the "
+                                     "installation is incomplete; reinstall stacklens and restart stacklensd") from e
         snap = self.daemon.snapshot(request.pid, window_s=_check_window(request.window_s))
-        findings = self.advisor(snap) if self.advisor else []
-        return pb.AdviceResponse(pid=request.pid, findings=[finding_to_pb(f) for f in findings])
+        return pb.AdviceResponse(pid=request.pid, findings=[finding_to_pb(f) for f in advisor(snap)])
 
     @rpc
     def Health(self, request, context):
