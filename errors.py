@@ -62,4 +62,11 @@ class Timeout(StacklensError):
     grpc_code = "DEADLINE_EXCEEDED"
 
 
+class IncompleteProfile(StacklensError):
+    """A one-shot profile without the samples its target's CPU time made due (daemon/oneshot.py)."""
+
+    exit_code = 11
+    grpc_code = "DATA_LOSS"
+
+
 EXIT_USAGE = 64  # argparse-level misuse

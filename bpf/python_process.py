@@ -206,6 +206,46 @@ def _identify(pid: int, path: str, host: str, syms: dict[str, int], bias: int, r
                          main_interp=main)
 
 
+def interpreter_symbol(pid: int, name: str, proc: Path = Path("/proc")) -> Optional[int]:
+    """Address of `name` in the file that holds the interpreter's `_PyRuntime`, or None (not a
+    Python process, or the interpreter's library is not mapped yet)."""
+    maps = ProcFS(proc).maps(pid)
+    try:
+        exe = os.readlink(proc / str(pid) / "exe").removesuffix(" (deleted)")
+    except OSError:
+        exe = ""
+    for path in _candidates(maps, exe):
+        for host in _open_paths(pid, maps, path, proc):
+            try:
+                elf = ElfFile(host, error=AttachError)
+            except AttachError:
+                continue
+            with elf:
+                syms = elf.symbols({"_PyRuntime", name})
+                if "_PyRuntime" in syms and name in syms and any(m.path == path for m in maps):
+                    return syms[name] + _load_bias(elf, maps, path)
+            break
+    return None
+
+
+def thread_state_readable(pid: int, proc: Path = Path("/proc")) -> tuple[bool, str]:
+    """Whether a process that is still starting up has what `PythonStackReader` needs: an
+    interpreter, a thread state, and the TSS slot BPF reads it from. (ok, why not)."""
+    mem = ProcMem(pid, proc)
+    try:
+        interp = find_interpreter(pid, mem, proc)
+        threads = walk_threads(mem, interp)
+        if not threads:
+            return False, "no thread state yet"
+        if calibrate_tls(mem, threads) is None:
+            return False, "the thread state is not in its TSS slot yet"
+        return True, ""
+    except (AttachError, MemoryReadError, UnsupportedVersion) as e:
+        return False, str(e)
+    finally:
+        mem.close()
+
+
 @dataclass(frozen=True)
 class PyThread:
     tstate: int

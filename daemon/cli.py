@@ -94,17 +94,44 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_profile(args: argparse.Namespace) -> int:
-    from stacklens.daemon.oneshot import profile_pid
+def _oneshot_output(snap, args: argparse.Namespace) -> None:
+    """Write a one-shot profile with its account: notes and the window into the snapshot's meta
+    (the text header and JSON show them) and on stderr; an empty profile of a target that ran on
+    CPU is an error and writes nothing, a short one is written and then reported as an error."""
+    from stacklens.daemon.oneshot import assess
 
-    snap = profile_pid(
-        args.pid,
-        duration_s=args.duration,
-        agent=args.agent,
-        cpu_hz=args.rate,
-        ops=not args.no_ops,
-    )
+    lines, error = assess(snap)
+    added = [ln[len("note: "):] for ln in lines if ln.startswith("note: ")
+             and ln[len("note: "):] not in snap.meta.get("notes", [])]
+    if added:
+        snap.meta.setdefault("notes", []).extend(added)
+    in_output = args.format in ("text", "json")
+    for ln in lines:
+        if not in_output or ln.startswith("window: ") or ln[len("note: "):] in added:
+            print(f"stacklens: {ln}", file=sys.stderr)
+    if error is not None and not snap.meta.get("window", {}).get("cpu_samples"):
+        raise error
     write_output(snap, args.format, args.metric, args.output)
+    if error is not None:
+        raise error
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from stacklens.daemon.oneshot import Progress, profile_pid
+
+    progress = Progress()
+    try:
+        snap = profile_pid(
+            args.pid,
+            duration_s=args.duration,
+            agent=args.agent,
+            cpu_hz=args.rate,
+            ops=not args.no_ops,
+            progress=progress,
+        )
+    finally:
+        progress.close()
+    _oneshot_output(snap, args)
     return 0
 
 
@@ -127,13 +154,19 @@ def cmd_daemon_call(args: argparse.Namespace) -> int:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from stacklens.daemon.oneshot import record_command
+    from stacklens.daemon.oneshot import Progress, record_command
 
     cmd = [c for c in args.cmd if c != "--"]
     if not cmd:
         raise InputError("give the command to run after --, e.g. stacklens record -- python train.py")
-    snap = record_command(cmd, agent=args.agent, cpu_hz=args.rate)
-    write_output(snap, args.format, args.metric, args.output)
+    progress = Progress()
+    try:
+        snap, status = record_command(cmd, agent=args.agent, cpu_hz=args.rate, progress=progress)
+    finally:
+        progress.close()
+    if status:
+        print(f"stacklens: note: {cmd[0]} exited with status {status}", file=sys.stderr)
+    _oneshot_output(snap, args)
     return 0
 
 

@@ -1,43 +1,173 @@
 """One-shot profiling without a daemon (`stacklens profile`, `stacklens record`), like `py-spy record`.
 
-Requires root (BPF; ptrace when --agent). The target is left as it was when this returns.
+Requires root (BPF; ptrace for `record` and --agent). The target is left as it was when this returns.
+
+The profile covers a window with an end: collecting stops at the deadline (or when the target
+exits), then every event stamped before it is drained and joined (the BPF ring, the agent's
+forced flush), and only then is the snapshot taken. Its account — the real window, the target's
+CPU time over it (/proc/PID/stat), events dropped, late and unjoined — is the snapshot's
+meta["window"]; `assess()` turns it into notes and, for a profile that is empty or short
+although the target ran on CPU, an `IncompleteProfile` error.
 """
 
 from __future__ import annotations
 
-import subprocess
+import sys
+import threading
 import time
+from typing import Callable, TextIO
 
 from stacklens.cct import Snapshot
-from stacklens.daemon.session import ProcessSession, pid_alive
+from stacklens.daemon.session import ProcessSession
+from stacklens.errors import IncompleteProfile
+
+# A window whose CPU samples fall short of rate × CPU time by more than this is reported as an
+# error: sampling itself is within a few percent (docs/benchmarks/oneshot.md).
+SHORTFALL = 0.25
+MIN_EXPECTED = 20          # below this many samples due, a shortfall is not told from chance
+NO_CPU_S = 0.02            # a target under this much CPU time in the window "used no CPU"
+
+
+class Progress:
+    """Phase lines on a stream (stderr), each with the time since start; while one phase lasts,
+    a reminder every `every_s` so a slow attach (13-77 s under load) does not look hung."""
+
+    def __init__(self, stream: TextIO | None = None, every_s: float = 5.0, label: str = "") -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.every_s = every_s
+        self.label = label
+        self.t0 = time.monotonic()
+        self._phase = ""
+        self._since = self.t0
+        self._done = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def __call__(self, phase: str) -> None:
+        self._phase, self._since = phase, time.monotonic()
+        self._line(phase)
+        if self._ticker is None and self.every_s > 0:
+            self._ticker = threading.Thread(target=self._tick, name="stacklens-progress", daemon=True)
+            self._ticker.start()
+
+    def _line(self, text: str) -> None:
+        try:
+            self.stream.write(f"stacklens: [{time.monotonic() - self.t0:6.1f}s] {self.label}{text}\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def _tick(self) -> None:
+        while not self._done.wait(self.every_s):
+            if self._phase and time.monotonic() - self._since >= self.every_s:
+                self._line(f"{self._phase} (still, {time.monotonic() - self._since:.0f}s in this step)")
+
+    def quiet(self) -> None:
+        """No reminders (a phase whose length the user chose, e.g. collecting)."""
+        self._phase = ""
+
+    def close(self) -> None:
+        self._done.set()
+
+
+def _silent(_phase: str) -> None:
+    pass
 
 
 def profile_pid(
-    pid: int, *, duration_s: float, agent: bool = False, cpu_hz: int = 99, ops: bool = True, session_factory=ProcessSession
+    pid: int, *, duration_s: float, agent: bool = False, cpu_hz: int = 99, ops: bool = True,
+    session_factory=ProcessSession, progress: Callable[[str], None] | None = None,
 ) -> Snapshot:
+    """Attach to `pid`, collect for `duration_s` from the end of the attach (or until the target
+    exits), drain, detach; the snapshot's meta["window"] accounts for the window."""
+    say = progress or _silent
     s = session_factory(pid, agent=agent, cpu_hz=cpu_hz, ops=ops)
-    s.start()
     try:
-        deadline = time.monotonic() + duration_s
-        while time.monotonic() < deadline and s.state == "attached":
-            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        say(f"attaching to {pid}")
+        s.start(window=True, progress=say)
+        say(f"collecting for {duration_s:g}s")
+        if isinstance(progress, Progress):
+            progress.quiet()
+        s._window_done.wait(max(0.0, duration_s - (time.monotonic_ns() - s.window.start_ns) / 1e9))
+        s.close_window(progress=say)
         return s.snapshot()
     finally:
         s.stop()
 
 
-def record_command(cmd: list[str], *, agent: bool = False, cpu_hz: int = 99) -> Snapshot:
-    proc = subprocess.Popen(cmd)
+def record_command(cmd: list[str], *, agent: bool = False, cpu_hz: int = 99,
+                   progress: Callable[[str], None] | None = None,
+                   session_factory=ProcessSession) -> tuple[Snapshot, int]:
+    """Start `cmd` held before its first instruction (its first Python code, for Python),
+    attach, let it run until it exits, drain. Returns (snapshot, the command's exit status)."""
+    from stacklens.daemon.held import HeldCommand
+
+    say = progress or _silent
+    say(f"starting {cmd[0]} (held until the probes are attached)")
+    held = HeldCommand(cmd)
     try:
-        time.sleep(0.05)  # let the exec happen so the probes see the new image
-        s = ProcessSession(proc.pid, agent=agent, cpu_hz=cpu_hz)
-        s.start()
+        say(f"{held.pid} held at its {held.where}; attaching")
+        s = session_factory(held.pid, agent=agent, cpu_hz=cpu_hz)
+        s.notes.extend(held.notes)
         try:
-            while proc.poll() is None and pid_alive(proc.pid):
-                time.sleep(0.1)
-            return s.snapshot()
+            s.start(window=True, progress=say, before_agent=held.release)
+            say(f"running {held.pid} until it exits")
+            if isinstance(progress, Progress):
+                progress.quiet()
+            status, cpu_ns = held.wait()
+            # rusage: the CPU time of the whole run, including the held start-up before the window
+            # (the first Python call), which /proc no longer shows once the child is reaped
+            s.close_window(cpu_end_ns=cpu_ns or None, progress=say)
+            return s.snapshot(), status
         finally:
             s.stop()
     finally:
-        if proc.poll() is None:
-            proc.wait()
+        held.kill()
+
+
+def assess(snap: Snapshot) -> tuple[list[str], IncompleteProfile | None]:
+    """The window's account as lines for stderr, and an error when the target ran on CPU but
+    the profile holds no samples, or far fewer than were due."""
+    meta = snap.meta or {}
+    w = meta.get("window") or {}
+    lines = [f"note: {n}" for n in meta.get("notes", [])]
+    if not w:
+        return lines, None
+    got, cpu_s, hz = w.get("cpu_samples", 0), w.get("target_cpu_s"), w.get("cpu_hz", 0)
+    lines.append(window_line(w))
+    if cpu_s is None:
+        lines.append("note: the target's CPU time could not be read (/proc/PID/stat); samples not checked")
+        return lines, None
+    if cpu_s < NO_CPU_S and got == 0:
+        lines.append(f"note: the process used {cpu_s:.2f}s of CPU in the {w['seconds']:.1f}s window "
+                     "(it was sleeping or blocked): nothing ran on CPU to sample")
+        return lines, None
+    want = cpu_s * hz
+    if got == 0 and want >= 3:
+        return lines, IncompleteProfile(
+            f"the process ran {cpu_s:.2f}s on CPU in the {w['seconds']:.1f}s window but no CPU sample "
+            f"arrived ({_why(w)}); nothing was written — run `stacklens doctor --pid PID`")
+    if want >= MIN_EXPECTED and got < (1 - SHORTFALL) * want:
+        return lines, IncompleteProfile(
+            f"incomplete profile: {got} CPU samples where about {want:.0f} were due ({hz} Hz × "
+            f"{cpu_s:.2f}s of CPU); {_why(w)}. The profile written has only what arrived")
+    return lines, None
+
+
+def window_line(w: dict) -> str:
+    late = w.get("events_late")
+    return (f"window: {w['seconds']:.2f}s (monotonic {w['start_ns']}..{w['end_ns']} ns), target CPU "
+            f"{'?' if w.get('target_cpu_s') is None else format(w['target_cpu_s'], '.2f')}s, "
+            f"cpu_samples {w.get('cpu_samples', 0)} (due ≈{w.get('expected_cpu_samples', '?')} at "
+            f"{w.get('cpu_hz')} Hz), events dropped {w.get('events_dropped', 0)}, late "
+            f"{'unknown (not drained)' if late is None else late}, unjoined {w.get('unjoined', 0)}")
+
+
+def _why(w: dict) -> str:
+    why = []
+    if w.get("events_dropped"):
+        why.append(f"{w['events_dropped']} events dropped by BPF (ring full)")
+    if not w.get("drained", True):
+        why.append(f"the drain stopped after {w.get('drain_s', 0):.0f}s before reading up to the end")
+    if w.get("after_window") and not w.get("cpu_samples"):
+        why.append(f"{w['after_window']} events arrived stamped after the window")
+    return "; ".join(why) or "BPF delivered no sample for this process (is the cpu-clock perf event allowed? `stacklens doctor`)"

@@ -89,6 +89,12 @@ def render_report(snap: Snapshot, metric: str, **kw) -> str:
         head.append(safe_text(
             "  ".join(f"{k}={meta[k]}" for k in sorted(meta) if not isinstance(meta[k], (dict, list)))
         ))
+    win = meta.get("window")
+    if isinstance(win, dict) and win.get("end_ns"):   # a one-shot profile's account (daemon/oneshot.py)
+        from stacklens.daemon.oneshot import window_line
+
+        head.append(window_line(win))
+    head.extend(safe_text(f"note: {n}") for n in meta.get("notes") or [] if isinstance(n, str))
     totals = []
     for m in snap.metrics:
         if m in snap.unavailable:

@@ -1,0 +1,193 @@
+"""Start a command held stopped until the probes are attached (`stacklens record`), as
+`perf record -- CMD` does, so nothing the program runs is lost.
+
+Requires ptrace of our own child only (PTRACE_TRACEME: any yama scope below 3). The breakpoints
+are x86-64 (int3); elsewhere the program is held at its exec only. Cost: two or three stops of
+the child before its first Python line, milliseconds.
+
+How: the child calls ptrace(PTRACE_TRACEME) before exec, so the kernel stops it right after the
+exec, in the clean image of the new program (stopping it before the exec, e.g. with SIGSTOP,
+would show the probes our own forked image). The dynamic loader has not mapped libpython yet
+there, so a first breakpoint at the program's entry point lets it do that; a Python program is
+then let run to its first `_PyEval_EvalFrameDefault` call (the first Python code, inside
+Py_Initialize), where the interpreter and its main thread state exist and the script has not
+begun. That stop is repeated until the thread state is readable the way the probes read it (the
+TSS slot is set), a few calls at most. Anything that is not Python is held at its entry point.
+`release()` detaches: the program runs on as if never stopped. If stacklens dies while holding
+it, the kernel kills it (PTRACE_O_EXITKILL), so no program stays stopped for ever.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import os
+import platform
+import signal
+import struct
+import subprocess
+
+from stacklens.errors import AttachError, NoSuchProcess
+
+PTRACE_TRACEME, PTRACE_PEEKTEXT, PTRACE_PEEKUSER, PTRACE_POKETEXT, PTRACE_POKEUSER = 0, 1, 3, 4, 6
+PTRACE_CONT, PTRACE_SINGLESTEP, PTRACE_DETACH, PTRACE_SETOPTIONS = 7, 9, 17, 0x4200
+PTRACE_O_TRACEEXEC, PTRACE_O_EXITKILL = 0x10, 0x100000
+PTRACE_EVENT_EXEC = 4
+RIP_OFFSET = 16 * 8           # struct user_regs_struct.rip (x86-64)
+AT_ENTRY = 9
+EVAL = "_PyEval_EvalFrameDefault"
+MAX_EVAL_STOPS = 64           # eval calls waited for a readable thread state before giving up
+WRAPPERS = ("env",)           # exec'd programs that exec the real one (`#!/usr/bin/env python3`)
+
+_libc = ct.CDLL(None, use_errno=True)
+_libc.ptrace.argtypes = [ct.c_long, ct.c_long, ct.c_void_p, ct.c_void_p]
+_libc.ptrace.restype = ct.c_long
+
+
+def _ptrace(req: int, pid: int, addr: int = 0, data: int = 0) -> int:
+    ct.set_errno(0)
+    r = _libc.ptrace(req, pid, ct.c_void_p(addr), ct.c_void_p(data))
+    err = ct.get_errno()
+    if r == -1 and err:
+        raise OSError(err, f"ptrace({req}) on {pid}: {os.strerror(err)}")
+    return r & 0xFFFF_FFFF_FFFF_FFFF
+
+
+def _traceme() -> None:  # runs in the child between fork and exec
+    _libc.ptrace(PTRACE_TRACEME, 0, None, None)
+
+
+class HeldCommand:
+    """`cmd` started and stopped before its first instruction (or, for Python, its first Python
+    code). `where` says where it is held; `release()` lets it run; `wait()` reaps it."""
+
+    def __init__(self, cmd: list[str], **popen_kw) -> None:
+        self.where = "exec"
+        self.notes: list[str] = []
+        self._traced = True
+        try:
+            self.proc = subprocess.Popen(cmd, preexec_fn=_traceme, **popen_kw)
+        except FileNotFoundError as e:
+            raise NoSuchProcess(f"cannot run {cmd[0]!r}: {e.strerror}; check the command and PATH") from e
+        self.pid = self.proc.pid
+        try:
+            self._wait_stop()                        # the exec's SIGTRAP
+            _ptrace(PTRACE_SETOPTIONS, self.pid, 0, PTRACE_O_TRACEEXEC | PTRACE_O_EXITKILL)
+            while os.path.basename(self._exe()) in WRAPPERS:
+                self._cont_until_exec()
+            if platform.machine() in ("x86_64", "AMD64"):
+                self._run_to(self._entry())
+                self.where = "entry"
+                addr = self._eval_address()
+                if addr:
+                    self._run_to_ready(addr)
+        except BaseException:
+            self.kill()
+            raise
+
+    # ---- holding -------------------------------------------------------------------------
+    def _wait_stop(self) -> int:
+        """Wait for the next stop; signals the program gets meanwhile are passed on."""
+        while True:
+            _, status = os.waitpid(self.pid, 0)
+            if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+                self._traced = False
+                self.proc.returncode = (os.WEXITSTATUS(status) if os.WIFEXITED(status)
+                                        else -os.WTERMSIG(status))
+                raise NoSuchProcess(f"the command exited (status {self.proc.returncode}) before it "
+                                    "could be profiled")
+            if os.WIFSTOPPED(status):
+                return status
+
+    def _cont_until_exec(self) -> None:
+        _ptrace(PTRACE_CONT, self.pid)
+        while True:
+            status = self._wait_stop()
+            if status >> 8 == signal.SIGTRAP | (PTRACE_EVENT_EXEC << 8):
+                return
+            _ptrace(PTRACE_CONT, self.pid, 0, self._signal_of(status))
+
+    @staticmethod
+    def _signal_of(status: int) -> int:
+        sig = os.WSTOPSIG(status)
+        return 0 if sig == signal.SIGTRAP else sig
+
+    def _run_to(self, addr: int) -> None:
+        """Continue until the program executes `addr` (a one-shot int3 there)."""
+        word = _ptrace(PTRACE_PEEKTEXT, self.pid, addr)
+        _ptrace(PTRACE_POKETEXT, self.pid, addr, (word & ~0xFF) | 0xCC)
+        try:
+            _ptrace(PTRACE_CONT, self.pid)
+            while True:
+                status = self._wait_stop()
+                if os.WSTOPSIG(status) == signal.SIGTRAP and \
+                        _ptrace(PTRACE_PEEKUSER, self.pid, RIP_OFFSET) == addr + 1:
+                    break
+                if status >> 8 == signal.SIGTRAP | (PTRACE_EVENT_EXEC << 8):
+                    raise AttachError("the command exec'd another program before its entry point")
+                _ptrace(PTRACE_CONT, self.pid, 0, self._signal_of(status))
+        finally:
+            if self._traced:
+                _ptrace(PTRACE_POKETEXT, self.pid, addr, word)
+        _ptrace(PTRACE_POKEUSER, self.pid, RIP_OFFSET, addr)
+
+    def _run_to_ready(self, addr: int) -> None:
+        from stacklens.bpf.python_process import thread_state_readable
+
+        for n in range(MAX_EVAL_STOPS):
+            if n:   # step off the restored instruction, then stop at the next call
+                _ptrace(PTRACE_SINGLESTEP, self.pid)
+                self._wait_stop()
+            self._run_to(addr)
+            self.where = "first Python code"
+            ok, why = thread_state_readable(self.pid)
+            if ok:
+                return
+        self.notes.append(f"record: the thread state was not readable after {MAX_EVAL_STOPS} Python "
+                          f"calls ({why}); Python stacks may start late")
+
+    def _exe(self) -> str:
+        try:
+            return os.readlink(f"/proc/{self.pid}/exe")
+        except OSError:
+            return ""
+
+    def _entry(self) -> int:
+        with open(f"/proc/{self.pid}/auxv", "rb") as fh:
+            data = fh.read()
+        for key, val in struct.iter_unpack("<QQ", data[: len(data) // 16 * 16]):
+            if key == AT_ENTRY:
+                return val
+        raise AttachError(f"no entry point in /proc/{self.pid}/auxv")
+
+    def _eval_address(self) -> int:
+        from stacklens.bpf.python_process import interpreter_symbol
+
+        return interpreter_symbol(self.pid, EVAL) or 0
+
+    # ---- letting go ----------------------------------------------------------------------
+    def release(self) -> None:
+        if self._traced:
+            self._traced = False
+            _ptrace(PTRACE_DETACH, self.pid)
+
+    def wait(self) -> tuple[int, int]:
+        """Reap the program: (exit status as Popen gives it, CPU time it used in ns)."""
+        self.release()
+        if self.proc.returncode is not None:
+            return self.proc.returncode, 0
+        _, status, ru = os.wait4(self.pid, 0)
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        return self.proc.returncode, int((ru.ru_utime + ru.ru_stime) * 1e9)
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._traced = False
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+            self.proc.returncode = -signal.SIGKILL
