@@ -19,6 +19,12 @@ reported by CUPTI and dropped; a group with no such launch within LOOKAHEAD pend
 identical kernels lose one record, the claim can land one launch early — on the same kernel from
 the same code in practice; the counters say how often anything was skipped.
 
+Copies and memsets (daemon/join.py) use a second OrderJoin of their own: records claim the BPF
+copy/memset calls (sig_of = copy_sig: memcpy or memset, and the bytes), and a call no record
+claims goes to on_drop, which charges the bytes the call asked for. A copy or memset node of a
+CUDA graph shares its graph launch's correlation id and joins the kernel groups here (its sig ()
+matches only a graph launch).
+
 Cost (issue 9: ~25k launches/s on an H200 ViT job): a pending launch is one entry in each of
 three parallel deques (entry time, path, sig: no object of its own, so nothing per launch for the
 garbage collector to scan while it waits); correlation ids that arrive in ascending order (the common case) go into a

@@ -1,7 +1,8 @@
 /* A fake libcupti with the activity-buffer calls the agent's raw path makes through ctypes
  * (tests/unit/test_cupti_raw_ctypes.py). cuptiActivityFlushAll requests a buffer, copies the staged
  * bytes into it, and hands it back from ANOTHER thread (as CUPTI's worker thread does) while the
- * caller waits in C. cuptiActivityGetNextRecord walks records by a size table, 8-byte aligned. */
+ * caller waits in C. cuptiActivityGetNextRecord walks records by a size table, 8-byte aligned
+ * (one size per kind: fake_cupti_stage sets one, fake_cupti_set_size the others). */
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,6 +31,11 @@ void fake_cupti_stage(const uint8_t *data, size_t n, uint32_t kind, size_t recor
     if (n > sizeof g_stage) n = sizeof g_stage;
     memcpy(g_stage, data, n);
     g_staged = n;
+    if (kind < 64) g_sizes[kind] = record_size;
+}
+
+/* the record size of one more kind, so a staged buffer may mix kernels, copies and memsets */
+void fake_cupti_set_size(uint32_t kind, size_t record_size) {
     if (kind < 64) g_sizes[kind] = record_size;
 }
 
