@@ -8,9 +8,9 @@ different PIDs run in parallel; their BCC compiles queue on one lock (bpf/progra
 A session that ends (detach, target exit) is retired: its probes, agent, queues, joiner and window
 buckets are dropped, and only a `ClosedSession` stays — the final cumulative profile, gzip-encoded
 (typically tens of KiB), and the last stats — so `stacklens report PID` works after the end. At
-most MAX_CLOSED of them (and MAX_CLOSED_BYTES of profiles) are kept, oldest dropped first; after a
-retirement the freed heap is handed back to the OS (gc + glibc `malloc_trim`), so a daemon that
-saw 2,000 sessions holds what one holds (tests/unit/test_daemon_core_limits.py).
+most MAX_CLOSED of them (and MAX_CLOSED_BYTES of profiles) are kept, oldest dropped first; after
+retirements the freed heap goes back to the OS (gc + glibc `malloc_trim`, at most once a second),
+so a daemon that saw 2,000 sessions holds what one holds (tests/unit/test_daemon_core_limits.py).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ MAX_CLOSED = 32                 # ended sessions whose final profile is kept for
 MAX_CLOSED_BYTES = 64 << 20     # ... and at most this many bytes of their encoded profiles
 PID_MAX = 2**31 - 1             # the kernel's pid_t; pid_max itself is at most 2**22
 PF_KTHREAD = 0x00200000         # /proc/PID/stat flags: a kernel thread
+RELEASE_EVERY_S = 1.0
 
 
 def check_pid_range(pid: int) -> None:
@@ -127,6 +128,8 @@ class Daemon:
         self.counters = collections.Counter()
         self.started = time.time()
         self._closing = False
+        self._unreleased = 0            # sessions retired since the last release_memory()
+        self._last_release = -RELEASE_EVERY_S
 
     def _check_target(self, pid: int) -> None:
         """Refuses what cannot be profiled, with the reason: the daemon itself, kernel threads, and
@@ -222,6 +225,20 @@ class Daemon:
                 else:
                     self._remember(s.pid, rec)
         del s, rec
+        with self._lock:
+            self._unreleased += 1
+            due = time.monotonic() - self._last_release >= RELEASE_EVERY_S
+        if due:
+            self.tidy()
+
+    def tidy(self) -> None:
+        """Gives the memory of retired sessions back to the OS (at most once per RELEASE_EVERY_S
+        from `_retire`, a full gc costs ~10-50 ms; the daemon's housekeeping calls it too)."""
+        with self._lock:
+            if not self._unreleased:
+                return
+            self._unreleased = 0
+            self._last_release = time.monotonic()
         release_memory()
 
     def _closed(self, s: ProcessSession) -> None:

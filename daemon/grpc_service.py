@@ -311,7 +311,9 @@ class StacklensServicer(pbg.StacklensServicer):
                 resp = self._snapshot_response(request.request)
                 yield resp
                 if resp.state != "attached" or wake.wait(interval):
-                    return
+                    break
+            if self._closed:
+                raise DaemonUnavailable("stacklensd is shutting down: reconnect once it is back")
         finally:
             with self._lock:
                 self._waits.discard(wake)

@@ -280,6 +280,7 @@ class StacklensDaemon:
                 self.daemon.auto_attach_scan()
             except Exception:  # noqa: BLE001
                 log.exception("auto-attach scan failed")
+            self.daemon.tidy()
 
     def stop(self) -> None:
         """Ends streams now, RPCs within ~1 s, then every session; never waits on a client."""

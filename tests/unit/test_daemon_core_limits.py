@@ -1,0 +1,186 @@
+"""Daemon limits, as unit tests with real sessions, joiners and trees over fake probes.
+
+- Ended sessions are retired to their final profile and capped: 2,000 attach/detach cycles of
+  distinct processes keep RSS within 20% of the one-session level (issue 17 acceptance 7).
+- What cannot be profiled is refused with the reason: kernel threads, the daemon itself, PIDs
+  out of range, a PID 1 the kernel hides from root (not "run stacklens as root").
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from stacklens.cct import Frame
+from stacklens.daemon import core
+from stacklens.daemon.core import ClosedSession, Daemon
+from stacklens.daemon.discovery import ProcFS
+from stacklens.daemon.session import ProcessSession
+from stacklens.errors import InputError, NoSuchProcess, PermissionDenied
+from tests.fakes.sources import FakeEvent
+
+PATHS_PER_SESSION = 300
+
+
+class QuickProbes:
+    """Fake probes whose poll returns at once (a detach then costs no poll interval)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def attach(self):
+        return type("Report", (), {"notes": ["quick fake probes"]})()
+
+    def poll(self, timeout_ms: int = 100, max_events: int = 1 << 20):
+        time.sleep(0.001)  # the fake's pace; nothing waits on it
+        return []
+
+    def stats(self):
+        return {"events": 0}
+
+    def detach(self) -> None:
+        pass
+
+
+def filled_session(pid, **kw):
+    """A real ProcessSession whose Joiner already holds PATHS_PER_SESSION unique paths (unique
+    strings per process, as a target with many code objects would send)."""
+    s = ProcessSession(pid, probe_factory=lambda pid, **_: QuickProbes(pid), **kw)
+    for i in range(PATHS_PER_SESSION):
+        stack = (Frame.python(f"/srv/app_{pid}/train.py", "main", 1),
+                 Frame.python(f"/srv/app_{pid}/model_{i}.py", f"layer_{pid}_{i}", 10 + i))
+        s.joiner.on_bpf(FakeEvent(kind="cpu_sample", py_stack=stack))
+    return s
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def one_cycle(d: Daemon, keep: bool = False):
+    p = subprocess.Popen(["sleep", "600"])
+    try:
+        d.attach(p.pid)
+        if keep:
+            return p
+        d.detach(p.pid)
+    finally:
+        if not keep:
+            p.kill()
+            p.wait()
+    return p
+
+
+@pytest.mark.timeout(600)
+def test_two_thousand_attach_detach_cycles_keep_rss_at_the_one_session_level():
+    d = Daemon(session_factory=filled_session)
+    for _ in range(5):  # warm-up: imports, allocator arenas, thread stacks
+        one_cycle(d)
+    d.tidy()
+    p = one_cycle(d, keep=True)
+    one_session = rss_bytes()
+    snap = d.snapshot(p.pid)
+    assert snap.total("cpu_samples") == PATHS_PER_SESSION
+    assert snap.node_count > PATHS_PER_SESSION  # a real tree with the data in it
+    d.detach(p.pid)
+    p.kill()
+    p.wait()
+    peak = 0
+    last = None
+    for i in range(2000):
+        last = one_cycle(d)
+        if i % 250 == 249:
+            d.tidy()
+            peak = max(peak, rss_bytes())
+    d.tidy()
+    end = rss_bytes()
+    print(f"RSS one session {one_session / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB, "
+          f"end {end / 2**20:.1f} MiB after 2,000 cycles")
+    assert max(peak, end) <= 1.2 * one_session, (one_session, peak, end)
+    assert len(d.closed) <= core.MAX_CLOSED
+    assert all(isinstance(r, ClosedSession) for r in d.closed.values())
+    # the last session's final profile is still there for a report, and nothing is live
+    rec = d.session(last.pid)
+    assert rec.state == "detached" and rec.snapshot().total("cpu_samples") == PATHS_PER_SESSION
+    assert not d.active() and d.counters["detaches"] == 2006
+
+
+def test_a_session_that_ends_by_itself_is_retired_too():
+    d = Daemon(session_factory=filled_session)
+    p = subprocess.Popen(["sleep", "600"])
+    d.attach(p.pid)
+    p.kill()
+    p.wait()
+    deadline = time.monotonic() + 30
+    while not isinstance(d.closed.get(p.pid), ClosedSession):  # target exit → on_close → retire thread
+        assert time.monotonic() < deadline, "the ended session was not retired"
+        time.sleep(0.02)
+    rec = d.session(p.pid)
+    assert rec.state == "exited" and rec.snapshot().total("cpu_samples") == PATHS_PER_SESSION
+    assert rec.snapshot(window_s=10.0).total("cpu_samples") == PATHS_PER_SESSION  # the final profile
+    assert rec.agent is None and "events" in rec.stats() and not d.active()
+
+
+def test_closed_profiles_are_capped_by_bytes(monkeypatch):
+    monkeypatch.setattr(core, "MAX_CLOSED_BYTES", 1)  # every profile is over it: only the newest stays
+    d = Daemon(session_factory=filled_session)
+    pids = [one_cycle(d).pid for _ in range(3)]
+    assert list(d.closed) == [pids[-1]]
+    with pytest.raises(NoSuchProcess):
+        d.session(pids[0])
+
+
+class FakeProc(ProcFS):
+    def __init__(self, files: dict[tuple[int, str], str | Exception]) -> None:
+        super().__init__("/nonexistent")
+        self.files = files
+
+    def read(self, pid: int, name: str) -> str:
+        v = self.files.get((pid, name))
+        if v is None:
+            raise NoSuchProcess(f"no process with PID {pid}")
+        if isinstance(v, Exception):
+            raise v
+        return v
+
+
+def _stat(pid: int, comm: str, flags: int) -> str:
+    return f"{pid} ({comm}) S 0 0 0 0 -1 {flags} 0 0 0 0"
+
+
+def test_kernel_threads_the_daemon_itself_and_bad_pids_are_refused():
+    made = []
+    d = Daemon(session_factory=lambda *a, **k: made.append(a))
+    for pid in (2, 3):  # kthreadd, and one kernel thread found through its PF_KTHREAD flag
+        with pytest.raises(InputError, match="kernel thread"):
+            d.attach(pid)
+    with pytest.raises(InputError, match="stacklensd itself"):
+        d.attach(os.getpid())
+    for pid in (0, -1, 2**31, 2**40):
+        with pytest.raises(InputError, match="invalid PID"):
+            d.attach(pid)
+    # a kernel thread by flags alone, and one with no cmdline and no exe (fake /proc)
+    fake = Daemon(session_factory=lambda *a, **k: made.append(a), procfs=FakeProc({
+        (77, "stat"): _stat(77, "kworker/0:1", core.PF_KTHREAD | 0x40),
+        (78, "stat"): _stat(78, "odd", 0), (78, "cmdline"): ""}))
+    for pid in (77, 78):
+        with pytest.raises(InputError, match="kernel thread"):
+            fake.attach(pid)
+    assert not made and not d.sessions and not fake.sessions
+
+
+def test_pid_1_hidden_from_root_is_refused_with_the_reason_not_run_as_root():
+    denied = PermissionDenied("cannot read /proc/1/maps: run stacklens as root or with CAP_SYS_PTRACE")
+    d = Daemon(session_factory=lambda *a, **k: pytest.fail("must not attach"), procfs=FakeProc({
+        (1, "stat"): _stat(1, "init", 0x400100), (1, "cmdline"): "/sbin/init\0", (1, "maps"): denied}))
+    with pytest.raises(PermissionDenied) as e:
+        d.attach(1)
+    if os.geteuid() == 0:
+        assert "run stacklens as root" not in str(e.value)
+        assert "refuses stacklensd (root)" in str(e.value) and "cannot be profiled" in str(e.value)
+    else:  # not root: the advice to run as root is right
+        assert "run stacklens as root" in str(e.value)
