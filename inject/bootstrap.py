@@ -5,7 +5,9 @@ injector's evidence that the bootstrap ran even when no hello comes back), and r
 thread connects to the daemon's socket (and exits
 silently if nobody listens: a late pending call after a withdrawn attach is harmless), loads the
 agent from its read-only directory without writing bytecode, runs it, and on the way out closes
-the socket and removes the agent's modules from ``sys.modules``. Nothing is bound in the
+the socket and removes the agent's modules from ``sys.modules``. A child forked meanwhile closes
+its copy of the socket (``os.register_at_fork``; the hook cannot be unregistered, it holds one
+empty list after detach). Nothing is bound in the
 namespace the text runs in (``__main__`` on 3.10–3.13): the body runs under ``exec`` in a fresh dict.
 """
 
@@ -37,6 +39,20 @@ try:
             except OSError:
                 s.close()
                 return
+            held = [s]
+            def in_child(held=held):
+                # a child forked while attached (DataLoader workers) must not hold our socket:
+                # the daemon would see no end of the connection while it lives
+                try:
+                    c = held.pop()
+                    c.close()
+                except BaseException:
+                    pass
+            try:
+                import os
+                os.register_at_fork(after_in_child=in_child)
+            except BaseException:
+                pass
             try:
                 import types
                 m = types.ModuleType(name)
@@ -51,6 +67,7 @@ try:
                 pass
             finally:
                 s.close()
+                held.clear()              # the fork hook stays registered: from now on it does nothing
                 for n in [n for n in list(sys.modules) if n.split('.')[0] == name]:
                     sys.modules.pop(n, None)
                 if fast < prev and sys.getswitchinterval() == fast:

@@ -7,6 +7,9 @@ target's main thread at its next eval-breaker check; we then wait for the agent'
 ``AgentServer`` at ``socket_path``. If it does not come within ``timeout_s`` the request is
 withdrawn (PEP 768: pending flag cleared; ptrace: the queued text emptied) and ``Timeout`` says the
 target is not executing Python, naming the syscall its main thread is blocked in.
+Refused before anything is written: a target that opted out of remote debugging
+(``PYTHON_DISABLE_REMOTE_DEBUG``, ``-X disable_remote_debug``; every version, every method) and a
+stopped one (state T: it would run nothing until continued).
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..errors import (AlreadyAttached, AttachError, InputError, NoSuchProcess, PermissionDenied, Timeout,
                       UnsupportedVersion)
@@ -24,7 +26,7 @@ from . import pep768, ptrace_inject
 from .bootstrap import THREAD_NAME, pending_call_text, script_file_text
 from .memory import RemoteMemory
 from ..procfs import ProcFS
-from .server import AgentServer, server_for, target_view
+from .server import AgentServer, server_for
 from .target import TargetPython, find_python
 
 MIN_VERSION = (3, 10)
@@ -62,6 +64,11 @@ def _syscall_desc(nr: str) -> str:
 
 
 def _blocked_reason(procfs: ProcFS, pid: int) -> str:
+    try:
+        if procfs.thread_state(pid, pid) == "T":
+            return f"its main thread is stopped (SIGSTOP or job control: state T); resume it with `kill -CONT {pid}`"
+    except (NoSuchProcess, PermissionDenied, OSError, IndexError):
+        pass
     nr = procfs.thread_syscall(pid, pid)
     if nr.isdigit():
         return f"its main thread is blocked in {_syscall_desc(nr)}"
@@ -101,6 +108,52 @@ def _timeout_error(procfs: ProcFS, pid: int, timeout_s: float, agents_before: di
     return Timeout(f"target not executing Python: PID {pid} did not run the bootstrap within "
                    f"{timeout_s:g} s ({_blocked_reason(procfs, pid)}); the request was "
                    "withdrawn and the target is unchanged. Retry when it runs Python code.")
+
+
+def remote_debug_opt_out(procfs: ProcFS, pid: int) -> str | None:
+    """How the target opted out of remote debugging (PEP 768), in words, or None: a non-empty
+    PYTHON_DISABLE_REMOTE_DEBUG in its initial environment (/proc/PID/environ) or
+    ``-X disable_remote_debug`` among the interpreter's options (/proc/PID/cmdline)."""
+    try:
+        env = (procfs.root / str(pid) / "environ").read_bytes()
+    except OSError:
+        env = b""
+    for entry in env.split(b"\0"):
+        name, eq, value = entry.partition(b"=")
+        if name == b"PYTHON_DISABLE_REMOTE_DEBUG" and eq and value:
+            return "PYTHON_DISABLE_REMOTE_DEBUG is set in its environment"
+    args = procfs.cmdline(pid)[1:]
+    i = 0
+    while i < len(args):                # interpreter options end at the script, -c, -m or --
+        a = args[i]
+        if not a.startswith("-") or a in ("-", "--"):
+            break
+        opts = a[1:]
+        for j, ch in enumerate(opts):
+            if ch in "cm":
+                return None
+            if ch in "XW":              # the value is the rest of this word or the next one
+                value = opts[j + 1:]
+                if not value:
+                    i += 1
+                    value = args[i] if i < len(args) else ""
+                if ch == "X" and value.split("=", 1)[0] == "disable_remote_debug":
+                    return "it runs with -X disable_remote_debug"
+                break
+        i += 1
+    return None
+
+
+def _check_runnable(procfs: ProcFS, pid: int) -> None:
+    """A stopped target (SIGSTOP, Ctrl-Z: state T) runs no bootstrap until continued: say so now
+    instead of timing out on a reason that looks like a syscall."""
+    try:
+        state = procfs.thread_state(pid, pid)
+    except (NoSuchProcess, OSError, IndexError):
+        return
+    if state == "T":
+        raise AttachError(f"PID {pid} is stopped (SIGSTOP or job control: state T in /proc/{pid}/stat): "
+                          f"resume it with `kill -CONT {pid}`, then attach again")
 
 
 def _exited(procfs: ProcFS, pid: int) -> bool:
@@ -145,21 +198,27 @@ def _inject(pid: int, server: AgentServer, timeout_s: float, method: str, procfs
     t0 = time.monotonic()
     deadline = t0 + timeout_s
     mem = RemoteMemory(pid)
+    _check_runnable(procfs, pid)
     tp = find_python(pid, procfs, mem)
     chosen = choose_method(tp) if method == "auto" else method
     if chosen not in ("pep768", "ptrace"):
         raise InputError(f"unknown injection method {method!r}")
+    why = remote_debug_opt_out(procfs, pid)
+    if why:
+        # PEP 768's opt-out, honoured for every version and method (3.14's runtime flag is
+        # checked again by pep768.request_exec: it also sees a flag set by other means)
+        raise AttachError(f"PID {pid} disabled remote debugging ({why}): stacklens does not inject its agent "
+                          "into it. Profile it without the agent (eBPF only), or restart it without the opt-out.")
     server.reset_hello()
     agents_before = _agent_threads(procfs, pid)
     nonce = secrets.token_hex(4)
     if chosen == "pep768":
         if "_PyRuntime" not in tp.symbols:
             raise AttachError(f"{tp.binary} does not export _PyRuntime; cannot use PEP 768")
-        script = Path(server.agent_dir) / f"bootstrap-{server.token[:8]}.py"
-        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(script_file_text(server.target_path, server.target_agent_dir, server.token, nonce))
-        req = pep768.request_exec(mem, tp.symbols["_PyRuntime"], pid, target_view(script, pid))
+        script = server.write_agent_file(f"bootstrap-{server.token[:8]}.py",
+                                         script_file_text(server.target_path, server.target_agent_dir,
+                                                          server.token, nonce))
+        req = pep768.request_exec(mem, tp.symbols["_PyRuntime"], pid, script)
         stop_us = 0
 
         def withdraw() -> None:

@@ -18,18 +18,18 @@ import dataclasses
 import fcntl
 import json
 import os
+import re
 import secrets
-import shutil
 import socket
-import stat
 import struct
 import threading
 import time
 from pathlib import Path
 
-from ..errors import AlreadyAttached, InputError, NoSuchProcess
+from ..errors import AlreadyAttached, AttachError, InputError, NoSuchProcess
 from .agent import wire
 from .cuptiraw import MAX_BLOCK, NameReader, parse_layout, parse_raw
+from .rootpath import open_in_root, private_subdir, remove_tree, writable_by
 from .records import (AgentHello, AgentStats, ApiRecord, CompileRecord, HloKernel, HloMapRecord,
                       KernelRecord, MemcpyRecord, Note, PySample, SyncRecord)
 from ..textsafe import safe_text
@@ -58,6 +58,8 @@ MAX_RAW_HEADER = 4096       # bytes of a raw frame's JSON header
 MAX_QUEUED_BYTES = 64 << 20
 RECORD_BYTES = 160          # a slotted record object, its ints, the deque slots
 FRAME_BYTES = 180           # a (file, name, line) tuple, two str headers, the line int
+
+_ENTRY = re.compile(r"agent-(\d+)(?:\.lock|\.sock|-code)")
 
 # servers by socket path, so inject_agent(pid, socket_path=srv.path) can wait for the hello
 _REGISTRY: dict[str, "AgentServer"] = {}
@@ -198,13 +200,33 @@ def parse_message(msg, counts=None) -> list:
     raise ProtocolError(f"unknown message kind {str(t)[:32]!r}")
 
 
-def _check_private_dir(d: Path) -> None:
-    st = os.lstat(d)
-    if not stat.S_ISDIR(st.st_mode):
-        raise InputError(f"socket directory {d} is not a directory (or is a symlink); remove it")
-    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise InputError(f"socket directory {d} must be owned by uid {os.geteuid()} and not writable "
-                         f"by group/others (it is uid {st.st_uid}, mode {st.st_mode & 0o7777:o}); fix or remove it")
+def _open_socket_dir(pid: int, d: Path, tstat: os.stat_result) -> tuple[int, str]:
+    """The socket directory ``d`` opened (created if needed: a real directory of the daemon's uid,
+    not group/world-writable), and its path as the target sees it. A path inside the target's
+    root (``/proc/PID/root/...``) is resolved within that root (rootpath.py), and only where the
+    target's own user could create it: the daemon writes nothing into a target's namespace that
+    the target could not have written itself."""
+    prefix = f"/proc/{pid}/root/"
+    if str(d).startswith(prefix):
+        in_target = target_view(d, pid)
+        parent_fd = open_in_root(pid, os.path.dirname(in_target))
+        try:
+            pst = os.fstat(parent_fd)
+            if not writable_by(pst, tstat.st_uid, tstat.st_gid):
+                raise AttachError(
+                    f"PID {pid}'s {os.path.dirname(in_target)} (inside its root: uid {pst.st_uid}, mode "
+                    f"{pst.st_mode & 0o7777:o}) is not writable by the target's user (uid {tstat.st_uid}): "
+                    "stacklens creates its agent socket inside a container only where the target itself "
+                    "could; give the container a writable /tmp")
+            return private_subdir(parent_fd, os.path.basename(in_target)), in_target
+        finally:
+            os.close(parent_fd)
+    os.makedirs(d.parent, exist_ok=True)        # a host path the daemon's caller chose
+    parent_fd = os.open(d.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return private_subdir(parent_fd, d.name), str(d)
+    finally:
+        os.close(parent_fd)
 
 
 def default_socket_dir(pid: int, proc: Path = Path("/proc")) -> Path:
@@ -236,38 +258,55 @@ class AgentServer:
             raise InputError(f"bad PID {pid!r}")
         self.pid = pid
         self.config = dict(config or {})
+        self._stats = collections.Counter()
         self.dir = Path(socket_dir) if socket_dir is not None else default_socket_dir(pid)
-        self._mkdirs(self.dir)
         try:
             tstat = os.stat(f"/proc/{pid}")
         except FileNotFoundError:
             raise NoSuchProcess(f"no process with PID {pid}: check the PID") from None
-        self._lock_fd = os.open(self.dir / f"agent-{pid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # every file below is created relative to this descriptor, never by a path through the
+        # target's root (a symlink there would lead the daemon anywhere on the host: rootpath.py)
+        self._dirfd, target_dir = _open_socket_dir(pid, self.dir, tstat)
+        self._codefd = -1
+        self._lock_fd = -1
         try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            raise AlreadyAttached(f"another stacklens session already serves PID {pid}; "
-                                  f"detach it first (`stacklens detach {pid}`)") from None
-        self.token = secrets.token_hex(16)
-        self.path = str(self.dir / f"agent-{pid}.sock")
-        self.target_path = target_view(self.path, pid)
-        self.agent_dir = self.dir / f"agent-{pid}-code"
-        self.target_agent_dir = target_view(self.agent_dir, pid)
-        self._install_agent(tstat.st_gid)
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        old = os.umask(0o177)
-        try:
-            self._listener.bind(self.path)
-        finally:
-            os.umask(old)
-        if tstat.st_uid != 0:
-            os.chown(self.path, 0 if os.geteuid() == 0 else -1, tstat.st_gid)
-            os.chmod(self.path, 0o660)
+            self._lock_fd = os.open(f"agent-{pid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                    0o600, dir_fd=self._dirfd)
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise AlreadyAttached(f"another stacklens session already serves PID {pid}; "
+                                      f"detach it first (`stacklens detach {pid}`)") from None
+            self._clean_stale()
+            self.token = secrets.token_hex(16)
+            self._sock_name = f"agent-{pid}.sock"
+            self._code_name = f"agent-{pid}-code"
+            self.path = str(self.dir / self._sock_name)
+            self.target_path = f"{target_dir}/{self._sock_name}"
+            self.agent_dir = self.dir / self._code_name
+            self.target_agent_dir = f"{target_dir}/{self._code_name}"
+            self._install_agent()
+            try:
+                os.unlink(self._sock_name, dir_fd=self._dirfd)
+            except FileNotFoundError:
+                pass
+            self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            old = os.umask(0o177)
+            try:
+                # bind() takes a path: the directory's descriptor as /proc/self/fd/N, so the
+                # socket lands in the directory opened above whatever its path names now
+                self._listener.bind(f"/proc/self/fd/{self._dirfd}/{self._sock_name}")
+            finally:
+                os.umask(old)
+            if tstat.st_uid != 0:
+                os.chown(self._sock_name, 0 if os.geteuid() == 0 else -1, tstat.st_gid, dir_fd=self._dirfd,
+                         follow_symlinks=False)
+                os.chmod(self._sock_name, 0o660, dir_fd=self._dirfd)   # our directory: no symlink there
+        except BaseException:
+            for fd in (self._codefd, self._lock_fd, self._dirfd):
+                if fd >= 0:
+                    os.close(fd)
+            raise
         self._listener.listen(4)
         self._listener.settimeout(0.1)
         self._records: collections.deque = collections.deque()
@@ -276,7 +315,6 @@ class AgentServer:
         self._queue_lock = threading.Lock()     # the reader thread pushes, the session polls
         self._max_records = max_records
         self._max_queued_bytes = max_queued_bytes
-        self._stats = collections.Counter()
         self._conn: socket.socket | None = None
         self._hello: AgentHello | None = None
         self._hello_event = threading.Event()
@@ -292,26 +330,62 @@ class AgentServer:
             _REGISTRY[self.path] = self
 
     # -- setup ---------------------------------------------------------------------------
-    @staticmethod
-    def _mkdirs(d: Path) -> None:
-        try:
-            os.makedirs(d, mode=0o711, exist_ok=True)
-        except FileExistsError:
-            pass
-        _check_private_dir(d)
-        os.chmod(d, 0o711)
-
-    def _install_agent(self, gid: int) -> None:
-        """Copy the agent sources to a read-only (for the target) directory it can read."""
-        d = self.agent_dir
-        if os.path.lexists(d):
-            shutil.rmtree(d) if os.path.isdir(d) and not os.path.islink(d) else os.unlink(d)
-        os.mkdir(d, 0o755)
+    def _install_agent(self) -> None:
+        """Copy the agent sources to a directory the target can read and not write."""
+        remove_tree(self._dirfd, self._code_name)
+        os.mkdir(self._code_name, 0o755, dir_fd=self._dirfd)
+        self._codefd = os.open(self._code_name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                               dir_fd=self._dirfd)
+        os.fchmod(self._codefd, 0o755)
         for src in sorted(AGENT_SRC.glob("*.py")):
-            dst = d / src.name
-            shutil.copyfile(src, dst)
-            os.chmod(dst, 0o644)
-        os.chmod(d, 0o755)
+            self.write_agent_file(src.name, src.read_bytes())
+
+    def write_agent_file(self, name: str, data: bytes) -> str:
+        """Write ``name`` (mode 0644, the daemon's) into the agent's code directory; returns its
+        path as the target sees it."""
+        if "/" in name or name in ("", ".", ".."):
+            raise InputError(f"bad agent file name {name!r}")
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=self._codefd)
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(fd, 0o644)
+            f.write(data)
+        return f"{self.target_agent_dir}/{name}"
+
+    def _clean_stale(self) -> None:
+        """Remove what servers of other PIDs left here when their daemon died (kill -9): their lock
+        is no longer held (a live server holds it with flock), or there is none."""
+        fd = self._dirfd
+        try:
+            names = os.listdir(fd)
+        except OSError:
+            return
+        pids = {int(m.group(1)) for m in map(_ENTRY.fullmatch, names) if m} - {self.pid}
+        for p in sorted(pids):
+            lock, lfd = f"agent-{p}.lock", -1
+            try:
+                lfd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except FileNotFoundError:
+                pass                                    # no lock: nobody serves that PID
+            except OSError:                             # held (a live server) or not ours to judge
+                if lfd >= 0:
+                    os.close(lfd)
+                continue
+            try:
+                try:
+                    os.unlink(f"agent-{p}.sock", dir_fd=fd)
+                except FileNotFoundError:
+                    pass
+                remove_tree(fd, f"agent-{p}-code")
+                if lfd >= 0:
+                    os.unlink(lock, dir_fd=fd)
+                self._stats["stale_cleaned"] += 1
+            except OSError:
+                pass
+            finally:
+                if lfd >= 0:
+                    os.close(lfd)
 
     # -- reader thread -------------------------------------------------------------------
     def _serve(self) -> None:
@@ -598,17 +672,19 @@ class AgentServer:
                 self._names.close()
             with _REGISTRY_LOCK:
                 _REGISTRY.pop(self.path, None)
-            for p in (self.path,):
+            with self._queue_lock:          # what the session never polled goes now
+                self._records.clear()
+                self._sizes.clear()
+                self._queued_bytes = 0
+            for remove in (lambda: os.unlink(self._sock_name, dir_fd=self._dirfd),
+                           lambda: remove_tree(self._dirfd, self._code_name),
+                           lambda: os.unlink(f"agent-{self.pid}.lock", dir_fd=self._dirfd)):
                 try:
-                    os.unlink(p)
+                    remove()
                 except OSError:
                     pass
-            shutil.rmtree(self.agent_dir, ignore_errors=True)
-            try:
-                os.unlink(self.dir / f"agent-{self.pid}.lock")
-            except OSError:
-                pass
-            os.close(self._lock_fd)
+            for fd in (self._codefd, self._lock_fd, self._dirfd):
+                os.close(fd)
 
     def __enter__(self) -> "AgentServer":
         return self
