@@ -57,8 +57,10 @@ def per_function(snap) -> dict:
     for path, excl in snap.iter_paths():
         key = which_function(path) or "other"
         d = out[key]
+        copy_leaf = bool(path) and path[-1].kind in ("memcpy", "memset")  # the truth sums kernels only
         for m in ("gpu_time_ns", "kernel_count", "launch_count"):
-            d[m] += int(excl.get(m, 0) or 0)
+            if not (copy_leaf and m == "gpu_time_ns"):
+                d[m] += int(excl.get(m, 0) or 0)
         if path and path[-1].kind == "kernel":
             k = d["kernels"][path[-1].name]
             k["count"] += int(excl.get("kernel_count", 0) or 0)
