@@ -221,6 +221,12 @@ def _agent_gauge(v) -> int:
         return 0
 
 
+# metrics a live profile measures only in part: what each lacks (snapshot meta["partial"])
+PARTIAL = {"api_cpu_ns": "kernel launch API time is not measured: launch probes are entry-only (a return "
+                         "probe costs more than a launch); api_cpu_ns holds allocations, frees and "
+                         "synchronous copies"}
+
+
 @dataclass
 class JoinStats:
     events: int = 0
@@ -270,7 +276,7 @@ class Joiner:
             metrics=DAEMON_METRICS, bucket_s=bucket_s, horizon_s=horizon_s, max_nodes=max_nodes, clock=clock
         )
         self.stats = JoinStats()
-        self.meta: dict[str, Any] = {"pid": pid}
+        self.meta: dict[str, Any] = {"pid": pid, "partial": dict(PARTIAL)}
         self._pending: dict[int, collections.deque[_Pending]] = collections.defaultdict(collections.deque)
         # correlation id → launching path; kept (bounded) because a graph launch has many kernels
         self._by_correlation: collections.OrderedDict[int, tuple[Frame, ...]] = collections.OrderedDict()
@@ -337,7 +343,7 @@ class Joiner:
             return
         api = Frame.api(ev.api)
         if kind == "sync":
-            add(base + (api,), {"sync_wait_ns": ev.duration_ns, "api_cpu_ns": ev.duration_ns})
+            add(base + (api,), {"sync_wait_ns": ev.duration_ns})  # a wait, not API time: once, here
         elif kind == "memcpy":                  # copies and memsets (probes.toml: direction "memset")
             self._on_copy_call(ev, base + (api,))
         elif kind == "alloc":
