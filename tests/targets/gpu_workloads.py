@@ -6,6 +6,9 @@ Prints `ready {json}` once built and warmed up, then reads commands on stdin, on
   run N               N steps; per-step wall times (device synchronized at each step end), RSS
   torchprof N [stack] the same N steps under torch.profiler (CPU+CUDA activities, with_stack if
                       `stack`), exported with export_chrome_trace to a temp file: its size in bytes
+  truth N PATH        N steps under torch.profiler (CPU+CUDA, with_stack): every CPU event with
+                      its parent, sequence number, forward thread, stack and kernels, as JSON at
+                      PATH (the ground truth of tests/gpu/backward_truth.py)
   rss                 RSS now
   quit
 Random weights and data, nothing is downloaded. --cpu-smoke: tiny sizes on the CPU (harness tests).
@@ -285,6 +288,22 @@ def build_jax(smoke: bool):
 # ---------------------------------------------------------------------------------------------
 
 
+def profiler_records(events) -> list[dict]:
+    """torch.profiler's CPU events as plain records: name, parent (index), sequence number and
+    forward thread (autograd's link), the thread, the Python stack, and the kernels each event
+    launched ([name, microseconds]) — what tests/gpu/backward_truth.py needs, nothing else."""
+    cpu = [e for e in events if str(getattr(e, "device_type", "")).endswith("CPU")]
+    index = {id(e): i for i, e in enumerate(cpu)}
+    out = []
+    for e in cpu:
+        parent = getattr(e, "cpu_parent", None)
+        out.append({"name": e.name, "parent": index.get(id(parent), -1) if parent is not None else -1,
+                    "seq": getattr(e, "sequence_nr", -1), "fwd": getattr(e, "fwd_thread", 0), "thread": e.thread,
+                    "stack": list(e.stack or []),
+                    "kernels": [[k.name, k.duration] for k in getattr(e, "kernels", [])]})
+    return out
+
+
 def main() -> int:
     # first, before torch/JAX start threads or size their pools from the affinity: every thread
     # created from here on inherits the main thread's CPUs
@@ -385,6 +404,21 @@ def main() -> int:
                 t = time.perf_counter()
                 times = run(n)
                 say(summary("run", n, times, wall_s=time.perf_counter() - t, **cpu_split))
+            elif parts[0] == "truth":
+                if not is_torch:
+                    say({"cmd": "truth", "error": "n/a: torch.profiler does not profile JAX"})
+                    continue
+                from torch.profiler import ProfilerActivity, profile
+
+                n, path = int(parts[1]), parts[2]
+                acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+                with profile(activities=acts, with_stack=True) as prof:
+                    times = run(n)
+                recs = profiler_records(prof.events())
+                with open(path, "w") as fh:
+                    json.dump({"steps": n, "events": recs}, fh)
+                say(summary("truth", n, times, path=path, events=len(recs)))
+                del prof
             elif parts[0] == "torchprof":
                 if not is_torch:
                     say({"cmd": "torchprof", "error": "n/a: torch.profiler does not profile JAX"})

@@ -1,0 +1,146 @@
+"""The backward link on real training steps (issue 18), on the GPU machine, in one call:
+
+    python benchmarks/gpu/check_backward.py --out DIR [--workloads gpt2,resnet50] [--steps 20]
+                                            [--rounds 2] [--bench-steps 30] [--cpu-smoke]
+
+Per workload (tests/targets/gpu_workloads.py: transformers GPT-2, torchvision ResNet-50, random
+weights), attached by PID after warm-up:
+1. attribution: stacklens with the agent over `steps` steps (window = diff of two settled
+   snapshots), then the same number of steps under torch.profiler (`truth`); per model line and
+   module class, forward and backward GPU time on both sides (tests/gpu/backward_truth.py);
+2. overhead: interleaved rounds of unprofiled / probes with the link / probes without it
+   (ProbeConfig(autograd=False)), `bench-steps` steps each: median step times side by side.
+Writes DIR/backward.json and DIR/backward.md; exit 0 iff every workload passed acceptance 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "targets"))
+
+from tests.gpu.attribution import wait_stable  # noqa: E402
+from tests.gpu.backward_truth import compare, ours_by_line, truth_by_line  # noqa: E402
+
+MODEL_FILES = ("/transformers/", "/torchvision/", "gpu_workloads.py")
+
+
+def is_model(file: str) -> bool:
+    return any(m in file for m in MODEL_FILES)
+
+
+def _probes(link: bool):
+    from stacklens.bpf import ProbeConfig, ProbeSession
+
+    def factory(pid, *, cpu_hz, ops):
+        return ProbeSession(pid, ProbeConfig(cpu_sample_hz=cpu_hz, ops=ops, autograd=link))
+    return factory
+
+
+def attribution(t, steps: int, out: Path, workload: str) -> dict:
+    from stacklens.cct import diff
+    from stacklens.daemon.session import ProcessSession
+
+    rec: dict = {}
+    sess = ProcessSession(t.pid, agent=True)
+    t0 = time.monotonic()
+    rec["notes"] = [str(n) for n in sess.start()]
+    rec["attach_s"] = round(time.monotonic() - t0, 2)
+    try:
+        t.cmd("run 3", timeout=300)
+        snap_a, rec["counts_a"] = wait_stable(sess, at_least_kernels=1)
+        t.cmd(f"run {steps}", timeout=600)
+        snap_b, rec["counts_b"] = wait_stable(sess, at_least_kernels=(rec["counts_a"] or (0,))[0] + 1)
+        rec["stats"] = {k: v for k, v in sess.stats().items() if "autograd" in k or "kernel" in k or "drop" in k}
+    finally:
+        sess.stop()
+    window = diff(snap_b, snap_a)
+    rec["backward_link"] = snap_b.meta.get("backward_link")
+    path = f"/tmp/stacklens-truth-{workload}.json"
+    rec["truth_cmd"] = t.cmd(f"truth {steps} {path}", timeout=600)
+    truth = json.loads(Path(path).read_text())
+    ours = ours_by_line(window, is_model, steps)
+    tl = truth_by_line(truth["events"], is_model, truth["steps"])
+    rec["compare"] = compare(ours, tl)
+    rec["ours_lines"] = {f"{f}:{ln}:{ph}": round(us, 1) for (f, ln, ph), us in sorted(ours.items(), key=lambda x: -x[1])[:40]}
+    rec["truth_lines"] = {f"{f}:{ln}:{ph}": round(us, 1) for (f, ln, ph), us in sorted(tl.items(), key=lambda x: -x[1])[:40]}
+    top = sorted(window.iter_paths(), key=lambda pe: -pe[1].get("gpu_time_ns", 0))[:6]
+    rec["top_paths"] = [" → ".join(f.label() for f in p[-12:]) for p, _ in top]
+    return rec
+
+
+def overhead(t, rounds: int, n: int) -> dict:
+    from stacklens.daemon.session import ProcessSession
+
+    phases: dict = {"unprofiled": [], "probes_link": [], "probes_no_link": []}
+    for _ in range(rounds):
+        for name in ("unprofiled", "probes_link", "probes_no_link"):
+            if name == "unprofiled":
+                phases[name].append(t.cmd(f"run {n}", timeout=600)["median_s"])
+                continue
+            s = ProcessSession(t.pid, probe_factory=_probes(name == "probes_link"))
+            s.start()
+            try:
+                t.cmd("run 3", timeout=300)
+                phases[name].append(t.cmd(f"run {n}", timeout=600)["median_s"])
+            finally:
+                s.stop()
+    base = statistics.median(phases["unprofiled"])
+    return {"median_step_s": {k: [round(x, 6) for x in v] for k, v in phases.items()},
+            "ratio": {k: round(statistics.median(v) / base, 4) for k, v in phases.items()}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--workloads", default="gpt2,resnet50")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--bench-steps", type=int, default=30)
+    ap.add_argument("--cpu-smoke", action="store_true")
+    a = ap.parse_args(argv)
+    from gpu_control import Target
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {}
+    for w in a.workloads.split(","):
+        rec: dict = {}
+        results[w] = rec
+        t = Target("gpu_workloads.py", [w, "--warmup", "10"] + (["--cpu-smoke"] if a.cpu_smoke else []),
+                   stderr_path=str(out / f"{w}.stderr.log"))
+        try:
+            rec["target"] = t.info
+            rec["attribution"] = attribution(t, a.steps, out, w)
+            if a.rounds:
+                rec["overhead"] = overhead(t, a.rounds, a.bench_steps)
+        except Exception:  # noqa: BLE001 — the next workload still runs
+            rec["error"] = traceback.format_exc()[-3000:]
+        finally:
+            t.close()
+        (out / "backward.json").write_text(json.dumps(results, indent=1, default=str))
+    lines = ["| workload | backward GPU time with a model line | worst class error | truth backward share | "
+             "probes+link | probes, no link | pass |", "|---|---|---|---|---|---|---|"]
+    ok = True
+    for w, rec in results.items():
+        c = rec.get("attribution", {}).get("compare", {})
+        r = rec.get("overhead", {}).get("ratio", {})
+        ok &= bool(c.get("pass"))
+        lines.append(f"| {w} | {c.get('ours_backward_with_line')} | {c.get('worst_class_error')} | "
+                     f"{c.get('truth_backward_share')} | {r.get('probes_link')} | {r.get('probes_no_link')} | "
+                     f"{c.get('pass')} |")
+    (out / "backward.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
