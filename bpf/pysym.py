@@ -10,7 +10,10 @@ Cache invalidation: BPF records, with each code address, a tag folded from the c
 (address, tag): a code object freed and another allocated at the same address gives another
 tag, hence a miss and a fresh read; a read whose tag no longer matches the event's (the object
 died between the probe and the read) yields a marked `[stale code object]` frame, never a
-wrong name.
+wrong name. Two objects with the same names can share an address in turn (two lambdas of one
+file, freed and allocated while a program starts up): a frame at an offset not seen before
+checks the cached entry against the object's co_qualname pointer and co_firstlineno and reads
+it afresh when they changed (a frame already cached by offset is not checked again).
 """
 
 from __future__ import annotations
@@ -236,6 +239,10 @@ class Symbolizer:
         self.max_entries = max_entries
         self._codes: OrderedDict[tuple[int, int], CodeInfo] = OrderedDict()
         self._frames: dict[tuple[int, int, int], Frame] = {}
+        # per code address, the tags cached there and their frames' offsets (so an entry found
+        # stale drops its frames too), and what identified the object when it was read
+        self._at: dict[int, dict[int, set[int]]] = {}
+        self._ident: dict[tuple[int, int], bytes] = {}
         self.stats = SymbolizerStats()
 
     def _read_code(self, code: int, tag: int) -> Optional[CodeInfo]:
@@ -255,19 +262,51 @@ class Symbolizer:
         return CodeInfo(safe_text(read_unicode(mem, lay, fn_ptr)), safe_text(read_unicode(mem, lay, qual_ptr)),
                         first, tuple(decode(table, first)))
 
-    def code_info(self, code: int, tag: int) -> Optional[CodeInfo]:
+    def _identity(self, code: int) -> bytes:
+        """co_qualname pointer and co_firstlineno: what tells apart two code objects that had
+        the same address and the same co_filename/co_name (the tag), e.g. two lambdas of a file."""
+        lay = self.layout
+        q = self.mem.read(code + lay.code_qualname, 8) if lay.code_qualname >= 0 else b""
+        return q + self.mem.read(code + lay.code_firstlineno, 4)
+
+    def code_info(self, code: int, tag: int, verify: bool = False) -> Optional[CodeInfo]:
+        """`verify`: check a cached entry against the object now at `code` (one 12-byte read)
+        and read it afresh if another object took the address with the same tag — a process
+        that is starting up frees and reuses code objects all the time. An unreadable address
+        keeps the entry: events recorded before the object died still name it."""
         key = (code, tag)
         info = self._codes.get(key)
         if info is not None:
-            self._codes.move_to_end(key)
-            return info
+            try:
+                same = not verify or self._identity(code) == self._ident.get(key)
+            except MemoryReadError:
+                same = True
+            if same:
+                self._codes.move_to_end(key)
+                return info
+            self._forget(code, tag)
+        try:
+            ident = self._identity(code)
+        except MemoryReadError:
+            ident = b""
         info = self._read_code(code, tag)
         if info is not None:
             self._codes[key] = info
+            self._ident[key] = ident
+            self._at.setdefault(code, {}).setdefault(tag, set())
             if len(self._codes) > self.max_entries:
                 old, _ = self._codes.popitem(last=False)
-                self._frames = {k: v for k, v in self._frames.items() if k[:2] != old}
+                self._forget(*old)
         return info
+
+    def _forget(self, code: int, tag: int) -> None:
+        tags = self._at.get(code, {})
+        for off in tags.pop(tag, ()):
+            self._frames.pop((code, tag, off), None)
+        if not tags:
+            self._at.pop(code, None)
+        self._codes.pop((code, tag), None)
+        self._ident.pop((code, tag), None)
 
     def frame(self, raw: RawPyFrame) -> Frame:
         key = (raw.code, raw.tag, raw.offset)
@@ -279,7 +318,7 @@ class Symbolizer:
             self.stats.errors += 1
             return Frame.other("[unknown python frame]")
         try:
-            info = self.code_info(raw.code, raw.tag)
+            info = self.code_info(raw.code, raw.tag, verify=True)
         except MemoryReadError:
             self.stats.errors += 1
             return Frame.other("[unreadable code object]")
@@ -289,8 +328,9 @@ class Symbolizer:
         self.stats.misses += 1
         unit = raw.offset // 2 if raw.offset >= 0 else -1
         fr = Frame.python(info.filename, info.qualname, line_of(info.ranges, unit, info.firstlineno))
-        if len(self._frames) < 8 * self.max_entries:
+        if len(self._frames) < 8 * self.max_entries and raw.tag in self._at.get(raw.code, {}):
             self._frames[key] = fr
+            self._at[raw.code][raw.tag].add(raw.offset)
         return fr
 
     def symbolize(self, raw: RawPyStack | Iterable[RawPyFrame],

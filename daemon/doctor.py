@@ -1,6 +1,8 @@
 """`stacklens doctor`: preflight of what attaching needs, with the fix for each failed check.
 
 Reads procfs/sysfs only; loading a trivial BPF program needs root (or CAP_BPF + CAP_PERFMON).
+Exit status 1 when any check fails. A check that does not apply (libcuda on a CPU job, Python
+stacks in a process that is not Python) reads "n/a" and fails nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,15 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+    applies: bool = True   # False: nothing to check here ("n/a"), whatever `ok` says
+
+    @property
+    def mark(self) -> str:
+        return "n/a " if not self.applies else "ok  " if self.ok else "FAIL"
+
+    @property
+    def failed(self) -> bool:
+        return self.applies and not self.ok
 
 
 def _kernel_version() -> tuple[int, int]:
@@ -33,8 +44,9 @@ def system_checks() -> list[Check]:
         Check(
             "uprobe_multi",
             kv >= (6, 6),
-            "one link for thousands of op probes" if kv >= (6, 6) else "kernel < 6.6",
-            "op probes fall back to a short list of per-probe uprobes",
+            "one link for thousands of op probes" if kv >= (6, 6) else
+            "kernel < 6.6: op probes fall back to a short list of per-probe uprobes",
+            applies=kv >= (6, 6),   # a fallback, not a failure
         )
     )
     build = Path(f"/lib/modules/{platform.release()}/build")
@@ -81,12 +93,16 @@ def process_checks(pid: int) -> list[Check]:
     try:
         info = describe_process(pid)
     except Exception as e:
-        return [Check(f"pid {pid}", False, str(e))]
+        return [Check(f"pid {pid}", False, str(e), "give the PID of a running process (`stacklens ps`, `ps -e`)")]
     out = [Check(f"pid {pid}", True, f"comm={info.comm}")]
-    out.append(Check("python", info.python is not None, info.python or "no libpython / python executable mapped"))
-    for lib in ("libcuda", "libamdhip64", "libtorch_cpu"):
+    out.append(Check("python", info.python is not None,
+                     info.python or "no libpython / python executable mapped: Python stacks do not apply",
+                     applies=info.python is not None))
+    what = {"libcuda": "CUDA API probes", "libamdhip64": "HIP API probes", "libtorch_cpu": "operator probes"}
+    for lib, probes in what.items():
         paths = info.libraries.get(lib, [])
-        out.append(Check(lib, bool(paths), ", ".join(paths) or "not mapped"))
+        out.append(Check(lib, bool(paths), ", ".join(paths) or f"not mapped: {probes} do not apply",
+                         applies=bool(paths)))
     return out
 
 
@@ -94,11 +110,16 @@ def run_doctor(pid: int | None = None) -> int:
     checks = system_checks()
     if pid is not None:
         checks += process_checks(pid)
+    return report(checks)
+
+
+def report(checks: list[Check], out=None) -> int:
+    """Print the checks; 1 if any failed, else 0."""
     bad = 0
     for c in checks:
-        mark = "ok  " if c.ok else "FAIL"
-        print(f"[{mark}] {c.name:16} {c.detail}")
-        if not c.ok and c.fix:
-            print(f"       fix: {c.fix}")
+        print(f"[{c.mark}] {c.name:16} {c.detail}", file=out)
+        if c.failed:
             bad += 1
+            if c.fix:
+                print(f"       fix: {c.fix}", file=out)
     return 1 if bad else 0

@@ -327,10 +327,10 @@ class ProcessSession:
                     self._on_close(self)
 
     # ---- a window with an end ---------------------------------------------------------------
-    def close_window(self, *, end_ns: int | None = None, cpu_end_ns: int | None = None,
+    def close_window(self, *, cpu_end_ns: int | None = None,
                      timeout_s: float = DRAIN_TIMEOUT_S,
                      progress: Callable[[str], None] | None = None) -> dict:
-        """End the window now (or at `end_ns`), wait until every event stamped up to its end has
+        """End the window now, wait until every event stamped up to its end has
         been read and joined (the BPF ring, then the agent's forced flush), and return its
         account (also in the snapshot's meta["window"]). `cpu_end_ns`: the target's CPU time
         at the end when the caller knows it better (a reaped child's rusage)."""
@@ -341,7 +341,7 @@ class ProcessSession:
             if w.end_ns is None:
                 cpu = process_cpu_ns(self.pid)
                 w.cpu_end_ns = cpu_end_ns if cpu_end_ns is not None else cpu
-                w.end_ns = end_ns if end_ns is not None else time.monotonic_ns()
+                w.end_ns = time.monotonic_ns()   # now: no event read so far is stamped later
             t0 = time.monotonic()
             while self._thread is not None and self._thread.is_alive() and not self._window_done.wait(1.0):
                 waited = time.monotonic() - t0
