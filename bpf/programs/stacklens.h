@@ -22,6 +22,7 @@
  *   SL_NATIVE_STACKS     1: capture user native stacks (default), 0: never
  *   SL_NO_COOKIE         fallback build: per-probe stubs pass the spec index instead of a cookie
  *   STACKLENS_PYSTACK    include pystack.h (in-BPF Python stack capture, written separately)
+ *   SL_AG_NO_PYSTACK     autograd.bpf.c, benchmarks only: no Python stack at node creation
  *
  * Every C struct here that reaches user space is mirrored once in bpf/events_abi.py
  * (tests/bpf/test_events_abi.py checks sizes and offsets).

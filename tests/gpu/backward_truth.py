@@ -3,7 +3,11 @@ forward and backward, from torch.profiler, against what stacklens charged.
 
 The truth: tests/targets/gpu_workloads.py `truth N PATH` profiles N training steps (CPU+CUDA,
 with_stack) and writes every CPU event with its parent, sequence number, forward thread, Python
-stack and kernels. A kernel belongs to the innermost op that launched it; it is backward work when
+stack and kernels. With with_stack, torch's Python tracer makes each Python call an event of its
+own ("transformers/models/gpt2/modeling_gpt2.py(688): forward": the file relative to its
+sys.path entry, the line the function's `def`), the parent of the ops it calls; older versions
+put the stack on the op. Lines therefore differ between the sides (a def line there, the calling
+line here): the comparison is per module class, the class whose body holds the line. A kernel belongs to the innermost op that launched it; it is backward work when
 an ancestor is `autograd::engine::evaluate_function: NODE`, and then its Python line is the one of
 the forward op with the node's (sequence number, forward thread), as torch.profiler links them.
 Ours: a path's GPU time is backward when it holds a `backward:` frame; its line is the innermost
@@ -15,7 +19,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import re
+import sys
 from collections import defaultdict
 from typing import Callable, Iterable
 
@@ -48,7 +54,10 @@ def truth_by_line(events: list[dict], is_model: Callable[[str], bool], steps: in
             i = events[i]["parent"]
 
     def stack_line(i: int) -> tuple[str, int] | None:
-        for _, e in chain(i):                       # the innermost op with a model line wins
+        for _, e in chain(i):                       # innermost first: Python-call events, op stacks
+            m = _FRAME.match(e["name"])
+            if m and is_model(m["file"]):
+                return m["file"], int(m["line"])
             if e["stack"]:
                 found = innermost(parse_stack(e["stack"]), is_model)
                 if found:
@@ -102,6 +111,8 @@ def ours_by_line(snap, is_model: Callable[[str], bool], steps: int) -> dict:
 
 @functools.lru_cache(maxsize=256)
 def _classes(file: str) -> list[tuple[int, int, str]]:
+    if not os.path.isabs(file):   # torch.profiler's files are relative to their sys.path entry
+        file = next((os.path.join(p, file) for p in sys.path if os.path.isfile(os.path.join(p, file))), file)
     try:
         with open(file) as fh:
             tree = ast.parse(fh.read())
