@@ -26,7 +26,7 @@ import signal
 import struct
 import subprocess
 
-from stacklens.errors import AttachError, NoSuchProcess
+from stacklens.errors import AttachError, InputError, NoSuchProcess
 
 PTRACE_TRACEME, PTRACE_PEEKTEXT, PTRACE_PEEKUSER, PTRACE_POKETEXT, PTRACE_POKEUSER = 0, 1, 3, 4, 6
 PTRACE_CONT, PTRACE_SINGLESTEP, PTRACE_DETACH, PTRACE_SETOPTIONS = 7, 9, 17, 0x4200
@@ -66,8 +66,8 @@ class HeldCommand:
         self._traced = True
         try:
             self.proc = subprocess.Popen(cmd, preexec_fn=_traceme, **popen_kw)
-        except FileNotFoundError as e:
-            raise NoSuchProcess(f"cannot run {cmd[0]!r}: {e.strerror}; check the command and PATH") from e
+        except (FileNotFoundError, PermissionError) as e:
+            raise InputError(f"cannot run {cmd[0]!r}: {e.strerror}; check the command and PATH") from e
         self.pid = self.proc.pid
         try:
             self._wait_stop()                        # the exec's SIGTRAP
