@@ -299,7 +299,7 @@ def profiler_records(events) -> list[dict]:
         parent = getattr(e, "cpu_parent", None)
         out.append({"name": e.name, "parent": index.get(id(parent), -1) if parent is not None else -1,
                     "seq": getattr(e, "sequence_nr", -1), "fwd": getattr(e, "fwd_thread", 0), "thread": e.thread,
-                    "stack": list(e.stack or []),
+                    "stack": list(e.stack or []), "start": e.time_range.start, "end": e.time_range.end,
                     "kernels": [[k.name, k.duration] for k in getattr(e, "kernels", [])]})
     return out
 
