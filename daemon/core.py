@@ -129,6 +129,7 @@ class Daemon:
         self.started = time.time()
         self._closing = False
         self._unreleased = 0            # sessions retired since the last release_memory()
+        self._retiring: dict[int, threading.Event] = {}  # ended by themselves, being retired
         self._last_release = -RELEASE_EVERY_S
 
     def _check_target(self, pid: int) -> None:
@@ -250,12 +251,22 @@ class Daemon:
                 self._remember(s.pid, s)
         self.counters["sessions_closed"] += 1
         if mine:
-            # the final profile is read once that thread has ended (it still owns the tree here)
+            # the final profile is read once that thread has ended (it still owns the tree here,
+            # and asking it for a snapshot now would wait on itself); session() waits for this
             agg = threading.current_thread()
+            done = threading.Event()
+            with self._lock:
+                self._retiring[s.pid] = done
 
             def retire() -> None:
-                agg.join(timeout=30)
-                self._retire(s)
+                try:
+                    agg.join(timeout=30)
+                    self._retire(s)
+                finally:
+                    with self._lock:
+                        if self._retiring.get(s.pid) is done:
+                            del self._retiring[s.pid]
+                    done.set()
 
             threading.Thread(target=retire, name=f"stacklens-retire-{s.pid}", daemon=True).start()
 
@@ -272,6 +283,10 @@ class Daemon:
         self._retire(s)
 
     def session(self, pid: int) -> ProcessSession | ClosedSession:
+        with self._lock:
+            retiring = self._retiring.get(pid)
+        if retiring is not None:
+            retiring.wait(30)  # the session just ended: its ClosedSession is being made
         with self._lock:
             s = self.sessions.get(pid) or self.closed.get(pid)
         if s is None:
