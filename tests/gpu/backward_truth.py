@@ -106,6 +106,87 @@ def truth_by_line(events: list[dict], is_model: Callable[[str], bool], steps: in
     return dict(out)
 
 
+MODULE = "module:"          # gpu_workloads.py mark_modules(): one range per nn.Module call
+NO_MODULE = "[no module]"
+
+
+def truth_by_module(events: list[dict], steps: int) -> dict:
+    """{(module class, phase): kernel µs per step}: a kernel's class is the innermost `module:`
+    range around the op that launched it; for backward work, around the forward op of the
+    node's (sequence number, forward thread)."""
+    def chain(i: int):
+        while i >= 0:
+            yield events[i]
+            i = events[i]["parent"]
+
+    def module_of(i: int | None) -> str:
+        if i is None:
+            return NO_MODULE
+        return next((e["name"][len(MODULE):] for e in chain(i) if e["name"].startswith(MODULE)), NO_MODULE)
+
+    forward: dict[tuple[int, int], int] = {}
+    for i, e in enumerate(events):
+        if e["seq"] is not None and e["seq"] >= 0 and not e["name"].startswith((EVAL, MODULE)):
+            if not any(a["name"].startswith(EVAL) for a in chain(e["parent"])):
+                key = (e["seq"], e["thread"])
+                if key not in forward or _depth(events, i) < _depth(events, forward[key]):
+                    forward[key] = i
+    out: dict = defaultdict(float)
+    for i, e in enumerate(events):
+        us = sum(d for name, d in e["kernels"] if not name.startswith(COPY_PREFIXES))
+        if not us:
+            continue
+        node = next((a for a in chain(i) if a["name"].startswith(EVAL)), None)
+        if node is None:
+            out[(module_of(i), "fwd")] += us / steps
+        else:
+            out[(module_of(forward.get((node["seq"], node["fwd"]))), "bwd")] += us / steps
+    return dict(out)
+
+
+def module_of_frames(frames) -> str:
+    """The innermost `Class.forward` Python frame's class (qualnames, CPython 3.11+)."""
+    for f in reversed(frames):
+        if f.kind == "python" and f.name.endswith(".forward"):
+            return f.name[: -len(".forward")].rsplit(".", 1)[-1]
+    return NO_MODULE
+
+
+def ours_by_module(snap, steps: int) -> dict:
+    """{(module class, phase): kernel µs per step}: the innermost `Class.forward` frame above the
+    kernel (above the `backward:` frame for backward work, i.e. in its forward context)."""
+    out: dict = defaultdict(float)
+    for path, excl in snap.iter_paths():
+        ns = excl.get("gpu_time_ns", 0)
+        if not ns or any(f.kind in ("memcpy", "memset") for f in path):
+            continue
+        cut = next((k for k, f in enumerate(path) if f.kind == "backward"), None)
+        above = path[:cut] if cut is not None else path
+        out[(module_of_frames(above), "bwd" if cut is not None else "fwd")] += ns / 1e3 / steps
+    return dict(out)
+
+
+def compare_modules(ours: dict, truth: dict, *, min_share: float = 0.01) -> dict:
+    """Per module class: both sides' forward and backward µs per step, the error of their sum;
+    the worst error among classes with at least `min_share` of the GPU time."""
+    classes = sorted({c for c, _ in ours} | {c for c, _ in truth},
+                     key=lambda c: -(truth.get((c, "fwd"), 0) + truth.get((c, "bwd"), 0)))
+    total = sum(truth.values()) or 1.0
+    rows, worst = [], 0.0
+    for c in classes:
+        o = {ph: ours.get((c, ph), 0.0) for ph in ("fwd", "bwd")}
+        t = {ph: truth.get((c, ph), 0.0) for ph in ("fwd", "bwd")}
+        tsum, osum = t["fwd"] + t["bwd"], o["fwd"] + o["bwd"]
+        err = (osum - tsum) / tsum if tsum else (None if osum else 0.0)
+        share = tsum / total
+        if share >= min_share:
+            worst = max(worst, abs(err) if err is not None else float("inf"))
+        rows.append({"class": c, "ours_fwd_us": round(o["fwd"], 1), "ours_bwd_us": round(o["bwd"], 1),
+                     "truth_fwd_us": round(t["fwd"], 1), "truth_bwd_us": round(t["bwd"], 1),
+                     "share": round(share, 4), "error": None if err is None else round(err, 4)})
+    return {"rows": rows, "worst_class_error": round(worst, 4), "pass": worst <= 0.03}
+
+
 def _depth(events: list[dict], i: int) -> int:
     d = 0
     while events[i]["parent"] >= 0:

@@ -6,9 +6,10 @@ Prints `ready {json}` once built and warmed up, then reads commands on stdin, on
   run N               N steps; per-step wall times (device synchronized at each step end), RSS
   torchprof N [stack] the same N steps under torch.profiler (CPU+CUDA activities, with_stack if
                       `stack`), exported with export_chrome_trace to a temp file: its size in bytes
-  truth N PATH        N steps under torch.profiler (CPU+CUDA, with_stack): every CPU event with
-                      its parent, sequence number, forward thread, stack and kernels, as JSON at
-                      PATH (the ground truth of tests/gpu/backward_truth.py)
+  truth N PATH        N steps under torch.profiler (CPU+CUDA, with_stack), every nn.Module call
+                      marked by a `module:CLASS` record_function range (hooks, removed after):
+                      every CPU event with its parent, sequence number, forward thread, stack,
+                      times and kernels, as JSON at PATH (tests/gpu/backward_truth.py's truth)
   rss                 RSS now
   quit
 Random weights and data, nothing is downloaded. --cpu-smoke: tiny sizes on the CPU (harness tests).
@@ -288,6 +289,27 @@ def build_jax(smoke: bool):
 # ---------------------------------------------------------------------------------------------
 
 
+def mark_modules() -> list:
+    """Forward pre/post hooks on every nn.Module that open and close a `module:CLASS`
+    record_function range: torch.profiler's module view without its Python tracer (torch 2.11
+    with CUDA records neither Python calls nor stacks there). Returns the hook handles."""
+    import torch
+
+    open_ranges: list = []
+
+    def enter(mod, args):
+        rf = torch.autograd.profiler.record_function(f"module:{type(mod).__name__}")
+        rf.__enter__()
+        open_ranges.append(rf)
+
+    def leave(mod, args, out):
+        if open_ranges:
+            open_ranges.pop().__exit__(None, None, None)
+
+    return [torch.nn.modules.module.register_module_forward_pre_hook(enter),
+            torch.nn.modules.module.register_module_forward_hook(leave)]
+
+
 def profiler_records(events) -> list[dict]:
     """torch.profiler's CPU events as plain records: name, parent (index), sequence number and
     forward thread (autograd's link), the thread, the Python stack, and the kernels each event
@@ -412,8 +434,13 @@ def main() -> int:
 
                 n, path = int(parts[1]), parts[2]
                 acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-                with profile(activities=acts, with_stack=True) as prof:
-                    times = run(n)
+                hooks = mark_modules()
+                try:
+                    with profile(activities=acts, with_stack=True) as prof:
+                        times = run(n)
+                finally:
+                    for h in hooks:
+                        h.remove()
                 recs = profiler_records(prof.events())
                 with open(path, "w") as fh:
                     json.dump({"steps": n, "events": recs}, fh)
