@@ -222,6 +222,7 @@ class SymbolizerStats:
     misses: int = 0    # code object read from the target
     stale: int = 0     # code object gone/reused before it could be read
     errors: int = 0    # unreadable code object
+    remains: int = 0   # freed code object named from its tag-checked remains (first line only)
 
     def hit_rate(self) -> float:
         total = self.hits + self.misses + self.stale + self.errors
@@ -247,7 +248,8 @@ class Symbolizer:
 
     def _read_code(self, code: int, tag: int) -> Optional[CodeInfo]:
         lay, mem = self.layout, self.mem
-        if self.code_type_addr and read_u64(mem, code + lay.ob_type) != self.code_type_addr:
+        freed = bool(self.code_type_addr) and read_u64(mem, code + lay.ob_type) != self.code_type_addr
+        if freed and not tag:
             return None
         fn_ptr = read_u64(mem, code + lay.code_filename)
         name_ptr = read_u64(mem, code + lay.code_name)
@@ -255,6 +257,23 @@ class Symbolizer:
             return None
         qual_ptr = read_u64(mem, code + lay.code_qualname) if lay.code_qualname >= 0 else name_ptr
         first = struct.unpack("<i", mem.read(code + lay.code_firstlineno, 4))[0]
+        if freed:
+            # Freed since the probe, not reused: the allocator wrote its links over the header
+            # (ob_refcnt, ob_type) but the fields the tag was folded from are as BPF saw them — a
+            # module body that finished importing within milliseconds of the sample, at start-up.
+            # Its names are read from those remains (the strings are the module's, usually still
+            # alive; read_unicode checks them); its line table went with it: the first line.
+            try:
+                filename = read_unicode(mem, lay, fn_ptr)
+                try:
+                    qualname = read_unicode(mem, lay, qual_ptr)
+                except MemoryReadError:   # freed with it; co_name ("<module>") is interned
+                    qualname = read_unicode(mem, lay, name_ptr)
+                info = CodeInfo(safe_text(filename), safe_text(qualname), first, ())
+            except MemoryReadError:
+                return None
+            self.stats.remains += 1
+            return info
         table = read_bytes_obj(mem, lay, read_u64(mem, code + lay.code_linetable))
         decode = line_ranges_311 if lay.linetable_format == 311 else line_ranges_310
         # the target names its code as it likes: control characters escaped here, once per code

@@ -322,6 +322,21 @@ class ProbeSession:
                 self._ag_entry = self._bpf.load_func(b"sl_autograd_multi", BPF.KPROBE,
                                                      attach_type=BPF_TRACE_UPROBE_MULTI)
 
+    def preload_symbols(self) -> int:
+        """Read the symbol table of every file the process maps executable now rather than at
+        its first sample (`record`, while the program is held): the first samples then decode at
+        once, before a program that is starting up frees the code objects of the modules it was
+        importing. Returns how many files were read."""
+        sym = self._symbolizer
+        if sym is None:
+            return 0
+        seen = set()
+        for m in ProcFS().maps(self.pid):
+            if "x" in m.perms and m.path.startswith("/") and m.path not in seen:
+                seen.add(m.path)
+                sym.frame(m.start)
+        return len(seen)
+
     # progress of attach(): called with a phase name ("compiling BPF", …); None: silent
     on_phase = None
 

@@ -31,7 +31,11 @@ BATCH_EVENTS = 20_000
 # later than end + DRAIN_GRACE_NS has been read, or the ring was found empty after that time,
 # every event stamped up to the end has been read (the ring is read in reservation order).
 DRAIN_GRACE_NS = 50_000_000
-DRAIN_TIMEOUT_S = 300.0   # the drain waits on events, this only bounds a stuck one (then: not drained)
+DRAIN_TIMEOUT_S = 300.0
+# A program released by `record` imports its first modules within this long; their module-body
+# code objects live for milliseconds, so the ring is read every 1 ms then (not every POLL_MS)
+# to name them before they are freed.
+FAST_START_S = 2.0   # the drain waits on events, this only bounds a stuck one (then: not drained)
 
 
 class EventSource(Protocol):
@@ -190,6 +194,7 @@ class ProcessSession:
         self._window_done = threading.Event()
         self._window_abort = False
         self._window_stats: dict[str, int] = {}
+        self._fast_start = False   # a program let go at its start: read the ring every 1 ms at first
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, *, window: bool = False, progress: Callable[[str], None] | None = None,
@@ -197,7 +202,8 @@ class ProcessSession:
         """Attach. `window`: the session covers [end of the probes' attach, close_window()]
         (one-shot profiles): events stamped outside are counted, not joined. `progress(phase)`
         hears the attach phases. `before_agent`: called once the probes are attached, before
-        the agent is injected (`record` lets its held program go there)."""
+        the agent is injected (`record` lets its held program go there; the probes read the
+        process's symbol tables first, so its first samples decode at once)."""
         try:
             with open(f"/proc/{self.pid}/comm") as fh:
                 self.comm = safe_text(fh.read().strip())   # the target's choice: escaped (textsafe.py)
@@ -209,9 +215,14 @@ class ProcessSession:
             self.probes.on_phase = progress
         try:
             report = self.probes.attach()
+            if before_agent is not None and hasattr(self.probes, "preload_symbols"):
+                if progress is not None:
+                    progress("reading symbols")
+                self.probes.preload_symbols()
             if window:
                 self.window = Window(time.monotonic_ns(), process_cpu_ns(self.pid))
             if before_agent is not None:
+                self._fast_start = True
                 before_agent()
             self.notes.extend(getattr(report, "notes", []) or [])
             self._bpf_python = bool(getattr(report, "python_stacks", False)) and \
@@ -287,8 +298,10 @@ class ProcessSession:
         last_alive = 0.0
         try:
             w = self.window
+            fast_until = time.monotonic() + FAST_START_S if self._fast_start else 0.0
             while not self._stop.is_set():
-                evs = self.probes.poll(POLL_MS, max_events=BATCH_EVENTS)
+                evs = self.probes.poll(1 if fast_until and time.monotonic() < fast_until else POLL_MS,
+                                       max_events=BATCH_EVENTS)
                 ring_empty = not evs
                 if w is not None:
                     evs = w.admit(evs)

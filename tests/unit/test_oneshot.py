@@ -214,3 +214,17 @@ def test_code_cache_rereads_an_address_reused_with_the_same_tag():
     m.put(0x100000 + LAY.code_firstlineno, (30).to_bytes(4, "little", signed=True))
     got = s.frame(RawPyFrame(0x100000, tag, 2))
     assert got == ("python", "g.<locals>.<lambda>", "/app/a.py", 30), got
+
+
+def test_a_code_object_freed_since_the_probe_is_named_from_its_remains():
+    m = FakeMemory()
+    tag = put_code(m, 0x100000, "/usr/lib/python3.11/pathlib.py", "<module>", 1, table_311((4, 3)))
+    # freed by malloc: its links over ob_refcnt/ob_type, the line table freed with it
+    m.put(0x100000, (0x5619_6955_ebb0).to_bytes(8, "little") * 2)
+    m.put(0x100000 + LAY.code_linetable, (0xdead_0000).to_bytes(8, "little"))
+    s = Symbolizer(m, LAY, CODE_TYPE)
+    assert s.frame(RawPyFrame(0x100000, tag, 6)) == ("python", "<module>", "/usr/lib/python3.11/pathlib.py", 1)
+    assert s.stats.remains == 1 and s.stats.stale == 0
+    # reused by another object since: the tag no longer matches, so it stays marked
+    s2 = Symbolizer(m, LAY, CODE_TYPE)
+    assert s2.frame(RawPyFrame(0x100000, tag ^ 0x40, 6)) == Frame.other("[stale code object]")
