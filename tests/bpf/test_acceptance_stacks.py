@@ -55,6 +55,26 @@ def profile(pid: int, metric: str, duration: float = 5, *extra: str) -> dict[tup
     return out
 
 
+def profile_with_window(pid: int, metric: str, duration: float, *extra: str):
+    """The paths of `profile --format json` and its window's account (meta.window)."""
+    import tempfile
+
+    from stacklens.cct import export
+
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "p.json"
+        r = subprocess.run([str(STACKLENS), "profile", "--pid", str(pid), "--duration", str(duration),
+                            "--format", "json", "-o", str(out), *extra], capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr
+        snap = export.load(out)
+    paths = {}
+    for line in export.to_folded(snap, metric).splitlines():
+        path, _, n = line.rpartition(" ")
+        paths[tuple(path.split(";"))] = int(n)
+    return paths, snap.meta["window"]
+
+
 def test_profile_launch_count_ratio_and_total(bpf_available, fake_libs, start_target):
     t = start_target("fake_cuda_ratio.py", str(fake_libs["dir"]), "3.0")
     paths = profile(t.pid, "launch_count")
@@ -81,7 +101,7 @@ def test_profile_launch_count_ratio_and_total(bpf_available, fake_libs, start_ta
 
 def _kinds(path: tuple[str, ...]) -> str:
     """py/op/native as one letter each, markers ([truncated]) left out: 'PPPONN'."""
-    k = {"py": "P", "op": "O", "native": "N", "api": "A", "kernel": "K"}
+    k = {"py": "P", "op": "O", "native": "N", "api": "A", "kernel": "K", "backward": "B"}
     return "".join(k[lab.split(":", 1)[0]] for lab in path if not lab.startswith("["))
 
 
@@ -89,24 +109,32 @@ def test_profile_cpu_samples_torch_split(bpf_available, start_target):
     t = start_target("torch_train.py")
     # 499 Hz: at the default 99 Hz a 5 s window holds ~490 samples and the split measured over
     # four runs spread ±3.5 points around the truth (0.511-0.598 for 0.575) from sampling alone;
-    # at 499 Hz it landed within 0.2 points
-    paths = profile(t.pid, "cpu_samples", 5, "--rate", "499")
+    # at 499 Hz it landed within 0.2 points. Under load the target gets less CPU in the window,
+    # so the samples due come from the CPU time it used (the window's account), and the split's
+    # bound widens with the sampling error of the count it got (3.5 sigma of a proportion)
+    paths, window = profile_with_window(t.pid, "cpu_samples", 5, "--rate", "499")
+    due = window["expected_cpu_samples"]
+    assert window["drained"] and abs(window["cpu_samples"] - due) <= 0.25 * due, window
     line = t.readline(timeout=60).split()
     assert line[0] == "split", line
     t_big, t_small = int(line[1]), int(line[2])
     train = str(TARGETS / "torch_train.py")
     s_big = sum(n for p, n in paths.items() if any(lab.startswith(f"py:{train}:step_big:") for lab in p))
     s_small = sum(n for p, n in paths.items() if any(lab.startswith(f"py:{train}:step_small:") for lab in p))
-    assert s_big + s_small > 1000, paths
-    got, want = s_big / (s_big + s_small), t_big / (t_big + t_small)
-    assert abs(got - want) <= 0.05, (got, want, s_big, s_small)
+    n = s_big + s_small
+    assert n > 200 and n >= 0.8 * window["cpu_samples"], (n, window)
+    got, want = s_big / n, t_big / (t_big + t_small)
+    assert abs(got - want) <= max(0.05, 3.5 * (want * (1 - want) / n) ** 0.5), (got, want, s_big, s_small)
     # samples inside an operator read py:… → op:aten::… → native:… (C extension frames may sit
     # between py and op); the rest is Python between ops (optimizer loop, module call overhead)
     in_op = {p: n for p, n in paths.items() if any(lab.startswith("op:aten::") for lab in p)}
-    shaped = sum(n for p, n in in_op.items() if re.fullmatch(r"P+N*O+N+", _kinds(p)))
+    # backward work linked to its forward op (issue 18) reads py → forward op → backward:NODE →
+    # backward ops → native
+    shape = r"P+N*O+N+|P+N*O+BO*N*"
+    shaped = sum(n for p, n in in_op.items() if re.fullmatch(shape, _kinds(p)))
     assert sum(in_op.values()) >= 0.25 * (s_big + s_small)
     assert shaped >= 0.9 * sum(in_op.values()), Counter(
-        {_kinds(p): n for p, n in in_op.items() if not re.fullmatch(r"P+N*O+N+", _kinds(p))}).most_common(5)
+        {_kinds(p): n for p, n in in_op.items() if not re.fullmatch(shape, _kinds(p))}).most_common(5)
 
 
 def test_samples_and_op_events_carry_the_model_line(bpf_available, start_target):
