@@ -86,6 +86,7 @@ class SlOpEntry(ct.Structure):
 class SlShadow(ct.Structure):
     _fields_ = [("depth", ct.c_uint32), ("pad", ct.c_uint32), ("bwd_sp", ct.c_uint64), ("bwd_ret", ct.c_uint64),
                 ("bwd_node", ct.c_uint64), ("new_node", ct.c_uint64), ("new_tag", ct.c_uint64 * 2),
+                ("py_memo_sp", ct.c_uint64), ("py_memo_id", ct.c_uint64),
                 ("e", SlOpEntry * SL_OP_DEPTH)]
 
 

@@ -71,7 +71,7 @@ static __always_inline int sl_autograd(struct pt_regs *ctx, u32 which)
         u64 bwd = 0;
         sl_op_context(ctx->sp, &ev->op_depth, &ev->op_hash, &bwd);
 #ifndef SL_AG_NO_PYSTACK   /* benchmarks only: the link without the Python walk at creation */
-        SL_CAPTURE_PYSTACK(ctx, ev);
+        sl_capture_pystack_memo(ctx, ev);
 #endif
     }
     sl_emit(ctx, ev);

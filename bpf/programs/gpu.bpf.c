@@ -86,7 +86,7 @@ static __always_inline void sl_fill_entry(struct pt_regs *ctx, struct sl_spec *s
         __builtin_memset(ev->blob, 0, SL_BLOB);
     }
     sl_op_context(ctx->sp, &ev->op_depth, &ev->op_hash, &ev->bwd_node);
-    SL_CAPTURE_PYSTACK(ctx, ev);
+    sl_capture_pystack_memo(ctx, ev);
     ev->stack_id = -1;
     if (SL_NATIVE_STACKS && (sp->flags & SL_F_STACK)) {
 #ifndef SL_NO_NATIVE_REUSE

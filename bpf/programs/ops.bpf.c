@@ -79,6 +79,8 @@ static __always_inline int sl_op_entry(struct pt_regs *ctx, u32 op)
     u64 parent = 0xcbf29ce484222325ULL;
     if (d > 0)
         parent = s->e[sl_op_idx(d - 1)].hash;
+    else
+        s->py_memo_sp = 0;   /* a new call from Python: its stack is read again */
     u64 h = sl_mix(parent, op);
     u64 ret = 0;
     bpf_probe_read_user(&ret, sizeof(ret), (void *)sp);

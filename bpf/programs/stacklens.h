@@ -197,6 +197,10 @@ struct sl_shadow {
     u64 bwd_node;
     u64 new_node;
     u64 new_tag[2];
+    /* the Python stack id read at an event inside the outermost live op whose entry sp this is
+     * (0: none); reset at every outermost op entry (ops.bpf.c), see SL_CAPTURE_PYSTACK_MEMO */
+    u64 py_memo_sp;
+    u64 py_memo_id;
     struct sl_op_entry e[SL_OP_DEPTH];
 };
 
@@ -380,6 +384,25 @@ static __always_inline void sl_op_context(u64 sp, u32 *depth, u64 *hash, u64 *bw
 #ifndef SL_CAPTURE_PYSTACK
 #define SL_CAPTURE_PYSTACK(ctx, ev) do { (ev)->py_stack_id = 0; } while (0)
 #endif
+
+/* The Python stack of an API or autograd event, read at most once per outermost operator call:
+ * while the op Python called is live, Python cannot move (its frames wait in that C call), so
+ * the launches of one op and the node it creates share one walk. ev->op_depth must be set
+ * (sl_op_context); the memo is reset at every outermost op entry. (Python code run from inside
+ * an op — __torch_dispatch__, hooks — is charged to the line that called the op.) */
+static __always_inline void sl_capture_pystack_memo(void *ctx, struct sl_event *ev)
+{
+    struct sl_shadow *s = ev->op_depth ? sl_shadow_get(0) : 0;
+    if (s && s->py_memo_sp && s->py_memo_sp == s->e[0].sp) {
+        ev->py_stack_id = s->py_memo_id;
+        return;
+    }
+    SL_CAPTURE_PYSTACK(ctx, ev);
+    if (s && ev->py_stack_id) {
+        s->py_memo_sp = s->e[0].sp;
+        s->py_memo_id = ev->py_stack_id;
+    }
+}
 #endif /* !SL_ABI_ONLY */
 
 #endif /* STACKLENS_H */
