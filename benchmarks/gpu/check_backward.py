@@ -42,8 +42,9 @@ def is_model(file: str) -> bool:
 VARIANTS = {   # ProbeConfig settings of each probes-only phase
     "probes_link": {"autograd": True},
     "probes_no_link": {"autograd": False},
-    "probes_link_no_py": {"autograd": True, "extra_cflags": ("-DSL_AG_NO_PYSTACK",)},
 }
+if os.environ.get("BACKWARD_NO_PY_VARIANT"):   # the link without the Python walk at node creation
+    VARIANTS["probes_link_no_py"] = {"autograd": True, "extra_cflags": ("-DSL_AG_NO_PYSTACK",)}
 
 
 def _probes(kw: dict):

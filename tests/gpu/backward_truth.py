@@ -124,12 +124,14 @@ def truth_by_module(events: list[dict], steps: int) -> dict:
             return NO_MODULE
         return next((e["name"][len(MODULE):] for e in chain(i) if e["name"].startswith(MODULE)), NO_MODULE)
 
+    # the op that created the node: of the forward ops that saw sequence number N (an op records
+    # the next number at its start; the one that takes it creates node N), the last to start
     forward: dict[tuple[int, int], int] = {}
     for i, e in enumerate(events):
         if e["seq"] is not None and e["seq"] >= 0 and not e["name"].startswith((EVAL, MODULE)):
             if not any(a["name"].startswith(EVAL) for a in chain(e["parent"])):
                 key = (e["seq"], e["thread"])
-                if key not in forward or _depth(events, i) < _depth(events, forward[key]):
+                if key not in forward or e.get("start", 0) >= events[forward[key]].get("start", 0):
                     forward[key] = i
     out: dict = defaultdict(float)
     for i, e in enumerate(events):

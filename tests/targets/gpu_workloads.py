@@ -298,7 +298,8 @@ def mark_modules() -> list:
     open_ranges: list = []
 
     def enter(mod, args):
-        rf = torch.autograd.profiler.record_function(f"module:{type(mod).__name__}")
+        # the class that defines forward(), as a Python frame names it (BatchNorm2d: _BatchNorm)
+        rf = torch.autograd.profiler.record_function(f"module:{type(mod).forward.__qualname__.rsplit('.', 1)[0]}")
         rf.__enter__()
         open_ranges.append(rf)
 
