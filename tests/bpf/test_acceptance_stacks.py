@@ -77,10 +77,14 @@ def profile_with_window(pid: int, metric: str, duration: float, *extra: str):
 
 def test_profile_launch_count_ratio_and_total(bpf_available, fake_libs, start_target):
     t = start_target("fake_cuda_ratio.py", str(fake_libs["dir"]), "3.0")
-    paths = profile(t.pid, "launch_count")
+    paths, window = profile_with_window(t.pid, "launch_count", 5)
     done = t.readline(timeout=30).split()
     assert done[0] == "done", done
-    made_a, made_b = int(done[1]), int(done[2])
+    # the launches the target made inside the profile's window (it stamps its launch batches)
+    t.send(f"window {window['start_ns']} {window['end_ns']}")
+    inside = t.readline(timeout=30).split()
+    assert inside[0] == "window", inside
+    made_a, made_b = int(inside[1]), int(inside[2])
     launch = {p: n for p, n in paths.items() if "api:cuLaunchKernel" in p}
     assert len(launch) == 2, launch
     app = str(TARGETS / "fake_cuda_ratio.py")
@@ -96,7 +100,7 @@ def test_profile_launch_count_ratio_and_total(bpf_available, fake_libs, start_ta
     a, b = by_fn["launch_a"], by_fn["launch_b"]
     assert abs(a / b - 3) <= 0.02 * 3, (a, b)
     assert abs((a + b) - (made_a + made_b)) <= 0.01 * (made_a + made_b), (a, b, made_a, made_b)
-    assert made_a + made_b > 4000  # a real window, not a handful
+    assert made_a + made_b > 2000  # a real window, not a handful (~4,000/s were made)
 
 
 def _kinds(path: tuple[str, ...]) -> str:

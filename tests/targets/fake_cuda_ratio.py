@@ -6,8 +6,10 @@ byte of its own cuLaunchKernel is an int3 (0xCC: the uprobe's breakpoint, instal
 and removed on detach). From the first probed batch it launches for ACTIVE_S seconds (default
 3.0, inside a 5 s profile window: no launch falls between the profiler's snapshot and its
 detach), paced to ~4,000 launches/s so the one-shot profiler never has to drop any, then
-prints `done A B` (launches from launch_a and from launch_b, counted only while probed) and
-waits for stdin to close.
+prints `done A B` (launches from launch_a and from launch_b, counted only while probed). Then,
+for each stdin line `window START_NS END_NS` (a one-shot profile's window, CLOCK_MONOTONIC), it
+prints `window A B`: the launches of the batches it began inside it (a batch is 3 + 1 launches,
+stamped when it begins). Exits when stdin closes.
 """
 
 import ctypes
@@ -47,10 +49,12 @@ def main():
         time.sleep(0.005)
     f = get_function(b"ratio_kernel")
     a = b = 0
+    stamps = []
     end = time.monotonic() + ACTIVE_S
     while time.monotonic() < end:
         if not probed():
             break
+        stamps.append(time.monotonic_ns())
         for _ in range(3):
             launch_a(f)
         launch_b(f)
@@ -58,7 +62,10 @@ def main():
         b += 1
         time.sleep(0.001)
     print(f"done {a} {b}", flush=True)
-    sys.stdin.read()
+    for line in sys.stdin:
+        _, start, stop = line.split()
+        n = sum(1 for t in stamps if int(start) <= t <= int(stop))
+        print(f"window {3 * n} {n}", flush=True)
 
 
 print("ready", flush=True)
