@@ -87,7 +87,7 @@ def profile_pid(
         say(f"collecting for {duration_s:g}s")
         if isinstance(progress, Progress):
             progress.quiet()
-        s._window_done.wait(max(0.0, duration_s - (time.monotonic_ns() - s.window.start_ns) / 1e9))
+        s.wait_window(max(0.0, duration_s - (time.monotonic_ns() - s.window.start_ns) / 1e9))
         s.close_window(progress=say)
         return s.snapshot()
     finally:

@@ -374,6 +374,10 @@ class ProcessSession:
             self.joiner.meta["window"] = self._window_meta(w, self._window_stats)
         return dict(self.joiner.meta.get("window", {}))
 
+    def wait_window(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for the window to close by itself (the target exited)."""
+        return self._window_done.wait(timeout_s)
+
     def _drain_exited(self, w: Window) -> None:
         """The target has exited: everything it sent is in the ring; read all of it."""
         if w.end_ns is None:

@@ -93,7 +93,7 @@ def test_window_closes_by_itself_when_the_target_exits():
         probes.push(*(sample(s.window.start_ns + i) for i in range(7)))
         child.kill()
         child.wait()   # reaped: /proc/PID is gone, the session sees the exit
-        assert s._window_done.wait(30)
+        assert s.wait_window(30)
         meta = s.close_window()
     finally:
         s.stop()
