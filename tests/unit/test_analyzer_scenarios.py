@@ -37,6 +37,9 @@ CASES = [
     ("bpf_alloc_churn", "allocator_churn", "op:aten::zeros"),
     ("bpf_embedding_backward", "allocator_churn", "op:aten::embedding_dense_backward"),
     ("bpf_hotspot", "hotspots", "scenario_hotspot.py:make.<locals>.step:20"),
+    # stacklens' BPF probes with the backward link (issue 18): the embedding's backward charged to
+    # the forward line that created it, from live data
+    ("bpf_backward_linked", "backward_cost", "scenario_embedding_backward.py:Model.forward:21"),
     # SYNTHETIC GPU snapshots (tests/unit/test_analyzer_synthetic.py) until GPU recordings land
     ("gpu_kernel_fusion", "kernel_fusion", "py:tests/targets/scenario_kernel_fusion.py:gelu_layernorm:18"),
     ("gpu_launch_bound", "launch_bound", "py:tests/targets/scenario_launch_bound.py:per_item_matmuls:25"),
