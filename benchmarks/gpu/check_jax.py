@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import glob
 import json
 import os
@@ -545,7 +546,7 @@ def _check(a, res: dict, out_dir: Path, work: Path, t0: float) -> int:
                                          "instructions": sum(len(x.kernels) for x in hlo if x.module_id == r.module_id)}
                                         for r in hlo if r.part == 0 and r.module.endswith("train_step")],
                     "kernel_records": len(all_kernels), "graph_kernel_records": sum(1 for k in all_kernels if k.graph_id),
-                    "compile_events": len(compiles), "last_stats": stats[-1].__dict__ if stats else None}
+                    "compile_events": len(compiles), "last_stats": dataclasses.asdict(stats[-1]) if stats else None}
     for n in notes:
         print("  agent note:", n)
 
