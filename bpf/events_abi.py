@@ -83,9 +83,16 @@ class SlOpEntry(ct.Structure):
     ]
 
 
+SL_BWD_DEPTH = 4
+
+
+class SlBwdEntry(ct.Structure):
+    _fields_ = [("sp", ct.c_uint64), ("ret", ct.c_uint64), ("node", ct.c_uint64)]
+
+
 class SlShadow(ct.Structure):
-    _fields_ = [("depth", ct.c_uint32), ("pad", ct.c_uint32), ("bwd_sp", ct.c_uint64), ("bwd_ret", ct.c_uint64),
-                ("bwd_node", ct.c_uint64), ("new_node", ct.c_uint64), ("new_tag", ct.c_uint64 * 2),
+    _fields_ = [("depth", ct.c_uint32), ("bwd_depth", ct.c_uint32), ("bwd", SlBwdEntry * SL_BWD_DEPTH),
+                ("new_node", ct.c_uint64), ("new_tag", ct.c_uint64 * 2),
                 ("py_memo_sp", ct.c_uint64), ("py_memo_id", ct.c_uint64),
                 ("e", SlOpEntry * SL_OP_DEPTH)]
 
@@ -104,6 +111,7 @@ ABI_STRUCTS = {
     "sl_name_event": SlNameEvent,
     "sl_op_entry": SlOpEntry,
     "sl_shadow": SlShadow,
+    "sl_bwd_entry": SlBwdEntry,
     "sl_op_path": SlOpPath,
     "sl_op_slot": SlOpSlot,
 }

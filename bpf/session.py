@@ -206,7 +206,6 @@ class ProbeSession:
         self._op_slots = None      # (mmap, memoryview as u64) of the op_slots array, when read
         self._op_names: list[str] = []
         self._vtables = autograd.VtableNames()   # autograd node classes by vtable pointer
-        self._node_classes: dict[int, str] = {}
         self._names: dict[int, str] = {}
         self._unresolved_names: dict[int, str] = {}
         self._allocs: dict[int, int] = {}
@@ -473,11 +472,7 @@ class ProbeSession:
         node = _U64.unpack_from(data, off + _ARGS_REC)[0]
         blob = bytes(data[off + _BLOB_REC:off + _BLOB_REC + SL_BLOB])
         vptr, seq, thread, layout = autograd.decode_node(blob, node)
-        name = self._node_classes.get(vptr)
-        if name is None:
-            name = self._vtables.name(vptr) or f"node@0x{vptr:x}"
-            if len(self._node_classes) < 65536:
-                self._node_classes[vptr] = name
+        name = self._vtables.name(vptr) or f"node@0x{vptr:x}"
         args = {"node": node, "seq": seq, "thread": thread, "layout": layout.name}
         if kind == SL_EV_NODE_NEW:
             return make_event("autograd_node", name, pid, tid, t, 0, args, ops, (), pys[0], py_entries=pys[1])

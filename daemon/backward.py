@@ -24,8 +24,9 @@ GraphRoot: sequence number UINT64_MAX) likewise, counted apart.
 
 Memory: one entry per node created and not yet evaluated — one step's graph — capped at
 FORWARD_MAX (oldest dropped first, counted: nodes of graphs that never ran backward, e.g. a
-forward with grad enabled and no backward); contexts are shared tuples, memoized by the identity
-of the stacks the probe session hands out (the same objects for the same stacks).
+forward with grad enabled and no backward), and the EVALUATED_MAX nodes evaluated last (a
+retained graph's second backward); contexts are shared tuples, memoized by the identity of the
+stacks the probe session hands out (the same objects for the same stacks).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from stacklens.cct import Frame
 
 FORWARD_MAX = 131_072       # nodes awaiting evaluation (a 48-layer LLM step creates ~20k)
+EVALUATED_MAX = 16_384      # nodes evaluated lately: a second backward (retain_graph) finds them
 EVALS_PER_THREAD = 64       # nodes being evaluated at once on one thread (reentrant backward)
 MEMO_MAX = 65_536
 NO_SEQUENCE = (1 << 64) - 1  # Node(sequence_nr=UINT64_MAX): AccumulateGrad, GraphRoot
@@ -46,9 +48,11 @@ class BackwardLink:
         self._splice = splice                     # daemon.join.splice
         self._forward_max = forward_max
         self._forward: collections.OrderedDict[tuple[int, int], tuple[Frame, ...]] = collections.OrderedDict()
-        self._evals: dict[int, collections.OrderedDict[int, tuple[Frame, ...] | None]] = {}
+        self._evaluated: collections.OrderedDict[tuple[int, int], tuple[Frame, ...]] = collections.OrderedDict()
+        # thread -> {node: (path head, linked)}
+        self._evals: dict[int, collections.OrderedDict[int, tuple[tuple[Frame, ...], bool]]] = {}
         self._contexts: dict[tuple[int, int], tuple] = {}   # (id(py), id(ops)) -> (py, ops, context)
-        self._heads: dict[tuple[int, str], tuple[Frame, ...]] = {}
+        self._heads: dict[tuple[int, str], tuple[tuple[Frame, ...], tuple[Frame, ...]]] = {}
         self.stats = collections.Counter()
 
     # ---- events ---------------------------------------------------------------------------
@@ -66,17 +70,24 @@ class BackwardLink:
         samples under it gets this head (None: charged as today, from the thread's own stacks,
         under `backward:NAME`)."""
         a = ev.args
+        key = (a["node"], a["seq"])
         self.stats["autograd_evals"] += 1
-        ctx = self._forward.pop((a["node"], a["seq"]), None)
+        ctx = self._forward.pop(key, None)
+        if ctx is None:
+            ctx = self._evaluated.get(key)
         if ctx is None:
             self.stats["autograd_no_forward" if a["seq"] == NO_SEQUENCE else "autograd_unlinked"] += 1
         else:
             self.stats["autograd_linked"] += 1
-        head = self._head(ctx, ev.api) if ctx is not None else None
+            done = self._evaluated
+            done[key] = ctx
+            done.move_to_end(key)
+            if len(done) > EVALUATED_MAX:
+                done.popitem(last=False)
         evals = self._evals.get(ev.tid)
         if evals is None:
             evals = self._evals[ev.tid] = collections.OrderedDict()
-        evals[a["node"]] = head if head is not None else (Frame.backward(ev.api),)
+        evals[a["node"]] = (self._head(ctx, ev.api), True) if ctx is not None else ((Frame.backward(ev.api),), False)
         evals.move_to_end(a["node"])
         if len(evals) > EVALS_PER_THREAD:
             evals.popitem(last=False)
@@ -88,8 +99,7 @@ class BackwardLink:
         h = evals.get(node) if evals is not None else None
         if h is None:
             self.stats["autograd_eval_missing"] += 1
-            return None
-        return h, len(h) > 1
+        return h
 
     # ---- memoized parts -------------------------------------------------------------------
     def _context(self, ev: Any) -> tuple[Frame, ...]:
@@ -105,12 +115,12 @@ class BackwardLink:
 
     def _head(self, ctx: tuple[Frame, ...], name: str) -> tuple[Frame, ...]:
         key = (id(ctx), name)
-        h = self._heads.get(key)
-        if h is None or h[:-1] != ctx:
+        m = self._heads.get(key)
+        if m is None or m[0] is not ctx:
             if len(self._heads) >= MEMO_MAX:
                 self._heads.clear()
-            h = self._heads[key] = ctx + (Frame.backward(name),)
-        return h
+            m = self._heads[key] = (ctx, ctx + (Frame.backward(name),))   # keeps ctx alive: its id stays its own
+        return m[1]
 
     def sizes(self) -> dict[str, int]:
         return {"autograd_forward_table": len(self._forward),

@@ -400,7 +400,7 @@ class Joiner:
             return m
         native = tuple(nat)
         below = next((i for i in range(len(native) - 1, -1, -1) if "evaluate_function" in native[i].name), -1)
-        own = splice(tuple(py), tuple(getattr(ev, "py_entries", ()) or ()) if py else (), (), ()) if py else ()
+        own = splice(tuple(py), tuple(getattr(ev, "py_entries", ()) or ()), (), ()) if py else ()
         path = own + head + splice((), (), tuple(ops), native[below + 1:] if below >= 0 else native)
         if len(self._backward_memo) >= 65_536:
             self._backward_memo.clear()

@@ -7,8 +7,9 @@
  *               created the node. Edge is passed by invisible reference (rsi); its first member
  *               is the node pointer (c10::intrusive_ptr, std::shared_ptr before torch 2.13).
  *   SL_AG_EVAL  torch::autograd::Engine::evaluate_function(GraphTask &, Node *, ...): the
- *               engine runs a node (rdx). The thread's shadow storage remembers it while this
- *               frame is live, and every launch and CPU sample under it carries the node
+ *               engine runs a node (rdx). The thread's shadow storage keeps it (a stack of
+ *               SL_BWD_DEPTH: reentrant backward nests evaluations) while this frame is live,
+ *               and every launch and CPU sample under it carries the innermost live node
  *               (sl_event.bwd_node, set by sl_op_context).
  * Both events carry the node's first 64 bytes (vtable pointer, sequence number, forward thread
  * id): user space decodes them with the layout of the running torch. One uprobe hit per node
@@ -53,11 +54,18 @@ static __always_inline int sl_autograd(struct pt_regs *ctx, u32 which)
             s->new_tag[1] = tag[1];
         }
     } else if (s) {
+        /* push the node over the evaluations still live here (a reentrant backward nests them);
+         * deeper than SL_BWD_DEPTH, the innermost one replaces the top */
+        u32 b = sl_bwd_live_depth(s, ctx->sp);
+        if (b >= SL_BWD_DEPTH)
+            b = SL_BWD_DEPTH - 1;
+        struct sl_bwd_entry *e = &s->bwd[sl_bwd_idx(b)];
         u64 ret = 0;
         bpf_probe_read_user(&ret, sizeof(ret), (void *)ctx->sp);
-        s->bwd_sp = ctx->sp;
-        s->bwd_ret = ret;
-        s->bwd_node = node;
+        e->sp = ctx->sp;
+        e->ret = ret;
+        e->node = node;
+        s->bwd_depth = b + 1;
     }
     u64 id = bpf_get_current_pid_tgid();
     ev->kind = which == SL_AG_NEW ? SL_EV_NODE_NEW : SL_EV_NODE_EVAL;

@@ -186,19 +186,25 @@ struct sl_op_entry {
     u32 pad;
 };
 
+#define SL_BWD_DEPTH 4   /* nested node evaluations kept per thread (reentrant backward) */
+
+/* autograd.bpf.c: a node the engine evaluates on this thread, live while its frame of
+ * Engine::evaluate_function is (its sp above the event's, its return address still there) */
+struct sl_bwd_entry {
+    u64 sp;
+    u64 ret;
+    u64 node;
+};
+
 struct sl_shadow {
     u32 depth;
-    u32 pad;
-    /* autograd.bpf.c: the node the engine evaluates on this thread, live while the frame of
-     * Engine::evaluate_function is (its sp above the event's, its return address still there);
-     * the last node created here and its bytes 16..31, so a node with several outputs is sent once */
-    u64 bwd_sp;
-    u64 bwd_ret;
-    u64 bwd_node;
+    u32 bwd_depth;     /* entries of bwd[], innermost last; dead ones popped lazily */
+    struct sl_bwd_entry bwd[SL_BWD_DEPTH];
+    /* the last node created here and its bytes 16..31, so a node with several outputs is sent once */
     u64 new_node;
     u64 new_tag[2];
     /* the Python stack id read at an event inside the outermost live op whose entry sp this is
-     * (0: none); reset at every outermost op entry (ops.bpf.c), see SL_CAPTURE_PYSTACK_MEMO */
+     * (0: none); reset at every outermost op entry (ops.bpf.c), see sl_capture_pystack_memo */
     u64 py_memo_sp;
     u64 py_memo_id;
     struct sl_op_entry e[SL_OP_DEPTH];
@@ -352,6 +358,33 @@ static __always_inline struct sl_shadow *sl_shadow_get(u64 flags)
     return shadow.task_storage_get(bpf_get_current_task_btf(), 0, flags);
 }
 
+static __always_inline u32 sl_bwd_idx(u32 i)
+{
+    SL_OPAQUE(i);   /* the verifier needs the mask clang would prove redundant */
+    return i & (SL_BWD_DEPTH - 1);
+}
+
+/* entries of s->bwd still live at stack pointer sp (the same test as the operator stack's) */
+static __always_inline u32 sl_bwd_live_depth(struct sl_shadow *s, u64 sp)
+{
+    u32 d = s->bwd_depth;
+#pragma unroll
+    for (int i = 0; i < SL_BWD_DEPTH; i++) {
+        if (d == 0)
+            break;
+        if (d > SL_BWD_DEPTH)
+            d = SL_BWD_DEPTH;
+        struct sl_bwd_entry *e = &s->bwd[sl_bwd_idx(d - 1)];
+        if (e->sp > sp) {
+            u64 ret = 0;
+            if (bpf_probe_read_user(&ret, sizeof(ret), (void *)e->sp) != 0 || ret == e->ret)
+                break;
+        }
+        d--;
+    }
+    return d;
+}
+
 /* the thread's live operator path (depth, hash of its top) and autograd node at stack pointer sp */
 static __always_inline void sl_op_context(u64 sp, u32 *depth, u64 *hash, u64 *bwd)
 {
@@ -361,10 +394,11 @@ static __always_inline void sl_op_context(u64 sp, u32 *depth, u64 *hash, u64 *bw
     *bwd = 0;
     if (!s)
         return;
-    if (s->bwd_node && s->bwd_sp > sp) {
-        u64 ret = 0;
-        if (bpf_probe_read_user(&ret, sizeof(ret), (void *)s->bwd_sp) == 0 && ret == s->bwd_ret)
-            *bwd = s->bwd_node;
+    if (s->bwd_depth) {
+        u32 b = sl_bwd_live_depth(s, sp);
+        s->bwd_depth = b;
+        if (b > 0 && b <= SL_BWD_DEPTH)
+            *bwd = s->bwd[sl_bwd_idx(b - 1)].node;
     }
     u32 d = sl_shadow_live_depth(s, sp);
     s->depth = d;
@@ -392,6 +426,8 @@ static __always_inline void sl_op_context(u64 sp, u32 *depth, u64 *hash, u64 *bw
  * an op — __torch_dispatch__, hooks — is charged to the line that called the op.) */
 static __always_inline void sl_capture_pystack_memo(void *ctx, struct sl_event *ev)
 {
+    /* (an id served from the memo does not refresh its place in sl_py_stacks' LRU: the memo
+     * lives one op call, so an eviction in between shows as "[python stack lost]", counted) */
     struct sl_shadow *s = ev->op_depth ? sl_shadow_get(0) : 0;
     if (s && s->py_memo_sp && s->py_memo_sp == s->e[0].sp) {
         ev->py_stack_id = s->py_memo_id;
