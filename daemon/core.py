@@ -33,6 +33,7 @@ from stacklens.daemon.discovery import ProcFS, ProcessInfo, describe_process, sc
 from stacklens.daemon.session import ProcessSession
 from stacklens.errors import (AlreadyAttached, DaemonUnavailable, InputError, NoSuchProcess, PermissionDenied,
                               StacklensError)
+from stacklens.textsafe import safe_text
 
 log = logging.getLogger(__name__)
 
@@ -133,19 +134,24 @@ class Daemon:
         self._last_release = -RELEASE_EVERY_S
 
     def _check_target(self, pid: int) -> None:
-        """Refuses what cannot be profiled, with the reason: the daemon itself, kernel threads, and
-        processes whose /proc the kernel hides even from root."""
+        """Refuses what cannot be profiled, with the reason: the daemon itself, zombies and exiting
+        processes, kernel threads, and processes whose /proc the kernel hides even from root."""
         check_pid_range(pid)
         if pid == os.getpid():
             raise InputError(f"PID {pid} is stacklensd itself: attach to the process you want to profile")
         stat = self.procfs.read(pid, "stat")  # NoSuchProcess when it does not exist
         comm, _, rest = stat.rpartition(")")
         fields = rest.split()
+        # the state first: a zombie, like a kernel thread, has no cmdline and no exe
+        if fields and fields[0] in ("Z", "X"):
+            raise NoSuchProcess(f"process {pid} has exited (zombie); nothing to attach to")
         flags = int(fields[6]) if len(fields) > 6 and fields[6].isdigit() else 0
-        if pid == 2 or flags & PF_KTHREAD or (not self._cmdline(pid) and not self._has_exe(pid)):
-            name = comm.partition("(")[2]
+        if flags & PF_KTHREAD:  # the kernel's own mark; a PID 2 in a container is a user process
+            name = safe_text(comm.partition("(")[2])  # the comm is the target's to choose
             raise InputError(f"PID {pid} ({name}) is a kernel thread: only user processes can be profiled "
                              "(see `stacklens ps`)")
+        if not self._cmdline(pid) and not self._has_exe(pid):  # mm already released: exiting
+            raise NoSuchProcess(f"process {pid} is exiting; nothing to attach to")
         try:
             self.procfs.read(pid, "maps")
         except PermissionDenied:

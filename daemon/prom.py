@@ -12,14 +12,18 @@ of other users' processes) are exported only when asked for (`hotspots=True`; st
 `MetricsServer` serves the scrape without a thread per connection (prometheus_client's
 `start_http_server` spawns one per connection, with no timeout: 300 idle connections from any user
 gave the root daemon 96 threads). One selector thread holds up to MAX_CONNECTIONS open connections
-(the oldest idle one is closed to admit a new one; an idle one is closed after IDLE_TIMEOUT_S) and
-hands a connection whose request has started to a pool of WORKERS threads, which read it within
-IO_TIMEOUT_S. Threads: 1 + WORKERS, whatever clients do.
+(the oldest idle one is closed to admit a new one; an idle one is closed after IDLE_TIMEOUT_S),
+reads each request head itself without blocking (up to MAX_REQUEST_BYTES, within IO_TIMEOUT_S of its
+first byte) and hands only complete requests to a pool of WORKERS threads, so a client that sends a
+byte and stalls holds a slot, never a worker. When the process is out of file descriptors the
+listener is left alone for ACCEPT_PAUSE_S rather than polled in a spin. Threads: 1 + WORKERS,
+whatever clients do.
 """
 
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import selectors
 import socket
@@ -91,7 +95,7 @@ class StacklensCollector(Collector):
         top_k: int = 10,
         series_cap: int = 5_000,
         findings: Callable[[int, Snapshot], dict[str, int]] | None = None,
-        hotspots: bool = True,
+        hotspots: bool = False,
     ) -> None:
         self.sources = sources
         self.hotspots_on = hotspots
@@ -170,6 +174,7 @@ WORKERS = 2
 IDLE_TIMEOUT_S = 10.0
 IO_TIMEOUT_S = 5.0
 MAX_REQUEST_BYTES = 8192
+ACCEPT_PAUSE_S = 0.1            # listener off the selector after EMFILE/ENFILE
 
 
 class MetricsServer:
@@ -189,7 +194,11 @@ class MetricsServer:
         self._listener.setblocking(False)
         self.address = self._listener.getsockname()[:2]
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stacklens-metrics")
-        self._idle: collections.OrderedDict[socket.socket, float] = collections.OrderedDict()  # → deadline
+        # connections not handed to a worker, oldest first → deadline (not in order: a started
+        # request's is earlier)
+        self._idle: collections.OrderedDict[socket.socket, float] = collections.OrderedDict()
+        self._heads: dict[socket.socket, bytes] = {}  # request bytes read so far, per connection
+        self._accept_paused_until: float | None = None
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._stopping = False
@@ -207,6 +216,7 @@ class MetricsServer:
 
     def _drop(self, conn: socket.socket) -> None:
         self._idle.pop(conn, None)
+        self._heads.pop(conn, None)
         try:
             self._sel.unregister(conn)
         except (KeyError, ValueError):
@@ -216,7 +226,10 @@ class MetricsServer:
     def _loop(self) -> None:
         while not self._stopping:
             now = time.monotonic()
-            timeout = max(0.0, next(iter(self._idle.values())) - now) if self._idle else None
+            deadlines = list(self._idle.values())  # at most max_connections
+            if self._accept_paused_until is not None:
+                deadlines.append(self._accept_paused_until)
+            timeout = max(0.0, min(deadlines) - now) if deadlines else None
             for key, _ in self._sel.select(timeout):
                 sock = key.fileobj
                 if sock is self._wake_r:
@@ -224,21 +237,46 @@ class MetricsServer:
                 if sock is self._listener:
                     self._accept()
                     continue
-                # a request has started: off the selector, to a worker
-                self._idle.pop(sock, None)
-                self._sel.unregister(sock)
-                with self._busy_lock:
-                    self._busy += 1
-                try:
-                    self._pool.submit(self._serve, sock)
-                except RuntimeError:  # pool shut down
-                    self._served(sock)
+                self._read_head(sock)
             now = time.monotonic()
-            while self._idle and next(iter(self._idle.values())) <= now:
-                self._drop(next(iter(self._idle)))
+            if self._accept_paused_until is not None and self._accept_paused_until <= now:
+                self._accept_paused_until = None
+                self._sel.register(self._listener, selectors.EVENT_READ)
+            for conn in [c for c, t in self._idle.items() if t <= now]:
+                self._drop(conn)
                 self.closed_idle += 1
         for conn in list(self._idle):
             self._drop(conn)
+
+    def _read_head(self, conn: socket.socket) -> None:
+        """Reads what has arrived of `conn`'s request; a complete head goes to a worker."""
+        try:
+            chunk = conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # closed by the client, or reset
+            self._drop(conn)
+            return
+        data = self._heads.get(conn, b"") + chunk
+        if b"\r\n\r\n" not in data and b"\n\n" not in data:
+            if len(data) > MAX_REQUEST_BYTES:
+                self._drop(conn)
+                return
+            if conn not in self._heads:  # the request has started: it has IO_TIMEOUT_S to finish
+                self._idle[conn] = min(self._idle[conn], time.monotonic() + self.io_timeout_s)
+            self._heads[conn] = data
+            return
+        self._idle.pop(conn, None)
+        self._heads.pop(conn, None)
+        self._sel.unregister(conn)
+        with self._busy_lock:
+            self._busy += 1
+        try:
+            self._pool.submit(self._serve, conn, data)
+        except RuntimeError:  # pool shut down
+            self._served(conn)
 
     def _accept(self) -> None:
         for _ in range(64):
@@ -246,8 +284,14 @@ class MetricsServer:
                 conn, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # EMFILE and the like: try again at the next readiness
-                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # the pending connection stays queued and the listener readable: polling it
+                    # now would spin, so leave it until some descriptors may have been closed
+                    self._sel.unregister(self._listener)
+                    self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE_S
+                    return
+                continue  # ECONNABORTED and the like: that one connection is gone
             if len(self._idle) + self._busy >= self.max_connections:
                 if not self._idle:  # every slot is a request being served: refuse this one
                     conn.close()
@@ -259,21 +303,12 @@ class MetricsServer:
             self._idle[conn] = time.monotonic() + self.idle_timeout_s
             self._sel.register(conn, selectors.EVENT_READ)
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, data: bytes) -> None:
+        """Answers the complete request head `data` (read by the selector thread)."""
         from prometheus_client.exposition import choose_encoder
 
         try:
             deadline = time.monotonic() + self.io_timeout_s
-            data = b""
-            while b"\r\n\r\n" not in data and b"\n\n" not in data:
-                left = deadline - time.monotonic()
-                if left <= 0 or len(data) > MAX_REQUEST_BYTES:
-                    return
-                conn.settimeout(left)
-                chunk = conn.recv(4096)
-                if not chunk:
-                    return
-                data += chunk
             head = data.split(b"\n", 1)[0].decode("latin-1").split()
             headers = {}
             for line in data.decode("latin-1").split("\n")[1:]:

@@ -2,7 +2,8 @@
 
 - Ended sessions are retired to their final profile and capped: 2,000 attach/detach cycles of
   distinct processes keep RSS within 20% of the one-session level (issue 17 acceptance 7).
-- What cannot be profiled is refused with the reason: kernel threads, the daemon itself, PIDs
+- What cannot be profiled is refused with the reason: kernel threads (by PF_KTHREAD, the comm
+  escaped), zombies (as exited, not as kernel threads), the daemon itself, PIDs
   out of range, a PID 1 the kernel hides from root (not "run stacklens as root").
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -163,14 +165,33 @@ def test_kernel_threads_the_daemon_itself_and_bad_pids_are_refused():
     for pid in (0, -1, 2**31, 2**40):
         with pytest.raises(InputError, match="invalid PID"):
             d.attach(pid)
-    # a kernel thread by flags alone, and one with no cmdline and no exe (fake /proc)
+    # a kernel thread by flags alone, its comm escaped; no cmdline and no exe without the flag is a
+    # process on its way out, not a kernel thread (fake /proc)
     fake = Daemon(session_factory=lambda *a, **k: made.append(a), procfs=FakeProc({
-        (77, "stat"): _stat(77, "kworker/0:1", core.PF_KTHREAD | 0x40),
+        (77, "stat"): _stat(77, "kworker/0:1\x1b[2J", core.PF_KTHREAD | 0x40),
         (78, "stat"): _stat(78, "odd", 0), (78, "cmdline"): ""}))
-    for pid in (77, 78):
-        with pytest.raises(InputError, match="kernel thread"):
-            fake.attach(pid)
+    with pytest.raises(InputError, match="kernel thread") as e:
+        fake.attach(77)
+    assert "\x1b" not in str(e.value) and "kworker/0:1\\x1b[2J" in str(e.value)
+    with pytest.raises(NoSuchProcess, match="is exiting"):
+        fake.attach(78)
     assert not made and not d.sessions and not fake.sessions
+
+
+def test_a_zombie_is_refused_as_exited_not_as_a_kernel_thread():
+    made = []
+    d = Daemon(session_factory=lambda *a, **k: made.append(a))
+    child = subprocess.Popen(["true"])  # not waited for until the end: a zombie meanwhile
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child did not become a zombie"
+            time.sleep(0.01)
+        with pytest.raises(NoSuchProcess, match=f"process {child.pid} has exited \\(zombie\\)"):
+            d.attach(child.pid)
+    finally:
+        child.wait()
+    assert not made and not d.sessions
 
 
 def test_pid_1_hidden_from_root_is_refused_with_the_reason_not_run_as_root():

@@ -1,16 +1,22 @@
-"""Prometheus collector over snapshots: names, units, hotspot bound, and promtool's linter."""
+"""Prometheus collector over snapshots: names, units, hotspot bound (off by default), and promtool's
+linter; the endpoint: stalled clients hold no worker, EMFILE does not spin the selector."""
 
 from __future__ import annotations
 
+import errno
 import shutil
+import socket
 import subprocess
+import time
+import urllib.request
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from stacklens.cct import CCT, Frame
 from stacklens.daemon.join import DAEMON_METRICS
-from stacklens.daemon.prom import StacklensCollector, context_label
+from stacklens.daemon import prom
+from stacklens.daemon.prom import MetricsServer, StacklensCollector, context_label
 
 
 def make_snapshot(n_contexts: int, unavailable=("gpu_time_ns", "kernel_count")):
@@ -49,7 +55,8 @@ def test_totals_units_and_unavailable():
 
 def test_hotspots_bounded_to_k_plus_other_with_10000_contexts():
     snap = make_snapshot(10_000)
-    reg = registry_for(snap, top_k=10)
+    assert "stacklens_hotspot" not in generate_latest(registry_for(snap)).decode()  # off by default
+    reg = registry_for(snap, top_k=10, hotspots=True)
     text = generate_latest(reg).decode()
     series = [l for l in text.splitlines() if l.startswith("stacklens_hotspot_cpu_samples_total{")]
     assert len(series) == 11
@@ -65,7 +72,8 @@ def test_hotspots_bounded_to_k_plus_other_with_10000_contexts():
 
 def test_series_cap_counts_evictions():
     snap = make_snapshot(100)
-    coll = StacklensCollector(lambda: [(1, "a", "", snap, {}), (2, "b", "", snap, {})], top_k=10, series_cap=15)
+    coll = StacklensCollector(lambda: [(1, "a", "", snap, {}), (2, "b", "", snap, {})], top_k=10, series_cap=15,
+                              hotspots=True)
     reg = CollectorRegistry()
     reg.register(coll)
     text = generate_latest(reg).decode()
@@ -83,6 +91,62 @@ def test_context_label_is_short_and_bounded():
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
 def test_promtool_check_metrics_passes():
-    text = generate_latest(registry_for(make_snapshot(50))).decode()
+    text = generate_latest(registry_for(make_snapshot(50), hotspots=True)).decode()
     r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.fixture
+def server():
+    srv = MetricsServer(registry_for(make_snapshot(10)), "127.0.0.1", 0).start()
+    yield srv
+    srv.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_clients_that_send_one_byte_and_stall_do_not_starve_a_scrape(server):
+    stalled = [socket.create_connection(server.address) for _ in range(2 * prom.WORKERS)]
+    try:
+        for c in stalled:
+            c.sendall(b"G")
+        time.sleep(0.2)  # the stalled bytes have arrived before the scrape
+        t0 = time.monotonic()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{server.address[1]}/metrics", timeout=2).read().decode()
+        assert time.monotonic() - t0 < 2 and "stacklens_attached_processes 1.0" in text
+    finally:
+        for c in stalled:
+            c.close()
+
+
+class ExhaustedListener:
+    """The server's listener while the process is out of descriptors: accept fails with EMFILE."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.accepts = 0
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def accept(self):
+        self.accepts += 1
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.timeout(60)
+def test_emfile_pauses_the_listener_instead_of_spinning():
+    srv = MetricsServer(registry_for(make_snapshot(10)), "127.0.0.1", 0)
+    srv._listener = listener = ExhaustedListener(srv._listener)
+    srv.start()
+    client = socket.create_connection(srv.address)  # queued: the listener stays readable
+    try:
+        time.sleep(0.5)
+        # ~1 try per ACCEPT_PAUSE_S, where a spinning selector makes tens of thousands
+        assert 1 <= listener.accepts <= 2 + 0.5 / prom.ACCEPT_PAUSE_S, listener.accepts
+        assert srv._thread.is_alive()
+    finally:
+        client.close()
+        srv.shutdown()
