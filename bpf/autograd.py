@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 
 from stacklens.demangle import demangle
-from stacklens.elf import SHT_DYNSYM, ElfFile
+from stacklens.elf import SHT_DYNSYM, SHT_SYMTAB, ElfFile
 
 # cookie = index (autograd.bpf.c SL_AG_NEW, SL_AG_EVAL)
 NEW_SYMBOL = "_ZN5torch8autograd4impl17set_gradient_edgeERKN2at6TensorENS0_4EdgeE"
@@ -78,11 +78,13 @@ class VtableNames:
         self._starts: list[int] = []
         self._tables: list[tuple[int, int, dict[int, str]]] = []   # (start, end, {vptr: name})
 
-    def add(self, host_path: str, bias: int) -> int:
+    def add(self, host_path: str, bias: int, *, symtab: bool = False) -> int:
+        """symtab: also the static symbol table (libtorch_python hides PyNode's vtable there)."""
         names: dict[int, str] = {}
         lo, hi = 1 << 64, 0
         with ElfFile(host_path) as elf:
-            for sym, value, size in elf.iter_symbols((SHT_DYNSYM,), funcs_only=False,
+            for sym, value, size in elf.iter_symbols((SHT_DYNSYM, SHT_SYMTAB) if symtab else (SHT_DYNSYM,),
+                                                     funcs_only=False,
                                                      name_filter=b"8autograd"):
                 # vtables of classes in torch::autograd (nodes live there: generated::*,
                 # AccumulateGrad, PyNode, CppNode<...>, CopySlices, ...)

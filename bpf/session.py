@@ -51,6 +51,7 @@ _tuple_new = tuple.__new__  # Event is a tuple subclass (bpf/events.py)
 _NO_ARGS: dict = {}  # shared by every sample (Event.args is read-only by contract)
 _KIND = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+_NODE_LIBS_RE = re.compile(r"^libtorch_(python|cuda|hip)\.so")
 TRUNCATED = Frame.other("[truncated]")
 STACK_DEPTH = 127  # frames a BPF stack-map walk holds (perf_event_max_stack): a full walk may be cut
 INLINE_CACHE_MAX = 4096  # CPU samples' stacks kept by their addresses (≤ ~5 MiB; then it starts again)
@@ -458,6 +459,7 @@ class ProbeSession:
                                "(backward work keeps the stacks of the autograd threads)")
             return
         self._vtables.add(lib.host_path, bias)
+        self._add_node_classes(maps)
         if self._fallback:
             for i, sym in enumerate(autograd.SYMBOLS):
                 self._bpf.attach_uprobe(name=lib.host_path.encode(), sym=sym.encode(),
@@ -466,6 +468,20 @@ class ProbeSession:
             self._links.append(self._link(self._ag_entry.fd, lib.host_path,
                                           [offsets[s] for s in autograd.SYMBOLS], [0, 1]))
         self._notes.append("backward link: on (autograd nodes created and evaluated are probed)")
+
+    def _add_node_classes(self, maps) -> None:
+        """Node classes defined outside libtorch_cpu: PyNode (custom autograd.Function,
+        checkpoint) in libtorch_python, CUDA-only nodes in libtorch_cuda."""
+        from stacklens.elf import ElfFile
+
+        for lib in find_libraries(self.pid, _NODE_LIBS_RE, maps=maps):
+            mine = [m for m in maps if m.inode == lib.inode and m.dev == lib.dev]
+            try:
+                with ElfFile(lib.host_path) as elf:
+                    bias = elf.load_bias(mine)
+                self._vtables.add(lib.host_path, bias, symtab=True)
+            except (StacklensError, OSError):
+                continue   # its nodes keep their vtable address as the name
 
     def _node_event(self, kind: int, data, off: int, pid: int, tid: int, t: int, ops, pys) -> Event:
         """An autograd node event: its class (from the vtable), sequence number and forward thread."""

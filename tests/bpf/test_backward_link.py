@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,37 @@ def test_backward_samples_carry_the_forward_line_and_node(bpf_ok):
     assert link["autograd_linked"] > 0 and link["autograd_no_forward"] > 0, link
     # the forward of each layer is there too, apart from its backward
     assert by[("-", info["line_big"])] > 0 and by[("-", info["line_small"])] > 0
+
+
+def _line(tag: str) -> int:
+    path = Path(__file__).resolve().parents[1] / "targets" / "backward_checkpoint.py"
+    return next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.rstrip().endswith(tag))
+
+
+def test_reentrant_backward_nests_nodes(bpf_ok):
+    """The checkpointed block's nodes are current while they run, inside the outer PyNode, and
+    linked to the recomputation's forward line; the PyNode's own work sits under the line that
+    called checkpoint()."""
+    t = Target("backward_checkpoint.py")
+    try:
+        s = ProcessSession(t.pid, cpu_hz=SAMPLE_HZ)
+        s.start()
+        try:
+            deadline = time.monotonic() + PATIENCE_S
+            while True:
+                by = collections.Counter()
+                for path, excl in s.snapshot().iter_paths():
+                    n = excl.get("cpu_samples", 0)
+                    bwd = next((f.name for f in path if f.kind == "backward"), "-")
+                    lines = tuple(f.line for f in path if f.kind == "python" and f.file.endswith("backward_checkpoint.py"))
+                    by[(bwd, lines[-1] if lines else 0)] += n
+                if by[("AddmmBackward0", _line("# BLOCK_LINE"))] >= 50 or time.monotonic() > deadline:
+                    break
+                time.sleep(1.0)
+        finally:
+            s.stop()
+    finally:
+        t.proc.kill()
+    assert by[("AddmmBackward0", _line("# BLOCK_LINE"))] >= 50, by     # the inner nodes, linked
+    assert by[("AddmmBackward0", _line("# OUTER_LINE"))] > 0, by       # the outer layer's node
+    assert by[("PyNode", _line("# CHECKPOINT_LINE"))] > 0, by          # the outer node itself
