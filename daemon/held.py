@@ -5,9 +5,9 @@ Requires ptrace of our own child only (PTRACE_TRACEME: any yama scope below 3). 
 are x86-64 (int3); elsewhere the program is held at its exec only. Cost: two or three stops of
 the child before its first Python line, milliseconds.
 
-How: the child calls ptrace(PTRACE_TRACEME) before exec, so the kernel stops it right after the
-exec, in the clean image of the new program (stopping it before the exec, e.g. with SIGSTOP,
-would show the probes our own forked image). The dynamic loader has not mapped libpython yet
+How: a fresh interpreter (_LAUNCHER) calls ptrace(PTRACE_TRACEME) and execs the command, so
+the kernel stops it right after the exec, in the clean image of the new program (stopping it
+before the exec, e.g. with SIGSTOP, would show the probes our own forked image). The dynamic loader has not mapped libpython yet
 there, so a first breakpoint at the program's entry point lets it do that; a Python program is
 then let run to its first `_PyEval_EvalFrameDefault` call (the first Python code, inside
 Py_Initialize), where the interpreter and its main thread state exist and the script has not
@@ -24,7 +24,9 @@ import os
 import platform
 import signal
 import struct
+import shutil
 import subprocess
+import sys
 
 from stacklens.errors import AttachError, InputError, NoSuchProcess
 
@@ -52,8 +54,20 @@ def _ptrace(req: int, pid: int, addr: int = 0, data: int = 0) -> int:
     return r & 0xFFFF_FFFF_FFFF_FFFF
 
 
-def _traceme() -> None:  # runs in the child between fork and exec
-    _libc.ptrace(PTRACE_TRACEME, 0, None, None)
+# The traced start goes through a fresh interpreter that asks to be traced and execs the command:
+# Python code between fork and exec (subprocess's preexec_fn) runs the parent's fork handlers in
+# the child, and in a process that has used gRPC those abort it (SIGABRT, seen in the test suite).
+_LAUNCHER = ("import ctypes, os, sys; ctypes.CDLL(None).ptrace(0, 0, 0, 0); "
+             "os.execv(sys.argv[1], sys.argv[2:])")
+
+
+def _resolve(cmd0: str) -> str:
+    path = shutil.which(cmd0) if os.sep not in cmd0 else cmd0
+    if path is None or not os.path.exists(path):
+        raise InputError(f"cannot run {cmd0!r}: No such file or directory; check the command and PATH")
+    if not os.access(path, os.X_OK):
+        raise InputError(f"cannot run {cmd0!r}: Permission denied; check the command and PATH")
+    return path
 
 
 class HeldCommand:
@@ -65,7 +79,8 @@ class HeldCommand:
         self.notes: list[str] = []
         self._traced = True
         try:
-            self.proc = subprocess.Popen(cmd, preexec_fn=_traceme, **popen_kw)
+            self.proc = subprocess.Popen([sys.executable, "-S", "-E", "-c", _LAUNCHER, _resolve(cmd[0]), *cmd],
+                                         **popen_kw)
         except (FileNotFoundError, PermissionError) as e:
             raise InputError(f"cannot run {cmd[0]!r}: {e.strerror}; check the command and PATH") from e
         self.pid = self.proc.pid

@@ -18,7 +18,7 @@ from stacklens.errors import InputError
 def held_cls():
     from stacklens.daemon import held
 
-    probe = subprocess.Popen([sys.executable, "-c", "pass"], preexec_fn=held._traceme)
+    probe = subprocess.Popen([sys.executable, "-S", "-E", "-c", held._LAUNCHER, sys.executable, "python", "-c", "pass"])
     _, status = os.waitpid(probe.pid, 0)
     if not os.WIFSTOPPED(status):
         pytest.skip("ptrace(PTRACE_TRACEME) is refused here (yama ptrace_scope 3?)")
