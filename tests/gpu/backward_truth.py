@@ -154,17 +154,23 @@ def module_of_frames(frames) -> str:
     return NO_MODULE
 
 
-def ours_by_module(snap, steps: int) -> dict:
-    """{(module class, phase): kernel µs per step}: the innermost `Class.forward` frame above the
-    kernel (above the `backward:` frame for backward work, i.e. in its forward context)."""
-    out: dict = defaultdict(float)
+def _kernel_paths(snap, steps: int):
+    """(frames above the kernel's backward frame — its forward context — or the whole path,
+    phase, kernel µs per step) for every path with GPU time, copies and memsets left out."""
     for path, excl in snap.iter_paths():
         ns = excl.get("gpu_time_ns", 0)
         if not ns or any(f.kind in ("memcpy", "memset") for f in path):
             continue
         cut = next((k for k, f in enumerate(path) if f.kind == "backward"), None)
-        above = path[:cut] if cut is not None else path
-        out[(module_of_frames(above), "bwd" if cut is not None else "fwd")] += ns / 1e3 / steps
+        yield (path[:cut] if cut is not None else path), ("bwd" if cut is not None else "fwd"), ns / 1e3 / steps
+
+
+def ours_by_module(snap, steps: int) -> dict:
+    """{(module class, phase): kernel µs per step}: the innermost `Class.forward` frame above the
+    kernel (above the `backward:` frame for backward work, i.e. in its forward context)."""
+    out: dict = defaultdict(float)
+    for above, phase, us in _kernel_paths(snap, steps):
+        out[(module_of_frames(above), phase)] += us
     return dict(out)
 
 
@@ -199,16 +205,9 @@ def _depth(events: list[dict], i: int) -> int:
 def ours_by_line(snap, is_model: Callable[[str], bool], steps: int) -> dict:
     """{(file, line, phase): kernel µs per step} from a window of stacklens' tree."""
     out: dict = defaultdict(float)
-    for path, excl in snap.iter_paths():
-        ns = excl.get("gpu_time_ns", 0)
-        if not ns or any(f.kind in ("memcpy", "memset") for f in path):
-            continue
-        cut = next((k for k, f in enumerate(path) if f.kind == "backward"), None)
-        above = path[:cut] if cut is not None else path
-        frames = [(f.file, f.line) for f in reversed(above) if f.kind == "python"]
-        line = innermost(frames, is_model)
-        out[(line[0] if line else None, line[1] if line else None,
-             "bwd" if cut is not None else "fwd")] += ns / 1e3 / steps
+    for above, phase, us in _kernel_paths(snap, steps):
+        line = innermost([(f.file, f.line) for f in reversed(above) if f.kind == "python"], is_model)
+        out[(line[0] if line else None, line[1] if line else None, phase)] += us
     return dict(out)
 
 
