@@ -60,9 +60,16 @@ def _internal(context: grpc.ServicerContext, name: str, e: Exception):
                   "see the stacklensd log and report it")
 
 
+def _fail(context: grpc.ServicerContext, name: str, err: Exception) -> None:
+    if isinstance(err, StacklensError):
+        _abort(context, err)
+    _internal(context, name, err)      # a bug: INTERNAL, logged once
+
+
 def rpc(fn):
     """Maps what a handler raises to a status: StacklensError → its code, anything else → INTERNAL.
-    Handlers never call context.abort themselves."""
+    Handlers never call context.abort themselves. (The status is set outside the `except`, so the
+    abort does not chain the handler's exception.)"""
     name = fn.__name__
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
@@ -70,13 +77,9 @@ def rpc(fn):
             try:
                 yield from fn(self, request, context)
                 return
-            except StacklensError as e:
-                err: Exception = e
-            except Exception as e:  # noqa: BLE001 — a bug: INTERNAL, logged once
+            except Exception as e:  # noqa: BLE001 — mapped by _fail
                 err = e
-            if isinstance(err, StacklensError):
-                _abort(context, err)
-            _internal(context, name, err)
+            _fail(context, name, err)
 
         return stream
 
@@ -84,13 +87,9 @@ def rpc(fn):
     def unary(self, request, context):
         try:
             return fn(self, request, context)
-        except StacklensError as e:
-            err: Exception = e
-        except Exception as e:  # noqa: BLE001 — a bug: INTERNAL, logged once
+        except Exception as e:  # noqa: BLE001 — mapped by _fail
             err = e
-        if isinstance(err, StacklensError):
-            _abort(context, err)
-        _internal(context, name, err)
+        _fail(context, name, err)
 
     return unary
 
