@@ -227,6 +227,28 @@ PARTIAL = {"api_cpu_ns": "kernel launch API time is not measured: launch probes 
                          "synchronous copies"}
 
 
+def _claim_from(q, last_claims: dict, api: Any, dropped) -> Any:
+    """The pending call (of queue `q`, sorted by time) that CUPTI API record `api` claims: the
+    last one that entered before the record ended, if it entered no earlier than CLAIM_EARLY_NS
+    before its start; the calls before it were never reported (`dropped` gets each). Else the
+    thread's last claim, when it lies inside the record (a runtime record around its driver
+    record). None when nothing fits."""
+    hi = api.end_ns + CLAIM_SLACK_NS
+    n = 0
+    if q:
+        while n < len(q) and q[n].ktime_ns <= hi:
+            n += 1
+    if n and q[n - 1].ktime_ns >= api.start_ns - CLAIM_EARLY_NS:
+        for _ in range(n - 1):
+            dropped(q.popleft())
+        claim = last_claims[api.tid] = q.popleft()
+        return claim
+    last = last_claims.get(api.tid)
+    if last is not None and api.start_ns - CLAIM_EARLY_NS <= last.ktime_ns <= hi:
+        return last
+    return None
+
+
 @dataclass
 class JoinStats:
     events: int = 0
@@ -476,23 +498,7 @@ class Joiner:
         first) claims the BPF event; the enclosing runtime record then maps its correlation id to
         the same path, so kernels correlated with either land on it.
         """
-        q = self._pending.get(api.tid)
-        hi = api.end_ns + CLAIM_SLACK_NS
-        n = 0
-        if q:
-            while n < len(q) and q[n].ktime_ns <= hi:
-                n += 1
-        claim = None
-        if n and q[n - 1].ktime_ns >= api.start_ns - CLAIM_EARLY_NS:
-            for _ in range(n - 1):
-                q.popleft()
-                self.stats.launches_unmatched += 1
-            claim = q.popleft()
-            self._last_claim[api.tid] = claim
-        else:
-            last = self._last_claim.get(api.tid)
-            if last is not None and api.start_ns - CLAIM_EARLY_NS <= last.ktime_ns <= hi:
-                claim = last
+        claim = _claim_from(self._pending.get(api.tid), self._last_claim, api, self._launch_dropped)
         if claim is None:
             return
         self._by_correlation[api.correlation_id] = claim.path
@@ -637,25 +643,13 @@ class Joiner:
                     self._charge_copy(None, old)
         w[1].append(rec)
 
+    def _launch_dropped(self, _pending: Any) -> None:
+        self.stats.launches_unmatched += 1
+
     def _claim_copy(self, api: Any) -> None:
         """A CUPTI API record of a copy/memset call claims the thread's pending call inside its
         interval (`_claim`'s rule); calls before it were never reported and keep their own bytes."""
-        q = self._pending_copies.get(api.tid)
-        hi = api.end_ns + CLAIM_SLACK_NS
-        n = 0
-        if q:
-            while n < len(q) and q[n].ktime_ns <= hi:
-                n += 1
-        claim = None
-        if n and q[n - 1].ktime_ns >= api.start_ns - CLAIM_EARLY_NS:
-            for _ in range(n - 1):
-                self._copy_dropped(q.popleft())
-            claim = q.popleft()
-            self._last_copy_claim[api.tid] = claim
-        else:
-            last = self._last_copy_claim.get(api.tid)   # a runtime record around its driver record
-            if last is not None and api.start_ns - CLAIM_EARLY_NS <= last.ktime_ns <= hi:
-                claim = last
+        claim = _claim_from(self._pending_copies.get(api.tid), self._last_copy_claim, api, self._copy_dropped)
         if claim is None:
             return
         self._copy_by_corr[api.correlation_id] = claim
