@@ -23,13 +23,32 @@ THREAD_NAME = "stacklens-agent"
 # target's own release period the waiter times out, sets the drop request, and CPython's forced
 # switching hands it the GIL.
 SWITCH_INTERVAL_S = 0.0005
+# sys.modules entry, present while an agent runs: the program's own interval and how many agents
+# run on the fast one. An agent finishing its detach while the next one starts must not restore
+# the program's interval under it (measured: the next agent then starved and never stopped).
+GIL_STATE_MODULE = "_stacklens_gil"
 
 _BODY = '''
 try:
     import sys, threading
     if not any(t.name == {name!r} for t in threading.enumerate()):
-        prev = sys.getswitchinterval()
-        fast = min(prev, {switch_s!r})
+        import types
+        gil = sys.modules.get({gil!r})
+        if gil is None:                   # the program's interval, kept while any agent runs
+            gil = types.ModuleType({gil!r})
+            gil.prev = sys.getswitchinterval()
+            gil.users = 0
+            gil.fast = min(gil.prev, {switch_s!r})
+            sys.modules[{gil!r}] = gil
+        gil.users += 1
+        def release(gil=gil):
+            # the last agent out restores the program's interval (unless it changed it since):
+            # an exiting agent must not undo the fast interval the next one runs on
+            gil.users -= 1
+            if gil.users <= 0:
+                sys.modules.pop({gil!r}, None)
+                if sys.getswitchinterval() == gil.fast:
+                    sys.setswitchinterval(gil.prev)
         def run(path={sock!r}, d={agent_dir!r}, token={token!r}, name={modname!r}):
             import socket
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -38,6 +57,7 @@ try:
                 s.connect(path)
             except OSError:
                 s.close()
+                release()
                 return
             held = [s]
             def in_child(held=held):
@@ -46,6 +66,7 @@ try:
                 try:
                     c = held.pop()
                     c.close()
+                    release()                 # no agent runs in the child
                 except BaseException:
                     pass
             try:
@@ -66,16 +87,22 @@ try:
             except BaseException:
                 pass
             finally:
-                s.close()
-                held.clear()              # the fork hook stays registered: from now on it does nothing
+                # the socket last: once the daemon sees it close, the interval is the program's
+                # again (this thread may then wait long for the GIL; it has nothing left to do)
                 for n in [n for n in list(sys.modules) if n.split('.')[0] == name]:
                     sys.modules.pop(n, None)
-                if fast < prev and sys.getswitchinterval() == fast:
-                    sys.setswitchinterval(prev)   # as it was (unless the program changed it since)
-        if fast < prev:
-            sys.setswitchinterval(fast)
+                if held:
+                    held.clear()          # the fork hook stays registered: from now on it does nothing
+                    release()
+                s.close()
+        if sys.getswitchinterval() > gil.fast:
+            sys.setswitchinterval(gil.fast)
         t = threading.Thread(target=run, name={name!r}, daemon=True)
-        t.start()
+        try:
+            t.start()
+        except BaseException:
+            release()
+            raise
         try:
             with open('/proc/self/task/%d/comm' % t.native_id, 'w') as f:
                 f.write({name!r}[:15])
@@ -95,7 +122,8 @@ def bootstrap_body(socket_path: str, agent_dir: str, token: str, nonce: str = "0
     if not nonce.isalnum():
         raise ValueError("nonce must be alphanumeric")
     return _BODY.format(name=THREAD_NAME, sock=socket_path, agent_dir=agent_dir, token=token,
-                        modname=f"_stacklens_agent_{nonce}", switch_s=SWITCH_INTERVAL_S)
+                        modname=f"_stacklens_agent_{nonce}", switch_s=SWITCH_INTERVAL_S,
+                        gil=GIL_STATE_MODULE)
 
 
 def pending_call_text(socket_path: str, agent_dir: str, token: str, nonce: str = "0") -> bytes:

@@ -165,3 +165,53 @@ def test_bootstrap_and_agent_switch_intervals_unwind_in_order(tmp_path):
         srv.close()
         _wait(lambda: not _agent_threads(), 5)
         sys.setswitchinterval(before)
+
+
+_SLOW_EXIT_AGENT = '''
+import sys, threading
+def main(sock, token):
+    hold = sys.modules["_test_slow_exit"]
+    threading.current_thread().name = "stacklens-agent-exiting"
+    hold.exiting.set()
+    hold.release.wait(10)
+'''
+
+
+def test_an_exiting_agent_does_not_restore_the_interval_under_the_next_one(tmp_path):
+    """Agent A is past its rename ("-exiting") but its bootstrap has not finished; agent B starts
+    meanwhile. A's exit must leave B's fast interval alone (it used to restore the program's: B then
+    starved on a main thread that releases the GIL often, and never stopped); B's exit restores it."""
+    import types
+    from stacklens.inject.bootstrap import GIL_STATE_MODULE, SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    slow_dir = tmp_path / "slow"
+    slow_dir.mkdir()
+    (slow_dir / "__init__.py").write_text(_SLOW_EXIT_AGENT)
+    hold = types.ModuleType("_test_slow_exit")
+    hold.exiting, hold.release = threading.Event(), threading.Event()
+    sys.modules["_test_slow_exit"] = hold
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "a.sock"))
+    listener.listen(1)
+    srv = AgentServer(os.getpid(), tmp_path / "agents", config={"sample_hz": 50, "gpu": False})
+    try:
+        exec(bootstrap_body(str(tmp_path / "a.sock"), str(slow_dir), "tok", nonce="a"), {})
+        assert hold.exiting.wait(5)
+        assert sys.getswitchinterval() == SWITCH_INTERVAL_S
+        exec(bootstrap_body(srv.target_path, srv.target_agent_dir, srv.token, nonce="b"), {})
+        assert srv.wait_hello(5)
+        hold.release.set()                                   # A's bootstrap finishes under B
+        assert _wait(lambda: not any(t.name.endswith("-exiting") for t in threading.enumerate()), 5)
+        assert sys.getswitchinterval() == SWITCH_INTERVAL_S  # B still runs on the fast interval
+        assert sys.modules[GIL_STATE_MODULE].users == 1
+        assert srv.stop_agent(5)
+        assert _wait(lambda: not _agent_threads(), 5)
+        assert sys.getswitchinterval() == before             # the last one out restored it
+        assert GIL_STATE_MODULE not in sys.modules
+    finally:
+        hold.release.set()
+        srv.close()
+        listener.close()
+        sys.modules.pop("_test_slow_exit", None)
+        sys.setswitchinterval(before)
