@@ -8,8 +8,10 @@ weights), attached by PID after warm-up:
 1. attribution: stacklens with the agent over `steps` steps (window = diff of two settled
    snapshots), then the same number of steps under torch.profiler (`truth`); per model line and
    module class, forward and backward GPU time on both sides (tests/gpu/backward_truth.py);
-2. overhead: interleaved rounds of unprofiled / probes with the link / probes without it
-   (ProbeConfig(autograd=False)), `bench-steps` steps each: median step times side by side.
+2. overhead: rounds of unprofiled / probes with the link / probes without it
+   (ProbeConfig(autograd=False)) / unprofiled, `bench-steps` steps each: each variant's median step
+   over its round's unprofiled ones, the median over rounds; and the target's CPU time per step.
+A workload `resnet50:256` runs ResNet-50 at batch 256 (default 64).
 Writes DIR/backward.json and DIR/backward.md; exit 0 iff every workload passed acceptance 1.
 """
 
@@ -111,24 +113,44 @@ def attribution(t, steps: int, out: Path, workload: str) -> dict:
 
 
 def overhead(t, rounds: int, n: int) -> dict:
+    """Rounds of unprofiled, each variant, unprofiled again (the variants' order reversed every other
+    round): each variant's step time over the mean of its round's two unprofiled phases, so a drift
+    of the machine between rounds (unprofiled medians moved 14% within run 24) cancels. Also the
+    target's CPU time per step (host-bound steps: where the probes' cost lands)."""
     from stacklens.daemon.session import ProcessSession
 
-    phases: dict = {"unprofiled": [], **{v: [] for v in VARIANTS}}
-    for _ in range(rounds):
-        for name in phases:
+    names = ["unprofiled", *VARIANTS]
+    phases: dict = {k: [] for k in names}
+    cpu: dict = {k: [] for k in names}
+    paired: dict = {v: [] for v in VARIANTS}
+    for r in range(rounds):
+        order = list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))
+        here: dict = {}
+        for name in ["unprofiled", *order, "unprofiled"]:
             if name == "unprofiled":
-                phases[name].append(t.cmd(f"run {n}", timeout=600)["median_s"])
-                continue
-            s = ProcessSession(t.pid, probe_factory=_probes(VARIANTS[name]))
-            s.start()
-            try:
-                t.cmd("run 3", timeout=300)
-                phases[name].append(t.cmd(f"run {n}", timeout=600)["median_s"])
-            finally:
-                s.stop()
+                ans = t.cmd(f"run {n}", timeout=600)
+            else:
+                s = ProcessSession(t.pid, probe_factory=_probes(VARIANTS[name]))
+                s.start()
+                try:
+                    t.cmd("run 3", timeout=300)
+                    ans = t.cmd(f"run {n}", timeout=600)
+                finally:
+                    s.stop()
+            phases[name].append(ans["median_s"])
+            cpu[name].append(ans["cpu_process_s"] / n)
+            here.setdefault(name, []).append(ans["median_s"])
+        base = statistics.mean(here["unprofiled"])
+        for v in VARIANTS:
+            paired[v].append(here[v][0] / base)
     base = statistics.median(phases["unprofiled"])
+    cpu_base = statistics.median(cpu["unprofiled"])
     return {"median_step_s": {k: [round(x, 6) for x in v] for k, v in phases.items()},
-            "ratio": {k: round(statistics.median(v) / base, 4) for k, v in phases.items()}}
+            "cpu_per_step_s": {k: [round(x, 6) for x in v] for k, v in cpu.items()},
+            "paired_ratio": {v: [round(x, 4) for x in xs] for v, xs in paired.items()},
+            "ratio": {v: round(statistics.median(xs), 4) for v, xs in paired.items()},
+            "pooled_ratio": {k: round(statistics.median(v) / base, 4) for k, v in phases.items()},
+            "cpu_ratio": {k: round(statistics.median(v) / cpu_base, 4) for k, v in cpu.items()}}
 
 
 def main(argv=None) -> int:
@@ -155,12 +177,14 @@ def main(argv=None) -> int:
     for w in a.workloads.split(","):
         rec: dict = {}
         results[w] = rec
-        t = Target("gpu_workloads.py", [w, "--warmup", "10"] + (["--cpu-smoke"] if a.cpu_smoke else []),
+        name, _, batch = w.partition(":")        # resnet50:256 = batch 256
+        t = Target("gpu_workloads.py", [name, "--warmup", "10"] + (["--batch", batch] if batch else [])
+                   + (["--cpu-smoke"] if a.cpu_smoke else []),
                    stderr_path=str(out / f"{w}.stderr.log"), env=env)
         try:
             rec["target"] = t.info
             if not a.skip_attribution:
-                rec["attribution"] = attribution(t, a.steps, out, w)
+                rec["attribution"] = attribution(t, a.steps, out, name)
             if a.rounds:
                 rec["overhead"] = overhead(t, a.rounds, a.bench_steps)
         except Exception:  # noqa: BLE001 — the next workload still runs
@@ -169,15 +193,17 @@ def main(argv=None) -> int:
             t.close()
         (out / "backward.json").write_text(json.dumps(results, indent=1, default=str))
     lines = ["| workload | backward GPU time with a model line | worst class error | truth backward share | "
-             "probes+link | probes, no link | pass |", "|---|---|---|---|---|---|---|"]
+             "probes+link | probes, no link | CPU/step link, no link | pass |", "|---|---|---|---|---|---|---|---|"]
     ok = True
     for w, rec in results.items():
         c = dict(rec.get("attribution", {}).get("compare", {}))
         c["worst_class_error"] = rec.get("attribution", {}).get("modules", {}).get("worst_class_error")
         r = rec.get("overhead", {}).get("ratio", {})
+        cr = rec.get("overhead", {}).get("cpu_ratio", {})
         ok &= bool(c.get("pass")) or a.skip_attribution
         lines.append(f"| {w} | {c.get('ours_backward_with_line')} | {c.get('worst_class_error')} | "
                      f"{c.get('truth_backward_share')} | {r.get('probes_link')} | {r.get('probes_no_link')} | "
+                     f"{cr.get('probes_link')}, {cr.get('probes_no_link')} | "
                      f"{c.get('pass')} |")
     (out / "backward.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -50,3 +50,21 @@ def test_time_off_by_more_than_5pct_and_unjoined_copies_fail():
     assert not v["cp_h2d_pageable memcpy:HtoD (Pageable -> Device)"][0]
     assert not v["nothing_unjoined"][0]
     assert v["ms_memset memset:Device"][0]
+
+
+def test_truth_of_a_label_one_function_owns_comes_from_whole_steps():
+    whole = [prof({"Memcpy HtoD (Pageable -> Device)": ("gpu_memcpy", K, K * 705_000),
+                   "Memset (Device)": ("gpu_memset", K, K * 12_000)})] * 2
+    a = analyze(tree(), PROF, K, whole)
+    h2d = a["functions"]["cp_h2d_pageable"]["memcpy:HtoD (Pageable -> Device)"]
+    assert h2d["truth_from"] == "same step" and h2d["truth_gpu_time_ns"] == K * 705_000
+    assert h2d["truth_alone_ns"] == K * 705_000 and h2d["rel_err"] == 0
+    ms = a["functions"]["ms_memset"]["memset:Device"]
+    assert ms["truth_from"] == "same step" and not checks({"analysis": a})["ms_memset memset:Device"][0]
+
+
+def test_a_label_two_functions_produce_keeps_the_truth_alone():
+    both = dict(PROF, cp_other=[prof({"Memset (Device)": ("gpu_memset", K, K * 9_000)})] * 2)
+    whole = [prof({"Memset (Device)": ("gpu_memset", 2 * K, 2 * K * 12_000)})] * 2
+    ms = analyze(tree(), both, K, whole)["functions"]["ms_memset"]["memset:Device"]
+    assert ms["truth_from"] == "alone" and ms["truth_gpu_time_ns"] == K * 9_000

@@ -15,6 +15,9 @@ One step = each function once, then the device synchronized. Prints `ready {json
   prof K FN       K calls of FN alone under torch.profiler (CPU+CUDA), after a warm-up step whose
                   records are dropped: the trace's gpu_memcpy / gpu_memset / kernel events summed
                   per name → {"cmd":"prof","fn":FN,"events":{name:{"cat":c,"count":n,"dur_ns":d}}}
+  prof_go K       K steps (the work `go` does) under torch.profiler, likewise →
+                  {"cmd":"prof_go","steps":K,"events":{...}}: the same GPU work the window saw (a
+                  copy's time depends on its neighbours: caches, copy engines, idle gaps)
   quit
 """
 
@@ -111,6 +114,26 @@ def events_of_trace(path: str) -> dict[str, dict]:
     return out
 
 
+def profiled(k: int, body) -> dict[str, dict]:
+    """k calls of body under torch.profiler, after one warm-up call whose records are dropped."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    sched = schedule(wait=0, warmup=1, active=1, repeat=1)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=sched) as prof:
+        body()
+        prof.step()
+        for _ in range(k):
+            body()
+        prof.step()
+    fd, path = tempfile.mkstemp(prefix="stacklens-copies-", suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        return events_of_trace(path)
+    finally:
+        os.unlink(path)
+
+
 def main() -> int:
     for _ in range(args.warmup):
         step()
@@ -132,26 +155,16 @@ def main() -> int:
                 print(json.dumps({"cmd": "go", "steps": k, "wall_s": time.perf_counter() - t,
                                   "calls": {name: k for name in FUNCS}}), flush=True)
             elif parts[0] == "prof":
-                from torch.profiler import ProfilerActivity, profile, schedule
-
                 k, fn = int(parts[1]), FUNCS[parts[2]]
-                sched = schedule(wait=0, warmup=1, active=1, repeat=1)
-                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=sched) as prof:
+
+                def alone(fn=fn):
                     fn()
                     torch.cuda.synchronize()
-                    prof.step()
-                    for _ in range(k):
-                        fn()
-                        torch.cuda.synchronize()
-                    prof.step()
-                fd, path = tempfile.mkstemp(prefix="stacklens-copies-", suffix=".json")
-                os.close(fd)
-                try:
-                    prof.export_chrome_trace(path)
-                    evs = events_of_trace(path)
-                finally:
-                    os.unlink(path)
+                evs = profiled(k, alone)
                 print(json.dumps({"cmd": "prof", "fn": parts[2], "calls": k, "events": evs}), flush=True)
+            elif parts[0] == "prof_go":
+                k = int(parts[1])
+                print(json.dumps({"cmd": "prof_go", "steps": k, "events": profiled(k, step)}), flush=True)
             else:
                 print(json.dumps({"cmd": parts[0], "error": f"unknown command {parts[0]!r}"}), flush=True)
         except Exception as e:  # noqa: BLE001

@@ -88,7 +88,7 @@ def _resnet50_fallback(num_classes: int):
     return nn.Sequential(*layers)
 
 
-def build_resnet50(dev, smoke: bool):
+def build_resnet50(dev, smoke: bool, batch: int | None = None):
     import torch
     import torch.nn.functional as F
 
@@ -100,7 +100,8 @@ def build_resnet50(dev, smoke: bool):
     except Exception as e:  # noqa: BLE001 — fall back to the same architecture built here
         model = _resnet50_fallback(1000)
         impl = f"built-in resnet50 (torchvision unavailable: {type(e).__name__})"
-    batch, size = (2, 32) if smoke else (64, 224)
+    size = 32 if smoke else 224
+    batch = batch or (2 if smoke else 64)
     model = model.to(dev).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(batch, 3, size, size, device=dev)
@@ -338,6 +339,7 @@ def main() -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on the CPU")
     ap.add_argument("--device", default="auto", help="cuda | cpu | auto")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps before `ready`")
+    ap.add_argument("--batch", type=int, default=None, help="batch size (resnet50; default 64)")
     a = ap.parse_args()
 
     is_torch = a.workload != "jax"
@@ -354,7 +356,7 @@ def main() -> int:
             torch.set_num_threads(1)
         cuda = dev.type == "cuda"
         sync = torch.cuda.synchronize if cuda else (lambda: None)
-        step, impl = TORCH_BUILDERS[a.workload](dev, a.cpu_smoke)
+        step, impl = TORCH_BUILDERS[a.workload](dev, a.cpu_smoke, **({"batch": a.batch} if a.batch else {}))
         info.update(torch=torch.__version__, device=str(dev),
                     gpu=torch.cuda.get_device_name(0) if cuda else None)
     else:
