@@ -88,7 +88,7 @@ def empty_probe_cost(t: Target, libdir: Path, n: int, reps: int, base: float) ->
     """The same loop with an empty program on cuLaunchKernel: what a uprobe hit costs here."""
     from bcc import BPF
 
-    from stacklens.elf import ElfFile
+    from stacklens.introspect.elf import ElfFile
     from stacklens.bpf.uprobe_multi import BPF_TRACE_UPROBE_MULTI, attach_uprobe_multi
 
     with ElfFile(str(libdir / "libcuda.so.1")) as elf:

@@ -111,7 +111,7 @@ def timing(lib: str, n: int) -> dict:
 
 def entry_bytes(path: str, names: list[str] | None, name_filter: bytes | None = None,
                 limit: int = 0) -> dict[str, str]:
-    from stacklens.elf import ElfFile
+    from stacklens.introspect.elf import ElfFile
 
     out = {}
     with ElfFile(path) as e, open(path, "rb") as f:

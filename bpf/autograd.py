@@ -11,8 +11,8 @@ import bisect
 import struct
 from dataclasses import dataclass
 
-from stacklens.demangle import demangle
-from stacklens.elf import SHT_DYNSYM, SHT_SYMTAB, ElfFile
+from stacklens.introspect.demangle import demangle
+from stacklens.introspect.elf import SHT_DYNSYM, SHT_SYMTAB, ElfFile
 
 # cookie = index (autograd.bpf.c SL_AG_NEW, SL_AG_EVAL)
 NEW_SYMBOL = "_ZN5torch8autograd4impl17set_gradient_edgeERKN2at6TensorENS0_4EdgeE"

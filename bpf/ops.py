@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from stacklens.elf import SHT_DYNSYM, ElfFile
+from stacklens.introspect.elf import SHT_DYNSYM, ElfFile
 
 LIBTORCH_RE = re.compile(r"^libtorch_cpu\.so")
 _PREFIX = "_ZN2at4_ops"

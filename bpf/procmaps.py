@@ -1,6 +1,6 @@
 """Library discovery and native-frame symbolization from /proc/PID/maps.
 
-Maps are parsed by `stacklens.procfs`, ELF files read by `stacklens.elf`. No privileges beyond
+Maps are parsed by `stacklens.introspect.procfs`, ELF files read by `stacklens.introspect.elf`. No privileges beyond
 reading /proc/PID (root for other users' processes). Files are opened through /proc/PID/root so
 a target in a container resolves to its own files. Symbol tables are cached per (device, inode,
 mtime), so each file is parsed once per daemon however many processes map it.
@@ -29,10 +29,10 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from stacklens.demangle import demangle
-from stacklens.elf import ElfFile, SymbolTable
+from stacklens.introspect.demangle import demangle
+from stacklens.introspect.elf import ElfFile, SymbolTable
 from stacklens.errors import NoSuchProcess
-from stacklens.procfs import Mapping, ProcFS
+from stacklens.introspect.procfs import Mapping, ProcFS
 
 from .frames import Frame
 

@@ -29,9 +29,9 @@ from typing import Iterator, Optional
 
 from stacklens.bpf import python_layouts as pl
 from stacklens.bpf.pysym import ProcessMemory, MemoryReadError
-from stacklens.elf import ElfFile
+from stacklens.introspect.elf import ElfFile
 from stacklens.errors import AttachError, NoSuchProcess, PermissionDenied, UnsupportedVersion
-from stacklens.procfs import Mapping, ProcFS
+from stacklens.introspect.procfs import Mapping, ProcFS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,7 +77,7 @@ def read_u64(mem: ProcessMemory, addr: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# /proc/PID/maps (stacklens.procfs) and ELF (stacklens.elf)
+# /proc/PID/maps (stacklens.introspect.procfs) and ELF (stacklens.introspect.elf)
 
 # what _identify needs from the file that holds the runtime
 _SYMBOLS = frozenset({"_PyRuntime", "Py_Version", "PyCode_Type"})

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from stacklens.errors import (AttachError, InputError, NoSuchProcess, NotApplicable, PermissionDenied,
                               StacklensError, UnsupportedVersion)
-from stacklens.procfs import ProcFS
+from stacklens.introspect.procfs import ProcFS
 
 from . import autograd, program
 from .events import AttachReport, Event, LibraryAttach, make_event
@@ -429,7 +429,7 @@ class ProbeSession:
             self._libraries.append(LibraryAttach(lib.path, "torch", 0))
             return
         if self._fallback:
-            from stacklens.elf import ElfFile
+            from stacklens.introspect.elf import ElfFile
 
             self._op_names = list(FALLBACK_OPS)
             with ElfFile(lib.host_path) as elf:  # BCC takes a virtual address and converts it
@@ -446,7 +446,7 @@ class ProbeSession:
     def _attach_autograd(self, lib: LibraryFile, maps) -> None:
         """The forward→backward link's two entry points in libtorch_cpu (autograd.bpf.c), and
         the node classes' vtables of that file."""
-        from stacklens.elf import ElfFile
+        from stacklens.introspect.elf import ElfFile
 
         with ElfFile(lib.host_path) as elf:
             offsets = elf.symbol_offsets(list(autograd.SYMBOLS))
@@ -472,7 +472,7 @@ class ProbeSession:
     def _add_node_classes(self, maps) -> None:
         """Node classes defined outside libtorch_cpu: PyNode (custom autograd.Function,
         checkpoint) in libtorch_python, CUDA-only nodes in libtorch_cuda."""
-        from stacklens.elf import ElfFile
+        from stacklens.introspect.elf import ElfFile
 
         for lib in find_libraries(self.pid, _NODE_LIBS_RE, maps=maps):
             mine = [m for m in maps if m.inode == lib.inode and m.dev == lib.dev]

@@ -270,7 +270,7 @@ def resolve_exports(specs: list[ProbeSpec], exports: Mapping[str, int]) -> Resol
 def resolve_library(path: str | Path, specs: list[ProbeSpec]) -> Resolution:
     """`resolve_exports` over the function symbols of the ELF file at `path` (.dynsym, then
     .symtab for stripped-of-dynsym test builds; the first definition of a name wins)."""
-    from stacklens.elf import SHT_DYNSYM, SHT_SYMTAB, ElfFile
+    from stacklens.introspect.elf import SHT_DYNSYM, SHT_SYMTAB, ElfFile
 
     bases = tuple({split_version(s.symbol)[0].encode() for s in specs})
     exports: dict[str, int] = {}

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from stacklens.errors import NoSuchProcess, PermissionDenied
-from stacklens.procfs import ProcFS, parse_maps
+from stacklens.introspect.procfs import ProcFS, parse_maps
 from stacklens.textsafe import safe_text
 
 LIBRARY_PATTERNS = {

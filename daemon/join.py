@@ -37,7 +37,7 @@ from typing import Any, Iterable
 from stacklens.cct import METRICS, Frame, Snapshot, WindowedCCT
 from stacklens.daemon.backward import BackwardLink
 from stacklens.daemon.orderjoin import OrderJoin, copy_sig, launch_sig, sorted_pos_from_end
-from stacklens.demangle import demangle
+from stacklens.introspect.demangle import demangle
 from stacklens.inject.records import MemcpyRecord
 
 # Samples from the in-process Python sampler (all threads, wall clock): kept apart from the BPF

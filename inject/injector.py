@@ -25,7 +25,7 @@ from ..errors import (AlreadyAttached, AttachError, InputError, NoSuchProcess, P
 from . import pep768, ptrace_inject
 from .bootstrap import THREAD_NAME, pending_call_text, script_file_text
 from .memory import RemoteMemory
-from ..procfs import ProcFS
+from stacklens.introspect.procfs import ProcFS
 from .server import AgentServer, server_for
 from .target import TargetPython, find_python
 

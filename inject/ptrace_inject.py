@@ -29,7 +29,7 @@ from typing import Callable
 
 from ..errors import AttachError, NoSuchProcess, NotApplicable, Timeout
 from .memory import ProcessMemory, RemoteMemory
-from ..procfs import ProcFS
+from stacklens.introspect.procfs import ProcFS
 from .ptrace import PtraceError, Regs, Tracee, check_arch
 from .target import TargetPython
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import NoSuchProcess, NotApplicable, PermissionDenied
-from ..elf import ElfFile
+from stacklens.introspect.elf import ElfFile
 from .memory import ProcessMemory, RemoteMemory
-from ..procfs import Mapping, ProcFS
+from stacklens.introspect.procfs import Mapping, ProcFS
 
 WANTED = frozenset({"Py_AddPendingCall", "PyRun_SimpleString", "Py_Version", "_PyRuntime"})
 _LIB_RE = re.compile(r"libpython(\d)\.(\d+)t?\.so")

@@ -20,7 +20,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from stacklens.demangle import demangle
+from stacklens.introspect.demangle import demangle
 from stacklens.inject import AgentServer, AgentStats, KernelRecord, Note, inject_agent
 
 TARGET = Path(__file__).resolve().parents[2] / "tests" / "targets" / "inject_cuda.py"

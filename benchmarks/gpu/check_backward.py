@@ -61,7 +61,7 @@ def entry_bytes(pid: int) -> dict:
     """The first bytes of the two probed autograd entries in the target's libtorch_cpu: a uprobe
     on `push` (0x41 0x5x / 0x5x) or a nop is emulated (cheap); anything else is single-stepped."""
     from stacklens.bpf import autograd
-    from stacklens.elf import ElfFile
+    from stacklens.introspect.elf import ElfFile
 
     with open(f"/proc/{pid}/maps") as fh:
         lib = next((ln.split()[-1] for ln in fh if ln.rstrip().endswith("libtorch_cpu.so")), None)

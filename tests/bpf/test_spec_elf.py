@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from stacklens.elf import ElfFile, SymbolTable
+from stacklens.introspect.elf import ElfFile, SymbolTable
 from stacklens.bpf.events_abi import SlEvent
 from stacklens.bpf.ops import op_name_from_mangled
 from stacklens.bpf.program import build_source

@@ -83,7 +83,7 @@ def top_paths(snap, metric: str = "gpu_time_ns", k: int = 12) -> list[str]:
 
 def _short(name: str) -> str:
     """A comparable kernel name: CUPTI may give it mangled, torch.profiler demangled."""
-    from stacklens.demangle import demangle
+    from stacklens.introspect.demangle import demangle
 
     n = demangle(name)
     return n.split("(")[0].split("<")[0].replace("void ", "").strip()

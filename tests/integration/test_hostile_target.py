@@ -308,7 +308,7 @@ def test_remote_debug_opt_out_is_honoured_for_every_version(tmp_path, version, o
 
 def test_opt_out_parsing(tmp_path):
     from stacklens.inject.injector import remote_debug_opt_out
-    from stacklens.procfs import ProcFS
+    from stacklens.introspect.procfs import ProcFS
 
     def check(argv, env=b""):
         d = tmp_path / "1"

@@ -1,4 +1,4 @@
-from stacklens.demangle import demangle
+from stacklens.introspect.demangle import demangle
 
 
 def test_itanium_names_demangle_like_cxxfilt():

@@ -6,7 +6,7 @@ import pytest
 
 from stacklens.daemon.discovery import describe_process, scan
 from stacklens.errors import NoSuchProcess
-from stacklens.procfs import ProcFS
+from stacklens.introspect.procfs import ProcFS
 
 MAPS = {
     101: [

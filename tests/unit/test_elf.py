@@ -1,4 +1,4 @@
-"""stacklens.elf (the one ELF reader) and stacklens.procfs maps on this process: no root needed."""
+"""stacklens.introspect.elf (the one ELF reader) and stacklens.introspect.procfs maps on this process: no root needed."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from stacklens.elf import SHT_DYNSYM, ElfFile, SymbolTable
+from stacklens.introspect.elf import SHT_DYNSYM, ElfFile, SymbolTable
 from stacklens.errors import AttachError, InputError, NotApplicable
-from stacklens.procfs import ProcFS, parse_maps
+from stacklens.introspect.procfs import ProcFS, parse_maps
 
 SRC = """
 int sl_counter = 42;

@@ -14,7 +14,7 @@ from stacklens.inject.injector import _agent_threads, _blocked_reason, _syscall_
 from stacklens.inject.memory import PAGE, FakeMemory, ProcMemReader, read_cstring
 from stacklens.inject.validate import (ProtocolError, check_choice, check_dict, check_int, check_list,
                                        check_message, check_num, check_row, check_str)
-from stacklens.procfs import ProcFS
+from stacklens.introspect.procfs import ProcFS
 
 
 def test_one_protocol_error_and_limits_everywhere():

@@ -8,8 +8,8 @@ import re
 
 from stacklens.analyzer.view import op_base, op_of_native
 from stacklens.bpf.procmaps import find_libraries
-from stacklens.elf import ElfFile
-from stacklens.procfs import Mapping, ProcFS
+from stacklens.introspect.elf import ElfFile
+from stacklens.introspect.procfs import Mapping, ProcFS
 
 
 def _libc() -> tuple[Mapping, list[Mapping]]:

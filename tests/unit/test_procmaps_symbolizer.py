@@ -13,7 +13,7 @@ import pytest
 from stacklens.bpf import procmaps
 from stacklens.bpf.procmaps import ANON, UNKNOWN, Symbolizer, collapse_unsymbolized
 from stacklens.cct import Frame
-from stacklens.elf import SHT_SYMTAB, ElfFile
+from stacklens.introspect.elf import SHT_SYMTAB, ElfFile
 
 PID = 4242
 SOURCE = r"""

@@ -4,7 +4,7 @@ reader) and by the injector (finding `_PyRuntime` in a target), so it lives at t
 stdlib and `stacklens.errors` only.
 
 Pure file parsing, no privileges. A target's files are opened through /proc/PID/root or
-/proc/PID/map_files (`stacklens.procfs`). The file is mapped, not read, so a 500 MB
+/proc/PID/map_files (`stacklens.introspect.procfs`). The file is mapped, not read, so a 500 MB
 libtorch_cpu.so costs what its symbol table costs (~0.3 s for ~150k dynamic symbols).
 
 Errors: a file that cannot be opened, is not a 64-bit little-endian ELF file or has headers
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from stacklens.errors import InputError
 
 if TYPE_CHECKING:
-    from stacklens.procfs import Mapping
+    from stacklens.introspect.procfs import Mapping
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _PHDR = struct.Struct("<IIQQQQQQ")

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import NoSuchProcess, PermissionDenied
+from stacklens.errors import NoSuchProcess, PermissionDenied
 
 
 @dataclass(frozen=True)
