@@ -28,20 +28,18 @@ from typing import Any
 from .. import __version__
 from ..errors import InputError
 from .frames import KINDS, ROOT, Frame
+from .metrics import BYTES, COUNT, TIME, kind_of
 from .snapshot import Snapshot
 
 JSON_FORMAT = "stacklens.profile"
 JSON_VERSION = 1
 _HINT = "pass a profile written by stacklens (JSON, .json or .json.gz)"
+_PPROF_UNIT = {TIME: "nanoseconds", BYTES: "bytes", COUNT: "count"}
 
 
 def unit_of(metric: str) -> str:
-    """pprof unit of a metric, from its name: *_ns are nanoseconds, *_bytes bytes, else count."""
-    if metric.endswith("_ns"):
-        return "nanoseconds"
-    if metric.endswith("_bytes"):
-        return "bytes"
-    return "count"
+    """pprof unit of a metric (cct/metrics.py): nanoseconds, bytes or count."""
+    return _PPROF_UNIT[kind_of(metric)]
 
 
 def _measured(snap: Snapshot, metric: str) -> None:

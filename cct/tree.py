@@ -52,19 +52,11 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, compress, repeat
 
+from . import metrics as _metrics
 from .frames import OTHER, ROOT, Frame
 from .snapshot import Snapshot
 
-METRICS = (
-    "gpu_time_ns",
-    "kernel_count",
-    "launch_count",
-    "api_cpu_ns",
-    "sync_wait_ns",
-    "cpu_samples",
-    "alloc_bytes",
-    "copy_bytes",
-)
+METRICS = _metrics.DEFAULT  # the default columns; every metric is declared in cct/metrics.py
 
 _FOLD_TO = 0.9
 

@@ -1,9 +1,10 @@
 """Prometheus exposition: a pull collector over session snapshots (never touched by the hot path).
 
-Names: `stacklens_` prefix, `_total` counters, `_seconds`, `_bytes`. Process labels `pid`, `comm`,
-`container`. Hotspots are the top-K contexts per process under a short bounded `context` label plus
-`[other]`; never a raw kernel name or a whole stack. A cap on hotspot series, with a counter of
-evictions. No privilege beyond the daemon's.
+Names: `stacklens_` prefix, `_total` counters, `_seconds`, `_bytes`; one family per metric of the
+registry (cct/metrics.py: name, HELP, unit), so a new metric is exported without an edit here.
+Process labels `pid`, `comm`, `container`. Hotspots are the top-K contexts per process under a
+short bounded `context` label plus `[other]`; never a raw kernel name or a whole stack. A cap on
+hotspot series, with a counter of evictions. No privilege beyond the daemon's.
 
 The daemon's TCP endpoint is readable by every local user, so hotspot series (file:function:line
 of other users' processes) are exported only when asked for (`hotspots=True`; stacklensd
@@ -35,22 +36,13 @@ from typing import Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from stacklens.cct import Frame, Snapshot
+from stacklens.cct import Frame, Snapshot, metrics
 
 log = logging.getLogger(__name__)
 
-# metric → (exported name stem, scale to base unit, help)
-PROCESS_METRICS = {
-    "gpu_time_ns": ("gpu_kernel_seconds", 1e-9, "GPU kernel execution time (CUPTI/RocTracer), seconds"),
-    "kernel_count": ("gpu_kernels", 1, "GPU kernels that completed (CUPTI/RocTracer)"),
-    "launch_count": ("kernel_launches", 1, "GPU kernel launches seen at the driver API"),
-    "api_cpu_ns": ("api_cpu_seconds", 1e-9, "CPU time inside GPU driver API calls, seconds"),
-    "sync_wait_ns": ("sync_wait_seconds", 1e-9, "time the host waited in GPU synchronization calls"),
-    "copy_bytes": ("copied_bytes", 1, "bytes copied between host and device"),
-    "alloc_bytes": ("allocated_bytes", 1, "bytes allocated on the device"),
-    "cpu_samples": ("cpu_samples", 1, "CPU samples (perf cpu-clock) of the process"),
-}
-HOTSPOT_METRICS = ("gpu_time_ns", "cpu_samples", "sync_wait_ns")
+# metric → (exported name stem, scale to base unit, help), from the registry (cct/metrics.py)
+PROCESS_METRICS = {m.name: (m.prom, metrics.base_unit_scale(m.name), m.help) for m in metrics.REGISTRY}
+HOTSPOT_METRICS = metrics.HOTSPOT
 CONTEXT_LABEL_MAX = 120
 
 

@@ -7,33 +7,13 @@ report may render a snapshot file from anywhere.
 
 from __future__ import annotations
 
-from stacklens.cct import Snapshot
+from stacklens.cct import Snapshot, metrics
 from stacklens.textsafe import safe_text
-
-_UNITS = {
-    "gpu_time_ns": "ns",
-    "api_cpu_ns": "ns",
-    "sync_wait_ns": "ns",
-    "alloc_bytes": "B",
-    "copy_bytes": "B",
-}
 
 
 def fmt_value(metric: str, value: int) -> str:
-    """Human units: times in ms/s, bytes in KiB/MiB, counts as integers."""
-    unit = _UNITS.get(metric)
-    if unit == "ns":
-        if abs(value) >= 1_000_000_000:
-            return f"{value / 1e9:.2f}s"
-        if abs(value) >= 1_000_000:
-            return f"{value / 1e6:.1f}ms"
-        return f"{value / 1e3:.1f}us"
-    if unit == "B":
-        for step, suffix in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-            if abs(value) >= step:
-                return f"{value / step:.1f}{suffix}"
-        return f"{value}B"
-    return str(value)
+    """Human units from the registry (cct/metrics.py); counts as exact integers."""
+    return metrics.fmt_value(metric, value, exact=True)
 
 
 def render_tree(
@@ -106,7 +86,8 @@ def render_report(snap: Snapshot, metric: str, **kw) -> str:
         head.append(f"folded into [other]: {snap.folded_nodes} contexts (node cap or memory budget)")
     mem = meta.get("memory")
     if isinstance(mem, dict) and (mem.get("budget_folded_nodes") or mem.get("evicted_buckets")):
-        head.append(f"memory budget {fmt_value('alloc_bytes', int(mem.get('budget_bytes', 0)))} reached: "
+        budget = metrics.fmt_quantity(metrics.BYTES, int(mem.get("budget_bytes", 0)))
+        head.append(f"memory budget {budget} reached: "
                     f"{mem.get('budget_folded_nodes', 0)} contexts folded into [other], "
                     f"{mem.get('evicted_buckets', 0)} window buckets dropped early")
     return "\n".join(head) + "\n\n" + render_tree(snap, metric, **kw)

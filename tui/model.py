@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from stacklens.cct import Frame
+from stacklens.cct import Frame, metrics
 
 # The snapshot type is duck-typed (cct.Snapshot or anything with the same reading API).
 Snap = Any
@@ -21,23 +21,11 @@ Key = tuple  # a node's path of frames from the root: stable across snapshots, u
 
 WINDOWS: tuple[float | None, ...] = (None, 10.0, 60.0)
 SORTS = ("inclusive", "exclusive", "name")
-# Metric shown first: the first of these a snapshot measures and has a non-zero total for.
-PREFERRED_METRICS = (
-    "gpu_time_ns",
-    "cpu_samples",
-    "py_samples",
-    "api_cpu_ns",
-    "launch_count",
-    "kernel_count",
-    "sync_wait_ns",
-    "copy_bytes",
-    "alloc_bytes",
-)
-HOTSPOT_METRICS = ("gpu_time_ns", "cpu_samples", "sync_wait_ns")
+# Metric shown first, and the hotspot columns: from the registry (cct/metrics.py).
+PREFERRED_METRICS = metrics.PREFERRED
+HOTSPOT_METRICS = metrics.HOTSPOT
 MAX_CHILDREN = 200  # per expanded node; the rest are summed into one "… N more" row
 
-_NS = ("gpu_time_ns", "api_cpu_ns", "sync_wait_ns")
-_BYTES = ("alloc_bytes", "copy_bytes")
 _KIND_TAG = {
     "python": "py",
     "op": "op",
@@ -68,39 +56,12 @@ def window_label(window_s: float | None) -> str:
 
 
 def metric_label(metric: str) -> str:
-    return metric.removesuffix("_ns").removesuffix("_bytes").replace("_", " ")
+    return metrics.label_of(metric)
 
 
 def fmt_value(metric: str, value: int | float, *, signed: bool = False) -> str:
-    """Human units: ns metrics as us/ms/s, byte metrics as KiB/MiB/GiB, counts as 1.2k/3.4M."""
-    sign = ""
-    if signed and value > 0:
-        sign = "+"
-    elif value < 0:
-        sign = "-"
-    v = abs(value)
-    if metric in _NS:
-        if v >= 1e9:
-            body = f"{v / 1e9:.2f}s"
-        elif v >= 1e6:
-            body = f"{v / 1e6:.1f}ms"
-        elif v >= 1e3:
-            body = f"{v / 1e3:.1f}us"
-        else:
-            body = f"{v:.0f}ns"
-    elif metric in _BYTES:
-        body = f"{v:.0f}B"
-        for step, suffix in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-            if v >= step:
-                body = f"{v / step:.1f}{suffix}"
-                break
-    else:
-        body = f"{v:.0f}"
-        for step, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-            if v >= step * 10:
-                body = f"{v / step:.1f}{suffix}"
-                break
-    return sign + body
+    """Human units from the registry: times as us/ms/s, bytes as KiB/MiB/GiB, counts as 1.2k/3.4M."""
+    return metrics.fmt_value(metric, value, signed=signed)
 
 
 def fmt_share(value: int | float, total: int | float) -> str:
@@ -154,10 +115,10 @@ def default_metric(snap: Snap) -> str:
 
 
 def next_metric(snap: Snap | None, current: str, step: int = 1) -> str:
-    metrics = tuple(snap.metrics) if snap is not None else PREFERRED_METRICS
-    if current not in metrics:
-        return metrics[0]
-    return metrics[(metrics.index(current) + step) % len(metrics)]
+    names = tuple(snap.metrics) if snap is not None else PREFERRED_METRICS
+    if current not in names:
+        return names[0]
+    return names[(names.index(current) + step) % len(names)]
 
 
 # ---- the tree ------------------------------------------------------------------------------

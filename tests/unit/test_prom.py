@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from stacklens.cct import CCT, Frame
+from stacklens.cct import CCT, Frame, metrics
 from stacklens.daemon.join import DAEMON_METRICS
 from stacklens.daemon import prom
 from stacklens.daemon.prom import MetricsServer, StacklensCollector, context_label
@@ -92,6 +92,38 @@ def test_context_label_is_short_and_bounded():
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
 def test_promtool_check_metrics_passes():
     text = generate_latest(registry_for(make_snapshot(50), hotspots=True)).decode()
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def fully_measured_snapshot():
+    """Every metric of the registry measured and non-zero (an agent with CUPTI, a JAX target)."""
+    t = CCT(metrics=metrics.ALL, max_nodes=None)
+    path = (Frame.python("/srv/train.py", "step", 10), Frame.api("cuMemcpyAsync"))
+    t.add_many(path, {m: 1_000 * (i + 1) for i, m in enumerate(metrics.ALL)})
+    return t.snapshot(meta={"pid": 42})
+
+
+def test_every_registry_metric_is_exported_with_its_help_and_unit():
+    snap = fully_measured_snapshot()
+    text = generate_latest(registry_for(snap)).decode()
+    reg = registry_for(snap)
+    lv = {"pid": "42", "comm": "python3", "container": ""}
+    for i, m in enumerate(metrics.REGISTRY):
+        name = f"stacklens_{m.prom}_total"
+        assert f"# HELP {name} {m.help}\n" in text, name
+        want = 1_000 * (i + 1) * (1e-9 if m.kind == metrics.TIME else 1)
+        assert reg.get_sample_value(name, lv) == pytest.approx(want), name
+    for old in ("gpu_kernel_seconds", "gpu_kernels", "kernel_launches", "api_cpu_seconds", "sync_wait_seconds",
+                "copied_bytes", "allocated_bytes", "cpu_samples"):   # names scrapers already use
+        assert f"stacklens_{old}_total{{" in text, old
+    for new in ("gpu_memcpys", "gpu_memsets", "memset_bytes", "python_samples", "compile_seconds"):
+        assert f"stacklens_{new}_total{{" in text, new
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+def test_promtool_passes_with_every_metric_measured():
+    text = generate_latest(registry_for(fully_measured_snapshot(), hotspots=True)).decode()
     r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -34,6 +34,25 @@ def test_fmt_value_units():
     assert model.fmt_value("gpu_time_ns", -1500) == "-1.5us"
 
 
+def test_every_time_and_bytes_metric_reads_as_time_and_bytes():
+    # compile_time_ns was not in the TUI's own list of ns metrics: 2.5 s read "2500.0M"
+    assert model.fmt_value("compile_time_ns", 2_500_000_000) == "2.50s"
+    assert model.fmt_value("memset_bytes", 3 << 20) == "3.0MiB"
+    assert model.fmt_value("memcpy_count", 12_345) == "12.3k"
+    assert model.metric_label("compile_time_ns") == "compile time"
+
+
+def test_the_metric_cycle_visits_every_metric_of_the_registry():
+    from stacklens.cct import metrics
+
+    snap = CCT(metrics.ALL).snapshot()   # the daemon's tree holds them all (daemon/join.py)
+    seen, m = [], model.default_metric(snap)
+    for _ in metrics.ALL:
+        seen.append(m)
+        m = model.next_metric(snap, m)
+    assert m == seen[0] and sorted(seen) == sorted(metrics.ALL)
+
+
 def test_bar_fills_in_eighths():
     assert model.bar(1.0, 4) == "████"
     assert model.bar(0.0, 4) == "    "
