@@ -34,17 +34,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from stacklens.cct import METRICS, Frame, Snapshot, WindowedCCT
+from stacklens.cct import Frame, Snapshot, WindowedCCT, metrics
 from stacklens.daemon.backward import BackwardLink
 from stacklens.daemon.orderjoin import OrderJoin, copy_sig, launch_sig, sorted_pos_from_end
 from stacklens.introspect.demangle import demangle
 from stacklens.inject.records import MemcpyRecord
 
-# Samples from the in-process Python sampler (all threads, wall clock): kept apart from the BPF
-# CPU samples so neither is double counted.
-DAEMON_METRICS = METRICS + ("py_samples", "compile_time_ns",  # compile_time_ns: JAX (daemon/jaxjoin.py)
-                             "memcpy_count", "memset_count", "memset_bytes")  # GPU copies/memsets (CUPTI)
-GPU_MEASURED = ("gpu_time_ns", "kernel_count", "memcpy_count", "memset_count")
+# Every metric of the registry (cct/metrics.py); py_samples (the in-process sampler) is kept apart
+# from the BPF cpu_samples so neither is double counted.
+DAEMON_METRICS = metrics.ALL
+GPU_MEASURED = tuple(m.name for m in metrics.REGISTRY if m.needs == "gpu")  # unavailable without it
 
 # The interpreter's files as the Symbolizer names native frames (the mapped file's basename):
 # a shared libpython ("libpython3.12.so.1.0", "libpython3.13t.so.1.0") or a statically linked
