@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from stacklens import __version__
+from stacklens.daemon.formats import FORMATS
 from stacklens.errors import EXIT_USAGE, InputError, StacklensError
 
-FORMATS = ("text", "json", "folded", "pprof", "speedscope")
 DEFAULT_SOCKET = "/run/stacklens/stacklens.sock"
 PID_MAX = 2**31 - 1  # pid_t (the daemon's gRPC field is an int32)
 
@@ -44,30 +44,14 @@ def _check_metric(snap, metric: str) -> None:
 
 
 def write_output(snap, fmt: str, metric: str, out: str | None) -> None:
-    """Render `snap` as `fmt` to `out` (a path) or stdout."""
-    from stacklens.cct import export
-
+    """Render `snap` as `fmt` (daemon/formats.py) to `out` (a path) or stdout."""
     _check_metric(snap, metric)
-    if fmt == "text":
-        from stacklens.daemon.textreport import render_report
-
-        data: bytes | str = render_report(snap, metric)
-    elif fmt == "folded":
-        data = export.to_folded(snap, metric)
-    elif fmt == "json":
-        import json
-
-        data = json.dumps(export.to_json(snap), separators=(",", ":")) + "\n"
-    elif fmt == "speedscope":
-        import json
-
-        data = json.dumps(export.to_speedscope(snap, metric)) + "\n"
-    elif fmt == "pprof":
-        data = export.to_pprof(snap)
-        if out is None and sys.stdout.isatty():
-            raise InputError("pprof is binary: give -o FILE (or redirect stdout)")
-    else:  # argparse restricts choices; keep the error honest anyway
+    form = FORMATS.get(fmt)
+    if form is None:  # argparse restricts choices; keep the error honest anyway
         raise InputError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if form.binary and out is None and sys.stdout.isatty():
+        raise InputError(f"{fmt} is binary: give -o FILE (or redirect stdout)")
+    data = form.render(snap, metric)
     if out:
         mode = "wb" if isinstance(data, bytes) else "w"
         with open(out, mode) as fh:
@@ -105,7 +89,7 @@ def _oneshot_output(snap, args: argparse.Namespace) -> None:
              and ln[len("note: "):] not in snap.meta.get("notes", [])]
     if added:
         snap.meta.setdefault("notes", []).extend(added)
-    in_output = args.format in ("text", "json")
+    in_output = FORMATS[args.format].shows_notes
     for ln in lines:
         if not in_output or ln.startswith("window: ") or ln[len("note: "):] in added:
             print(f"stacklens: {ln}", file=sys.stderr)
@@ -188,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def out_opts(sp: argparse.ArgumentParser, default_fmt: str = "text") -> None:
         sp.add_argument("--format", choices=FORMATS, default=default_fmt)
-        sp.add_argument("--metric", default="cpu_samples", help="metric for text/folded/speedscope")
+        sp.add_argument("--metric", default="cpu_samples",
+                        help="metric for " + "/".join(n for n, f in FORMATS.items() if f.per_metric))
         sp.add_argument("-o", "--output", help="write to FILE instead of stdout")
 
     r = sub.add_parser("report", help="render a profile: a saved file (--input) or a PID via the daemon")
