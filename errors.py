@@ -30,6 +30,16 @@ class PermissionDenied(StacklensError):
     grpc_code = "PERMISSION_DENIED"
 
 
+class MemoryReadError(StacklensError, OSError):
+    """The target's memory could not be read at that address (unmapped, a short read, the process
+    gone). Also an ``OSError`` (``errno`` set, EFAULT unless known), so callers that treat any
+    failed read alike catch it as one; raised by every `introspect.memory.ProcessMemory`."""
+
+    def __init__(self, message: str, err: int = 14) -> None:  # 14: EFAULT
+        super().__init__(message)
+        self.errno = err
+
+
 class AttachError(StacklensError):
     exit_code = 5
     grpc_code = "FAILED_PRECONDITION"

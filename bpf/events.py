@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .frames import Frame
+from stacklens.cct import Frame
 
 
 try:

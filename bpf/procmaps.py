@@ -29,12 +29,11 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from stacklens.cct import Frame
 from stacklens.introspect.demangle import demangle
 from stacklens.introspect.elf import ElfFile, SymbolTable
 from stacklens.errors import NoSuchProcess
 from stacklens.introspect.procfs import Mapping, ProcFS
-
-from .frames import Frame
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ class LibraryFile:
         return (self.dev, self.inode)
 
 
-def find_libraries(pid: int, pattern: re.Pattern[str], proc: str = "/proc",
+def find_libraries(pid: int, pattern: re.Pattern[str], proc: str | None = None,
                    maps: Iterable[Mapping] | None = None) -> list[LibraryFile]:
     """Every distinct file matching `pattern` (on its basename) that the process maps.
 
@@ -119,7 +118,7 @@ class Symbolizer:
     address (up to CACHE_MAX addresses, then the cache starts again: a sample's leaf can be any
     instruction)."""
 
-    def __init__(self, pid: int, proc: str = "/proc"):
+    def __init__(self, pid: int, proc: str | None = None):
         self.pid = pid
         self.proc = proc
         self._procfs = ProcFS(proc)

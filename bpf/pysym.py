@@ -1,7 +1,7 @@
 """Symbolize the raw Python stacks recorded by pystack.h: code object -> (file, qualname, line).
 
 No privilege of its own: every read of the target goes through `ProcessMemory`
-(`python_process.ProcMem` over /proc/PID/mem in production, fakes in tests). Cost: a cache hit
+(`introspect.memory.ProcMem` over /proc/PID/mem in production, fakes in tests). Cost: a cache hit
 is two dict lookups; a miss reads the code object (~5 small reads, a few µs each) and decodes
 its line table once.
 
@@ -22,40 +22,15 @@ import ctypes as ct
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, NamedTuple, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Optional, Sequence
 
-from stacklens.errors import StacklensError
+from stacklens.cct import Frame
+from stacklens.errors import MemoryReadError
+from stacklens.introspect.memory import ProcessMemory, read_u64
 from stacklens.textsafe import safe_text
-
-try:
-    from stacklens.cct import Frame  # type: ignore[attr-defined]
-except ImportError:  # cct not there yet: same fields, same constructors used here
-    class Frame(NamedTuple):  # type: ignore[no-redef]
-        kind: str
-        name: str
-        file: str = ""
-        line: int = 0
-
-        @classmethod
-        def python(cls, file: str, func: str, line: int) -> "Frame":
-            return cls("python", func, file, line)
-
-        @classmethod
-        def other(cls, name: str) -> "Frame":
-            return cls("other", name)
 
 if TYPE_CHECKING:
     from stacklens.bpf.python_layouts import PyLayout
-
-
-class MemoryReadError(StacklensError):
-    """The target's memory could not be read at that address (unmapped, process gone)."""
-
-
-class ProcessMemory(Protocol):
-    def read(self, addr: int, n: int) -> bytes:
-        """Exactly `n` bytes at `addr` of the target, or raise MemoryReadError."""
-        ...
 
 
 # ---- mirror of pystack.h structs (tests/bpf/test_pystack.py checks them against the C) ----
@@ -182,10 +157,6 @@ def line_of(ranges: Sequence[tuple[int, int, int]], unit: int, firstlineno: int)
 
 
 # ---- reading objects -------------------------------------------------------------------------
-
-
-def read_u64(mem: ProcessMemory, addr: int) -> int:
-    return struct.unpack("<Q", mem.read(addr, 8))[0]
 
 
 def read_unicode(mem: ProcessMemory, lay: "PyLayout", addr: int, limit: int = 4096) -> str:

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from stacklens.errors import UnsupportedVersion
-
-DEBUG_COOKIE = b"xdebugpy"
+from stacklens.introspect.debug_offsets import DEBUG_HEADER, parse_debug_header
 
 # Frame styles: 310 = PyFrameObject chain (f_back, int f_lasti in code units);
 # 311 = _PyInterpreterFrame chain (previous, pointer to the current instruction).
@@ -170,7 +169,7 @@ class DebugOffsetsSpec:
     unicode_compact_size: int  # sizeof(PyCompactUnicodeObject), not in the debug offsets
 
     def size(self) -> int:
-        return 24 + 8 * len(self.field_order)
+        return DEBUG_HEADER.size + 8 * len(self.field_order)
 
 
 # The one table. 3.10-3.12: offsets from headers (x86-64, default build). 3.13+: parse spec.
@@ -249,12 +248,12 @@ def parse_debug_offsets(blob: bytes, expect: tuple[int, int] | None = None) -> P
 
     Validates the cookie and the version; refuses free-threaded builds.
     """
-    if len(blob) < 24 or blob[:8] != DEBUG_COOKIE:
+    head = parse_debug_header(blob)
+    if head is None:
         raise UnsupportedVersion(
             "the target's _PyRuntime does not start with the 'xdebugpy' cookie: not CPython "
             "3.13+, or a build with debug offsets stripped; Python frames will be missing")
-    hexversion, free_threaded = struct.unpack_from("<QQ", blob, 8)
-    version = version_from_hex(hexversion)
+    version, free_threaded = head.version, head.free_threaded
     if expect is not None and version != expect:
         raise UnsupportedVersion(
             f"_Py_DebugOffsets says {version[0]}.{version[1]} but the binary says "
@@ -269,7 +268,7 @@ def parse_debug_offsets(blob: bytes, expect: tuple[int, int] | None = None) -> P
             "in-process agent's sampler")
     if len(blob) < spec.size():
         raise ValueError(f"need {spec.size()} bytes of _Py_DebugOffsets, got {len(blob)}")
-    vals = struct.unpack_from(f"<{len(spec.field_order)}Q", blob, 24)
+    vals = struct.unpack_from(f"<{len(spec.field_order)}Q", blob, DEBUG_HEADER.size)
     d = dict(zip(spec.field_order, vals))
     # Sanity: every group's size must be non-zero and each offset inside it.
     for name, val in d.items():
@@ -347,7 +346,7 @@ def bpf_defines(layout: PyLayout) -> dict[str, int]:
 
 
 __all__ = [
-    "LAYOUTS", "SUPPORTED", "PyLayout", "DebugOffsetsSpec", "DEBUG_COOKIE", "layout_for",
+    "LAYOUTS", "SUPPORTED", "PyLayout", "DebugOffsetsSpec", "layout_for",
     "parse_debug_offsets", "needs_debug_offsets", "debug_offsets_size", "version_from_hex",
     "bpf_defines", "FRAME_STYLE_OBJECT", "FRAME_STYLE_INTERP",
 ]

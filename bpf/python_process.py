@@ -19,76 +19,17 @@ What it finds:
 
 from __future__ import annotations
 
-import os
-import re
 import struct
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 from stacklens.bpf import python_layouts as pl
-from stacklens.bpf.pysym import ProcessMemory, MemoryReadError
-from stacklens.introspect.elf import ElfFile
-from stacklens.errors import AttachError, NoSuchProcess, PermissionDenied, UnsupportedVersion
-from stacklens.introspect.procfs import Mapping, ProcFS
-
-
-# ---------------------------------------------------------------------------------------------
-# /proc/PID/mem
-
-
-class ProcMem:
-    """`ProcessMemory` over /proc/PID/mem (pread; no ptrace stop needed as root)."""
-
-    def __init__(self, pid: int, proc: Path = Path("/proc")) -> None:
-        self.pid = pid
-        try:
-            self._fd = os.open(proc / str(pid) / "mem", os.O_RDONLY)
-        except FileNotFoundError as e:
-            raise NoSuchProcess(f"process {pid} does not exist (it may have exited)") from e
-        except PermissionError as e:
-            raise PermissionDenied(
-                f"cannot read /proc/{pid}/mem: run as root (or with CAP_SYS_PTRACE)") from e
-
-    def read(self, addr: int, n: int) -> bytes:
-        try:
-            data = os.pread(self._fd, n, addr)
-        except (OSError, OverflowError, ValueError) as e:
-            raise MemoryReadError(f"read {n} bytes at {addr:#x} in pid {self.pid}: {e}") from e
-        if len(data) != n:
-            raise MemoryReadError(f"short read at {addr:#x} in pid {self.pid}")
-        return data
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __del__(self) -> None:  # best effort
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-def read_u64(mem: ProcessMemory, addr: int) -> int:
-    return struct.unpack("<Q", mem.read(addr, 8))[0]
-
-
-# ---------------------------------------------------------------------------------------------
-# /proc/PID/maps (stacklens.introspect.procfs) and ELF (stacklens.introspect.elf)
-
-# what _identify needs from the file that holds the runtime
-_SYMBOLS = frozenset({"_PyRuntime", "Py_Version", "PyCode_Type"})
-
-
-def _load_bias(elf: ElfFile, maps: list[Mapping], path: str) -> int:
-    """Load bias of `path` in a process: mapped address = bias + st_value."""
-    own = [m for m in maps if m.path == path]
-    if not own:
-        raise AttachError(f"{path} is not mapped in the target")
-    return elf.load_bias(own)
+from stacklens.errors import AttachError, MemoryReadError, NotApplicable, UnsupportedVersion
+from stacklens.introspect.cpython import find_python
+from stacklens.introspect.memory import ProcessMemory, ProcMem, read_u64
+from stacklens.introspect.procfs import ProcFS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,7 +40,7 @@ def _load_bias(elf: ElfFile, maps: list[Mapping], path: str) -> int:
 class PyInterpreter:
     pid: int
     path: str  # as the target sees it (maps)
-    host_path: str  # through /proc/PID/root
+    host_path: str  # where it was opened from (map_files, /proc/PID/root)
     version: tuple[int, int]
     hexversion: int  # 0 when only the file name told the version
     runtime_addr: int
@@ -108,89 +49,32 @@ class PyInterpreter:
     main_interp: int  # PyInterpreterState* of the main interpreter
 
 
-_NAME_RE = re.compile(r"(?:^|/)(?:lib)?python(\d+)\.(\d+)(t?)(?:d|m)?(?:\.so[.\d]*)?$")
-
-
-def _candidates(maps: list[Mapping], exe: str) -> list[str]:
-    seen, out = set(), []
-    for m in maps:
-        if m.path and m.path not in seen and _NAME_RE.search(m.path):
-            seen.add(m.path)
-            out.append(m.path)
-    if exe and exe not in seen:
-        out.append(exe)
-    # libpython first: a python3.X executable linked against it has no _PyRuntime of its own.
-    return sorted(out, key=lambda p: "libpython" not in p)
-
-
-def _open_paths(pid: int, maps: list[Mapping], path: str, proc: Path) -> Iterator[str]:
-    """Where to open a mapped file from here. /proc/PID/maps prints paths relative to *our*
-    root when the file is reachable from it (a chroot shows the host path) and relative to the
-    target's mount namespace otherwise (a container), so try, in order: the exact mapped file
-    (map_files, root only), the path under /proc/PID/root, the path as printed."""
-    for m in maps:
-        if m.path == path:
-            yield str(proc / str(pid) / "map_files" / f"{m.start:x}-{m.end:x}")
-            break
-    yield str(proc / str(pid) / "root") + path
-    yield path
-
-
 def find_interpreter(pid: int, mem: Optional[ProcessMemory] = None,
-                     proc: Path = Path("/proc")) -> PyInterpreter:
-    """Locate `_PyRuntime`, tell the version and choose the layout; raise if unsupported."""
-    maps = ProcFS(proc).maps(pid)
+                     procfs: Optional[ProcFS] = None) -> PyInterpreter:
+    """Locate `_PyRuntime` (introspect.cpython.find_python), choose the layout; raise
+    UnsupportedVersion when in-BPF Python stacks cannot be had."""
+    procfs = procfs or ProcFS()
+    mem = mem or ProcMem(pid, procfs)
     try:
-        exe = os.readlink(proc / str(pid) / "exe")
-    except OSError:
-        exe = ""
-    if exe.endswith(" (deleted)"):
-        exe = exe[: -len(" (deleted)")]
-    mem = mem or ProcMem(pid, proc)
-    for path in _candidates(maps, exe):
-        elf, host = None, ""
-        for host in _open_paths(pid, maps, path, proc):
-            try:
-                elf = ElfFile(host, error=AttachError)
-                break
-            except AttachError:
-                continue
-        if elf is None:
-            continue
-        with elf:
-            syms = elf.symbols(_SYMBOLS)
-            if "_PyRuntime" not in syms:
-                continue
-            bias = _load_bias(elf, maps, path)
-        return _identify(pid, path, host, syms, bias, syms["_PyRuntime"] + bias, mem)
-    raise UnsupportedVersion(
-        f"no CPython interpreter (_PyRuntime) found in process {pid}: not a Python process, "
-        "or a stripped static build; Python frames will be missing")
-
-
-def _identify(pid: int, path: str, host: str, syms: dict[str, int], bias: int, runtime: int,
-              mem: ProcessMemory) -> PyInterpreter:
-    m = _NAME_RE.search(path)
-    name_version = (int(m.group(1)), int(m.group(2))) if m else None
-    free_threaded = bool(m and m.group(3) == "t")
-    hexversion = 0
-    pv = syms.get("Py_Version")  # 3.11+: const unsigned long = PY_VERSION_HEX
-    if pv is not None:
-        hexversion = struct.unpack("<I", mem.read(pv + bias, 4))[0]
-        version = pl.version_from_hex(hexversion)
-    elif name_version is not None:
-        version = name_version
-    else:
+        tp = find_python(pid, procfs, mem)
+    except NotApplicable as e:
         raise UnsupportedVersion(
-            f"cannot tell the CPython version of {path} (no Py_Version symbol, unusual name)")
-    if name_version is not None and name_version != version:
+            f"no CPython interpreter (_PyRuntime) found in process {pid} ({e}): not a Python "
+            "process, or a stripped static build; Python frames will be missing") from None
+    if "_PyRuntime" not in tp.symbols:
         raise UnsupportedVersion(
-            f"{path} is named {name_version} but Py_Version says {version}; refusing to guess")
+            f"{tp.binary} in process {pid} does not export _PyRuntime (a stripped static build?); "
+            "Python frames will be missing")
+    version = tp.minor
+    if tp.name_version is not None and tp.name_version != version:
+        raise UnsupportedVersion(
+            f"{tp.path} is named {tp.name_version} but {tp.version_source} says {version}; "
+            "refusing to guess")
+    runtime = tp.symbols["_PyRuntime"]
     head = None
     if pl.needs_debug_offsets(version):
         head = mem.read(runtime, pl.debug_offsets_size(version))
-    layout = pl.layout_for(version, head, free_threaded=free_threaded)
-    ct = syms.get("PyCode_Type")
+    layout = pl.layout_for(version, head, free_threaded=tp.free_threaded)
     # main interpreter = last in the list (head is the newest)
     interp = read_u64(mem, runtime + layout.runtime_interpreters_head)
     main, hops = interp, 0
@@ -200,40 +84,19 @@ def _identify(pid: int, path: str, host: str, syms: dict[str, int], bias: int, r
         hops += 1
     if not main:
         raise AttachError(f"CPython in pid {pid} has no interpreter yet (starting or exiting)")
-    return PyInterpreter(pid=pid, path=path, host_path=host, version=version,
-                         hexversion=hexversion, runtime_addr=runtime,
-                         code_type_addr=(ct + bias) if ct else 0, layout=layout,
+    return PyInterpreter(pid=pid, path=tp.path, host_path=tp.host_path, version=version,
+                         hexversion=tp.hexversion, runtime_addr=runtime,
+                         code_type_addr=tp.symbols.get("PyCode_Type", 0), layout=layout,
                          main_interp=main)
 
 
-def interpreter_symbol(pid: int, name: str, proc: Path = Path("/proc")) -> Optional[int]:
-    """Address of `name` in the file that holds the interpreter's `_PyRuntime`, or None (not a
-    Python process, or the interpreter's library is not mapped yet)."""
-    maps = ProcFS(proc).maps(pid)
-    try:
-        exe = os.readlink(proc / str(pid) / "exe").removesuffix(" (deleted)")
-    except OSError:
-        exe = ""
-    for path in _candidates(maps, exe):
-        for host in _open_paths(pid, maps, path, proc):
-            try:
-                elf = ElfFile(host, error=AttachError)
-            except AttachError:
-                continue
-            with elf:
-                syms = elf.symbols({"_PyRuntime", name})
-                if "_PyRuntime" in syms and name in syms and any(m.path == path for m in maps):
-                    return syms[name] + _load_bias(elf, maps, path)
-            break
-    return None
-
-
-def thread_state_readable(pid: int, proc: Path = Path("/proc")) -> tuple[bool, str]:
+def thread_state_readable(pid: int, procfs: Optional[ProcFS] = None) -> tuple[bool, str]:
     """Whether a process that is still starting up has what `PythonStackReader` needs: an
     interpreter, a thread state, and the TSS slot BPF reads it from. (ok, why not)."""
-    mem = ProcMem(pid, proc)
+    procfs = procfs or ProcFS()
+    mem = ProcMem(pid, procfs)
     try:
-        interp = find_interpreter(pid, mem, proc)
+        interp = find_interpreter(pid, mem, procfs)
         threads = walk_threads(mem, interp)
         if not threads:
             return False, "no thread state yet"
@@ -416,15 +279,16 @@ class PythonStackReader:
     """
 
     def __init__(self, pid: int, *, max_depth: int = 48, tag: bool = True,
-                 mem: Optional[ProcessMemory] = None, proc: Path = Path("/proc"),
+                 mem: Optional[ProcessMemory] = None, procfs: Optional[ProcFS] = None,
                  btf_path: str = "/sys/kernel/btf/vmlinux", force_map: bool = False) -> None:
         from stacklens.bpf.pysym import Symbolizer
 
         self.pid = pid
         self.max_depth = max_depth
         self.tag = tag
-        self.mem = mem or ProcMem(pid, proc)
-        self.interpreter = find_interpreter(pid, self.mem, proc)
+        self.procfs = procfs or ProcFS()
+        self.mem = mem or ProcMem(pid, self.procfs)
+        self.interpreter = find_interpreter(pid, self.mem, self.procfs)
         self.layout = self.interpreter.layout
         self.fsbase_offset = kernel_fsbase_offset(btf_path)
         self.threads = walk_threads(self.mem, self.interpreter)
@@ -470,7 +334,7 @@ class PythonStackReader:
             tab = bpf.get_table(table.encode())
         except KeyError:
             return 0
-        host = _host_tids(self.pid, [t.native_tid for t in self.threads])
+        host = self.procfs.host_tids(self.pid)   # namespace tid (what CPython saw) -> host tid
         n = 0
         for t in self.threads:
             tid = host.get(t.native_tid)
@@ -502,20 +366,3 @@ class PythonStackReader:
                 "interp": hex(i.main_interp), "mode": self.mode,
                 "tls_offset": self.tls_offset, "threads": len(self.threads),
                 "fsbase_offset": self.fsbase_offset}
-
-
-def _host_tids(pid: int, ns_tids: list[int], proc: Path = Path("/proc")) -> dict[int, int]:
-    """Namespace tid (as CPython saw gettid()) -> host tid, via /proc/PID/task/*/status NSpid."""
-    out = {}
-    try:
-        tasks = os.listdir(proc / str(pid) / "task")
-    except OSError:
-        return out
-    for t in tasks:
-        try:
-            for line in (proc / str(pid) / "task" / t / "status").read_text().splitlines():
-                if line.startswith("NSpid:"):
-                    out[int(line.split()[-1])] = int(t)
-        except OSError:
-            continue
-    return out

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 from stacklens.errors import (AttachError, InputError, NoSuchProcess, NotApplicable, PermissionDenied,
                               StacklensError, UnsupportedVersion)
+from stacklens.cct import Frame
 from stacklens.introspect.procfs import ProcFS
 
 from . import autograd, program
 from .events import AttachReport, Event, LibraryAttach, make_event
 from .events_abi import (COUNTERS, SL_BLOB, SL_EV_NAME, SL_EV_NODE_NEW, SL_EV_SAMPLE, SL_NAME, SL_NARGS,
                          SL_STACK_IN_2, SL_STACK_INLINE, SlEvent, SlSpec)
-from .frames import Frame
 from .ops import LIBTORCH_RE, OpSymbol, find_op_symbols, select_ops
 from .procmaps import UNKNOWN as UNKNOWN_FRAME
 from .procmaps import LibraryFile, Symbolizer, collapse_unsymbolized, find_libraries
@@ -150,11 +150,11 @@ def _check_pid(pid: int) -> None:
     except PermissionError as e:
         raise PermissionDenied(f"not allowed to signal process {pid}; run stacklens as root") from e
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                raise NoSuchProcess(f"process {pid} has exited (zombie); nothing to attach to")
-    except FileNotFoundError as e:
+        state = ProcFS().state(pid)
+    except NoSuchProcess as e:
         raise NoSuchProcess(f"no process {pid}; check the PID with `ps`") from e
+    if state == "Z":
+        raise NoSuchProcess(f"process {pid} has exited (zombie); nothing to attach to")
 
 
 def dump_bpf(pid: int, config: ProbeConfig = ProbeConfig()) -> str:
@@ -173,7 +173,6 @@ def dump_bpf(pid: int, config: ProbeConfig = ProbeConfig()) -> str:
 
 def python_reader(pid: int):
     """(PythonStackReader, note) for a supported CPython target, else (None, why not)."""
-    from .pysym import MemoryReadError
     from .python_process import PythonStackReader
 
     try:
@@ -182,7 +181,7 @@ def python_reader(pid: int):
         return None, f"python stacks: not applicable: {e}"
     except NoSuchProcess:
         raise
-    except (StacklensError, MemoryReadError, OSError, ValueError) as e:
+    except (StacklensError, OSError, ValueError) as e:   # MemoryReadError is both
         return None, f"python stacks: unavailable ({e}); events carry an empty py_stack"
     d = r.describe()
     return r, (f"python stacks: CPython {d['version']} ({d['layout_source']} layout, "
@@ -261,7 +260,7 @@ class ProbeSession:
             self.detach()
             if isinstance(e, (NoSuchProcess, PermissionDenied, InputError, NotApplicable, AttachError)):
                 raise
-            if isinstance(e, FileNotFoundError) or not os.path.exists(f"/proc/{self.pid}"):
+            if isinstance(e, FileNotFoundError) or not ProcFS().exists(self.pid):
                 raise NoSuchProcess(f"process {self.pid} exited during attach; nothing was left attached") from e
             raise AttachError(f"attach to {self.pid} failed: {e}; run `stacklens doctor` to check "
                               f"kernel headers, tracefs and BPF permissions") from e

@@ -139,15 +139,13 @@ class Daemon:
         check_pid_range(pid)
         if pid == os.getpid():
             raise InputError(f"PID {pid} is stacklensd itself: attach to the process you want to profile")
-        stat = self.procfs.read(pid, "stat")  # NoSuchProcess when it does not exist
-        comm, _, rest = stat.rpartition(")")
-        fields = rest.split()
+        comm, fields = self.procfs.stat(pid)  # NoSuchProcess when it does not exist
         # the state first: a zombie, like a kernel thread, has no cmdline and no exe
         if fields and fields[0] in ("Z", "X"):
             raise NoSuchProcess(f"process {pid} has exited (zombie); nothing to attach to")
         flags = int(fields[6]) if len(fields) > 6 and fields[6].isdigit() else 0
         if flags & PF_KTHREAD:  # the kernel's own mark; a PID 2 in a container is a user process
-            name = safe_text(comm.partition("(")[2])  # the comm is the target's to choose
+            name = safe_text(comm)  # the comm is the target's to choose
             raise InputError(f"PID {pid} ({name}) is a kernel thread: only user processes can be profiled "
                              "(see `stacklens ps`)")
         if not self._cmdline(pid) and not self._has_exe(pid):  # mm already released: exiting
@@ -170,10 +168,10 @@ class Daemon:
 
     def _has_exe(self, pid: int) -> bool:
         try:
-            return bool(os.readlink(f"{self.procfs.root}/{pid}/exe"))
-        except PermissionError:
+            return bool(self.procfs.exe_strict(pid))
+        except PermissionDenied:
             return True
-        except OSError:
+        except NoSuchProcess:
             return False
 
     def attach(self, pid: int, *, agent: bool = False, cpu_hz: int = 99, ops: bool = True) -> list[str]:

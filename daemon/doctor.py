@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from stacklens.introspect.procfs import ProcFS
+
 
 @dataclass(frozen=True)
 class Check:
@@ -58,10 +60,7 @@ def system_checks() -> list[Check]:
     checks.append(
         Check("BTF", Path("/sys/kernel/btf/vmlinux").exists(), "/sys/kernel/btf/vmlinux", "a kernel with CONFIG_DEBUG_INFO_BTF")
     )
-    try:
-        scope = int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text())
-    except (OSError, ValueError):
-        scope = 0
+    scope = ProcFS().yama_ptrace_scope() or 0
     checks.append(
         Check(
             "ptrace scope",

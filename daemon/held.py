@@ -23,12 +23,12 @@ import ctypes as ct
 import os
 import platform
 import signal
-import struct
 import shutil
 import subprocess
 import sys
 
-from stacklens.errors import AttachError, InputError, NoSuchProcess
+from stacklens.errors import AttachError, InputError, MemoryReadError, NoSuchProcess, NotApplicable
+from stacklens.introspect.procfs import ProcFS
 
 PTRACE_TRACEME, PTRACE_PEEKTEXT, PTRACE_PEEKUSER, PTRACE_POKETEXT, PTRACE_POKEUSER = 0, 1, 3, 4, 6
 PTRACE_CONT, PTRACE_SINGLESTEP, PTRACE_DETACH, PTRACE_SETOPTIONS = 7, 9, 17, 0x4200
@@ -161,23 +161,23 @@ class HeldCommand:
                           f"calls ({why}); Python stacks may start late")
 
     def _exe(self) -> str:
-        try:
-            return os.readlink(f"/proc/{self.pid}/exe")
-        except OSError:
-            return ""
+        return ProcFS().exe(self.pid)
 
     def _entry(self) -> int:
-        with open(f"/proc/{self.pid}/auxv", "rb") as fh:
-            data = fh.read()
-        for key, val in struct.iter_unpack("<QQ", data[: len(data) // 16 * 16]):
+        for key, val in ProcFS().auxv(self.pid):
             if key == AT_ENTRY:
                 return val
-        raise AttachError(f"no entry point in /proc/{self.pid}/auxv")
+        raise AttachError(f"no entry point in the auxiliary vector of PID {self.pid}")
 
     def _eval_address(self) -> int:
-        from stacklens.bpf.python_process import interpreter_symbol
+        """Where the interpreter's eval loop starts (0: not a Python process, or its library is
+        not mapped yet)."""
+        from stacklens.introspect.cpython import find_python
 
-        return interpreter_symbol(self.pid, EVAL) or 0
+        try:
+            return find_python(self.pid, symbols=(EVAL,)).symbols.get(EVAL, 0)
+        except (NotApplicable, MemoryReadError):
+            return 0
 
     # ---- letting go ----------------------------------------------------------------------
     def release(self) -> None:

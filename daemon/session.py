@@ -18,6 +18,7 @@ from typing import Any, Callable, Protocol
 from stacklens.cct import Snapshot
 from stacklens.daemon.join import Joiner
 from stacklens.errors import NoSuchProcess, StacklensError
+from stacklens.introspect.procfs import ProcFS
 from stacklens.textsafe import safe_text
 
 POLL_MS = 50
@@ -59,20 +60,17 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     try:  # a zombie has exited as far as profiling goes
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+        return ProcFS().state(pid) != "Z"
+    except (StacklensError, OSError):
         return False
 
 
-def process_cpu_ns(pid: int, proc: str = "/proc") -> int | None:
+def process_cpu_ns(pid: int, procfs: ProcFS | None = None) -> int | None:
     """utime + stime of the whole process (every thread, live or exited) in ns, or None."""
     try:
-        with open(f"{proc}/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        return (procfs or ProcFS()).cpu_time_ns(pid)
+    except (StacklensError, OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 @dataclasses.dataclass
@@ -205,9 +203,8 @@ class ProcessSession:
         the agent is injected (`record` lets its held program go there; the probes read the
         process's symbol tables first, so its first samples decode at once)."""
         try:
-            with open(f"/proc/{self.pid}/comm") as fh:
-                self.comm = safe_text(fh.read().strip())   # the target's choice: escaped (textsafe.py)
-        except OSError:
+            self.comm = safe_text(ProcFS().comm(self.pid))   # the target's choice: escaped (textsafe.py)
+        except (StacklensError, OSError):
             pass
         self.joiner.meta.update({"pid": self.pid, "comm": self.comm})
         self.probes = self._probe_factory(self.pid, cpu_hz=self.cpu_hz, ops=self.ops)

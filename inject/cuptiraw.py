@@ -13,12 +13,12 @@ No imports from ``server.py`` (it imports this module): the checks both share, `
 from __future__ import annotations
 
 import operator
-import os
 import struct
 import threading
 
 from .agent import wire
-from .memory import ProcMemReader, read_cstring
+from stacklens.errors import NoSuchProcess, PermissionDenied
+from stacklens.introspect.memory import ProcMem, read_cstring
 from .records import KernelRecord, MemcpyRecord
 from .validate import (MAX_INT, MAX_STR, ProtocolError, check_choice, check_dict, check_int, check_message,
                        check_row, check_str)
@@ -174,8 +174,9 @@ class NameReader:
     full). A null pointer or a failed read gives ``unresolved:0x…`` (cached, counted in
     ``unresolved``). Never raises.
 
-    Not ``RemoteMemory`` (process_vm_readv by PID): the fd stays bound to the target's address
-    space, so after the target exits a reused PID is never read, and ``close()`` releases it."""
+    A ``ProcMem``, not ``RemoteMemory`` (process_vm_readv by PID): its fd stays bound to the
+    target's address space, so after the target exits a reused PID is never read, and ``close()``
+    releases it."""
 
     def __init__(self, pid: int, max_entries: int = 100_000, max_len: int = MAX_STR) -> None:
         self.pid = pid
@@ -183,7 +184,7 @@ class NameReader:
         self.max_len = max_len
         self.cache: dict[int, str] = {}
         self.unresolved = 0
-        self._fd: int | None = None
+        self._mem: ProcMem | None = None
         self._open_failed = False
         self._lock = threading.Lock()
         self._closed = False
@@ -199,7 +200,7 @@ class NameReader:
             if self._closed or not self._open():
                 return None
             try:
-                return read_cstring(ProcMemReader(self._fd), ptr, self.max_len)
+                return read_cstring(self._mem, ptr, self.max_len)
             except OSError:
                 return None
 
@@ -214,10 +215,9 @@ class NameReader:
             if self._closed or not self._open():
                 return None
             try:
-                data = os.pread(self._fd, n, addr)
-            except OSError:
+                return self._mem.read(addr, n)
+            except OSError:          # MemoryReadError: unmapped, short
                 return None
-        return data if len(data) == n else None
 
     def readable(self) -> bool:
         """Whether the target's memory can be read at all (opens the fd now: it then stays bound
@@ -226,13 +226,13 @@ class NameReader:
             return not self._closed and self._open()
 
     def _open(self) -> bool:
-        """The /proc/PID/mem fd (caller holds the lock); False if it cannot be opened."""
-        if self._fd is None:
+        """The target's memory, opened once (caller holds the lock); False if it cannot be."""
+        if self._mem is None:
             if self._open_failed:
                 return False
             try:
-                self._fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
+                self._mem = ProcMem(self.pid)
+            except (NoSuchProcess, PermissionDenied, OSError):
                 self._open_failed = True
                 return False
         return True
@@ -262,10 +262,10 @@ class NameReader:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            fd, self._fd = self._fd, None
-            if fd is not None:
+            mem, self._mem = self._mem, None
+            if mem is not None:
                 try:
-                    os.close(fd)
+                    mem.close()
                 except OSError:
                     pass
 

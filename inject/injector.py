@@ -1,7 +1,7 @@
 """``inject_agent(pid, socket_path, timeout_s)``: load the agent into a running CPython process.
 
 Requires root / CAP_SYS_PTRACE. The method is chosen by the target's CPython version, read from
-the target (``target.find_python``): 3.14+ the PEP 768 protocol (no stop at all), 3.10–3.13 the
+the target (``introspect.cpython.find_python``): 3.14+ the PEP 768 protocol (no stop at all), 3.10–3.13 the
 ptrace pending-call injector (main thread stopped ~1 ms). Either way the bootstrap runs on the
 target's main thread at its next eval-breaker check; we then wait for the agent's hello on the
 ``AgentServer`` at ``socket_path``. If it does not come within ``timeout_s`` the request is
@@ -24,10 +24,10 @@ from ..errors import (AlreadyAttached, AttachError, InputError, NoSuchProcess, P
                       UnsupportedVersion)
 from . import pep768, ptrace_inject
 from .bootstrap import THREAD_NAME, pending_call_text, script_file_text
-from .memory import RemoteMemory
+from stacklens.introspect.cpython import PythonTarget, find_python
+from stacklens.introspect.memory import RemoteMemory
 from stacklens.introspect.procfs import ProcFS
 from .server import AgentServer, server_for
-from .target import TargetPython, find_python
 
 MIN_VERSION = (3, 10)
 PEP768_VERSION = (3, 14)
@@ -50,7 +50,7 @@ class AttachResult:
     stop_us: int                   # how long the main thread was stopped (0 for PEP 768)
 
 
-def choose_method(tp: TargetPython) -> str:
+def choose_method(tp: PythonTarget) -> str:
     if tp.minor < MIN_VERSION:
         raise UnsupportedVersion(
             f"PID {tp.pid} runs CPython {'.'.join(map(str, tp.version))}; stacklens injects into "
@@ -114,10 +114,7 @@ def remote_debug_opt_out(procfs: ProcFS, pid: int) -> str | None:
     """How the target opted out of remote debugging (PEP 768), in words, or None: a non-empty
     PYTHON_DISABLE_REMOTE_DEBUG in its initial environment (/proc/PID/environ) or
     ``-X disable_remote_debug`` among the interpreter's options (/proc/PID/cmdline)."""
-    try:
-        env = (procfs.root / str(pid) / "environ").read_bytes()
-    except OSError:
-        env = b""
+    env = procfs.environ(pid) or b""
     for entry in env.split(b"\0"):
         name, eq, value = entry.partition(b"=")
         if name == b"PYTHON_DISABLE_REMOTE_DEBUG" and eq and value:

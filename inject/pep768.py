@@ -2,7 +2,8 @@
 
 Needs CAP_SYS_PTRACE (process_vm_writev) but never stops the target. We do what
 ``sys.remote_exec`` does (Python/remote_debugging.c) from any daemon Python version: read
-``_Py_DebugOffsets`` at the start of the target's ``_PyRuntime``, find the main thread state,
+``_Py_DebugOffsets`` at the start of the target's ``_PyRuntime`` (its header through
+``introspect.debug_offsets.parse_debug_header``, the one reader of it), find the main thread state,
 write the script path into its ``_PyRemoteDebuggerSupport``, set ``debugger_pending_call`` and
 the eval-breaker "please stop" bit. The main thread runs the script at its next eval-breaker
 check. A target started with ``PYTHON_DISABLE_REMOTE_DEBUG`` / ``-X disable_remote_debug`` has
@@ -14,10 +15,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from ..errors import AttachError, UnsupportedVersion
-from .memory import ProcessMemory
+from stacklens.errors import AttachError, UnsupportedVersion
+from stacklens.introspect.debug_offsets import DEBUG_HEADER, parse_debug_header
+from stacklens.introspect.memory import ProcessMemory, WritableMemory, read_u64
 
-COOKIE = b"xdebugpy"
 EVAL_PLEASE_STOP_BIT = 1 << 5
 
 
@@ -59,7 +60,7 @@ def _plausible(mem: ProcessMemory, runtime_addr: int, L: DebugOffsetsLayout) -> 
     try:
         eb, support, enabled, pending_off, path_off, size = struct.unpack(
             "<6Q", mem.read(runtime_addr + L.dbg_eval_breaker, 48))
-    except OSError:
+    except OSError:                       # MemoryReadError: not mapped there
         return False
     return (size == 512 and pending_off < path_off <= 64 and 0 < eb < 4096 and 0 < support < 1 << 16
             and 0 < enabled < 1 << 20)
@@ -75,16 +76,11 @@ class RemoteExecTarget:
     free_threaded: bool
 
 
-def _u64(mem: ProcessMemory, addr: int) -> int:
-    return struct.unpack("<Q", mem.read(addr, 8))[0]
-
-
 def locate(mem: ProcessMemory, runtime_addr: int, pid: int) -> RemoteExecTarget:
-    head = mem.read(runtime_addr, 24)
-    if head[:8] != COOKIE:
+    head = parse_debug_header(mem.read(runtime_addr, DEBUG_HEADER.size))
+    if head is None:
         raise AttachError(f"PID {pid}: no _Py_DebugOffsets cookie at _PyRuntime {runtime_addr:#x}")
-    hexv, free_threaded = struct.unpack_from("<QQ", head, 8)
-    minor = ((hexv >> 24) & 0xFF, (hexv >> 16) & 0xFF)
+    minor, free_threaded = head.version, head.free_threaded
     candidates = LAYOUTS.get(minor)
     if candidates is None:
         raise UnsupportedVersion(
@@ -94,11 +90,11 @@ def locate(mem: ProcessMemory, runtime_addr: int, pid: int) -> RemoteExecTarget:
     if layout is None:
         raise UnsupportedVersion(f"PID {pid}: this CPython {minor[0]}.{minor[1]} build's _Py_DebugOffsets "
                                  "matches no known layout; upgrade stacklens")
-    off = lambda field: _u64(mem, runtime_addr + getattr(layout, field))  # noqa: E731
+    off = lambda field: read_u64(mem, runtime_addr + getattr(layout, field))  # noqa: E731
     path_size = off("dbg_script_path_size")
-    if _u64(mem, runtime_addr + off("runtime_finalizing")) != 0:
+    if read_u64(mem, runtime_addr + off("runtime_finalizing")) != 0:
         raise AttachError(f"PID {pid} is shutting down (interpreter finalizing)")
-    interp = _u64(mem, runtime_addr + off("runtime_interpreters_head"))
+    interp = read_u64(mem, runtime_addr + off("runtime_interpreters_head"))
     if interp == 0:
         raise AttachError(f"PID {pid} has no interpreter yet; retry when it has started")
     enabled = struct.unpack("<i", mem.read(interp + off("dbg_remote_debugging_enabled"), 4))[0]
@@ -107,7 +103,7 @@ def locate(mem: ProcessMemory, runtime_addr: int, pid: int) -> RemoteExecTarget:
             f"PID {pid} disabled remote debugging (PYTHON_DISABLE_REMOTE_DEBUG or "
             "-X disable_remote_debug, or built --without-remote-debug): stacklens respects that; "
             "restart the job without it to profile it")
-    tstate = _u64(mem, interp + _u64(mem, runtime_addr + layout.interp_threads_main))
+    tstate = read_u64(mem, interp + read_u64(mem, runtime_addr + layout.interp_threads_main))
     if tstate == 0:
         raise AttachError(f"PID {pid} has no main thread state (main thread exited?)")
     support = tstate + off("dbg_remote_debugger_support")
@@ -115,7 +111,7 @@ def locate(mem: ProcessMemory, runtime_addr: int, pid: int) -> RemoteExecTarget:
                             path_size, tstate + off("dbg_eval_breaker"), bool(free_threaded))
 
 
-def request_exec(mem: ProcessMemory, runtime_addr: int, pid: int, script_path: str) -> RemoteExecTarget:
+def request_exec(mem: WritableMemory, runtime_addr: int, pid: int, script_path: str) -> RemoteExecTarget:
     """Ask the target's main thread to run ``script_path`` (a path in the target's namespace)."""
     tgt = locate(mem, runtime_addr, pid)
     raw = script_path.encode()
@@ -124,12 +120,12 @@ def request_exec(mem: ProcessMemory, runtime_addr: int, pid: int, script_path: s
                           "use a shorter socket directory")
     mem.write(tgt.path_addr, raw + b"\0")
     mem.write(tgt.pending_addr, struct.pack("<i", 1))
-    eb = _u64(mem, tgt.eval_breaker_addr)
+    eb = read_u64(mem, tgt.eval_breaker_addr)
     mem.write(tgt.eval_breaker_addr, struct.pack("<Q", eb | EVAL_PLEASE_STOP_BIT))
     return tgt
 
 
-def withdraw(mem: ProcessMemory, tgt: RemoteExecTarget) -> None:
+def withdraw(mem: WritableMemory, tgt: RemoteExecTarget) -> None:
     """Cancel a request that has not run yet (the eval-breaker bit left set is harmless)."""
     try:
         mem.write(tgt.pending_addr, struct.pack("<i", 0))

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import AttachError, NoSuchProcess, NotApplicable, Timeout
-from .memory import ProcessMemory, RemoteMemory
+from stacklens.introspect.cpython import PythonTarget
+from stacklens.introspect.memory import RemoteMemory, WritableMemory
 from stacklens.introspect.procfs import ProcFS
 from .ptrace import PtraceError, Regs, Tracee, check_arch
-from .target import TargetPython
 
 PAGE = 4096
 MAGIC = b"STACKLENS-BOOTSTRAP-PAGE-v1".ljust(32, b"\0")
@@ -60,7 +60,7 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _find_syscall_insn(procfs: ProcFS, mem: ProcessMemory, pid: int) -> int:
+def _find_syscall_insn(procfs: ProcFS, mem: WritableMemory, pid: int) -> int:
     """Any executable `0f 05` (syscall) byte pair: single-stepping it runs exactly one syscall."""
     maps = procfs.maps(pid)
     ordered = [m for m in maps if m.path == "[vdso]"] + [
@@ -88,12 +88,12 @@ def _stack_mapping_floor(procfs: ProcFS, pid: int, rsp: int) -> int:
 
 
 def queue_pending_call(
-    tp: TargetPython,
+    tp: PythonTarget,
     text: bytes,
     *,
     timeout_s: float,
     procfs: ProcFS | None = None,
-    mem: ProcessMemory | None = None,
+    mem: WritableMemory | None = None,
     on_step: Callable[[str], None] | None = None,
 ) -> PendingCall:
     """Queue ``PyRun_SimpleString(text)`` on the target's main thread. Returns once detached."""
@@ -167,7 +167,7 @@ def queue_pending_call(
             _restore_and_detach(tracee, mem, saved, fp, stack_save, stopped, step)
 
 
-def _reuse_page(key: tuple[int, int], mem: ProcessMemory) -> int | None:
+def _reuse_page(key: tuple[int, int], mem: WritableMemory) -> int | None:
     page = _PAGES.get(key)
     if page is None:
         return None
@@ -180,7 +180,7 @@ def _reuse_page(key: tuple[int, int], mem: ProcessMemory) -> int | None:
     return None
 
 
-def disarm(pid: int, page: int, mem: ProcessMemory | None = None) -> None:
+def disarm(pid: int, page: int, mem: WritableMemory | None = None) -> None:
     """Make a queued pending call on ``page`` a no-op (empty text) without stopping the target."""
     try:
         (mem or RemoteMemory(pid)).write(page, b"\0")
@@ -231,7 +231,7 @@ def _remote_call(tracee: Tracee, saved: Regs, sp: int, func: int, args: tuple, d
     return out.rax
 
 
-def _restore_and_detach(tracee: Tracee, mem: ProcessMemory, saved: Regs | None, fp, stack_save,
+def _restore_and_detach(tracee: Tracee, mem: WritableMemory, saved: Regs | None, fp, stack_save,
                         stopped: bool, step: Callable[[str], None]) -> None:
     try:
         if not stopped:

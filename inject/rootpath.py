@@ -19,6 +19,7 @@ import os
 import stat
 
 from ..errors import AttachError
+from stacklens.introspect.procfs import ProcFS
 
 SYS_OPENAT2 = 437                    # x86-64 and aarch64 (asm-generic) alike
 RESOLVE_NO_MAGICLINKS = 0x02
@@ -60,11 +61,11 @@ def _walk_nofollow(rootfd: int, path: str) -> int:
         raise
 
 
-def open_in_root(pid: int, path: str, proc: str = "/proc") -> int:
+def open_in_root(pid: int, path: str, procfs: ProcFS | None = None) -> int:
     """An O_PATH descriptor of the directory ``path`` as PID ``pid`` sees it (resolved inside its
     root). Raises AttachError naming the path and what to do."""
     try:
-        rootfd = os.open(f"{proc}/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        rootfd = os.open((procfs or ProcFS()).root_dir(pid), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
         raise AttachError(f"cannot open the root directory of PID {pid} ({e.strerror}): "
                           "is it still running? (`stacklens ps`)") from None

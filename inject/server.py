@@ -26,7 +26,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import AlreadyAttached, AttachError, InputError, NoSuchProcess
+from ..errors import AlreadyAttached, AttachError, InputError
+from stacklens.introspect.procfs import ProcFS
 from .agent import wire
 from .cuptiraw import MAX_BLOCK, NameReader, parse_layout, parse_raw
 from .rootpath import open_in_root, private_subdir, remove_tree, writable_by
@@ -206,8 +207,7 @@ def _open_socket_dir(pid: int, d: Path, tstat: os.stat_result) -> tuple[int, str
     root (``/proc/PID/root/...``) is resolved within that root (rootpath.py), and only where the
     target's own user could create it: the daemon writes nothing into a target's namespace that
     the target could not have written itself."""
-    prefix = f"/proc/{pid}/root/"
-    if str(d).startswith(prefix):
+    if str(d).startswith(f"{ProcFS().root_dir(pid)}/"):
         in_target = target_view(d, pid)
         parent_fd = open_in_root(pid, os.path.dirname(in_target))
         try:
@@ -229,23 +229,19 @@ def _open_socket_dir(pid: int, d: Path, tstat: os.stat_result) -> tuple[int, str
         os.close(parent_fd)
 
 
-def default_socket_dir(pid: int, proc: Path = Path("/proc")) -> Path:
+def default_socket_dir(pid: int, procfs: ProcFS | None = None) -> Path:
     """Where the target can reach us: /run/stacklens/agents, or inside the target's root if it
     lives in another mount namespace (container, chroot)."""
-    try:
-        same = os.stat(proc / str(pid) / "root").st_ino == os.stat("/").st_ino and \
-            os.stat(proc / str(pid) / "root").st_dev == os.stat("/").st_dev
-    except FileNotFoundError:
-        raise NoSuchProcess(f"no process with PID {pid}") from None
-    if same:
+    procfs = procfs or ProcFS()
+    if procfs.in_own_root(pid):
         return Path("/run/stacklens/agents")
-    return proc / str(pid) / "root" / "tmp" / ".stacklens-agents"
+    return procfs.root_dir(pid) / "tmp" / ".stacklens-agents"
 
 
 def target_view(path: Path | str, pid: int) -> str:
     """The path as the target sees it (strip /proc/PID/root)."""
     s = str(path)
-    prefix = f"/proc/{pid}/root"
+    prefix = str(ProcFS().root_dir(pid))
     if s.startswith(prefix + "/"):
         return s[len(prefix):]
     return s
@@ -260,10 +256,7 @@ class AgentServer:
         self.config = dict(config or {})
         self._stats = collections.Counter()
         self.dir = Path(socket_dir) if socket_dir is not None else default_socket_dir(pid)
-        try:
-            tstat = os.stat(f"/proc/{pid}")
-        except FileNotFoundError:
-            raise NoSuchProcess(f"no process with PID {pid}: check the PID") from None
+        tstat = ProcFS().owner(pid)             # NoSuchProcess when it is gone
         # every file below is created relative to this descriptor, never by a path through the
         # target's root (a symlink there would lead the daemon anywhere on the host: rootpath.py)
         self._dirfd, target_dir = _open_socket_dir(pid, self.dir, tstat)
@@ -295,7 +288,7 @@ class AgentServer:
             try:
                 # bind() takes a path: the directory's descriptor as /proc/self/fd/N, so the
                 # socket lands in the directory opened above whatever its path names now
-                self._listener.bind(f"/proc/self/fd/{self._dirfd}/{self._sock_name}")
+                self._listener.bind(f"{ProcFS().own_fd_path(self._dirfd)}/{self._sock_name}")
             finally:
                 os.umask(old)
             if tstat.st_uid != 0:

@@ -30,6 +30,7 @@ from textual.widgets import DataTable, Footer, Header, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
 from stacklens import errors
+from stacklens.introspect.procfs import ProcFS
 from stacklens.tui import model
 from stacklens.tui.model import Advice, Row, Status
 from stacklens.tui.source import (
@@ -388,7 +389,7 @@ class ProfileScreen(Screen):
             view.update("select a row in the tree (t) first")
             return
         frame = model.nearest_python(self.snap, node)
-        roots = [f"/proc/{self.pid}/root", ""] if self.pid else [""]
+        roots = [str(ProcFS().root_dir(self.pid)), ""] if self.pid else [""]   # the target's files first
         ex = model.source_excerpt(frame, roots=roots)
         if ex.message:
             view.update(Text(ex.message, style="dim"))

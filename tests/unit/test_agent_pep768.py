@@ -6,7 +6,7 @@ import pytest
 
 from stacklens.errors import AttachError, UnsupportedVersion
 from stacklens.inject import pep768
-from stacklens.inject.memory import FakeMemory
+from tests.fakes.memory import FakeMemory
 
 RUNTIME, INTERP, TSTATE = 0x10000, 0x20000, 0x30000
 # offsets the fake "CPython" reports in its _Py_DebugOffsets (arbitrary but plausible)

@@ -11,7 +11,8 @@ from stacklens.errors import NoSuchProcess
 from stacklens.inject import cuptiraw, server, validate
 from stacklens.inject.agent import wire
 from stacklens.inject.injector import _agent_threads, _blocked_reason, _syscall_desc
-from stacklens.inject.memory import PAGE, FakeMemory, ProcMemReader, read_cstring
+from stacklens.introspect.memory import PAGE, ProcMem, read_cstring
+from tests.fakes.memory import FakeMemory
 from stacklens.inject.validate import (ProtocolError, check_choice, check_dict, check_int, check_list,
                                        check_message, check_num, check_row, check_str)
 from stacklens.introspect.procfs import ProcFS
@@ -115,29 +116,25 @@ def test_read_cstring_page_by_page_in_fake_memory():
         read_cstring(tail, base + PAGE, 50)
 
 
-def test_proc_mem_reader_reads_own_memory_and_fails_cleanly():
+def test_proc_mem_reads_own_memory_and_fails_cleanly():
     s = ctypes.create_string_buffer(b"hello kernel")
-    fd = os.open(f"/proc/{os.getpid()}/mem", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        r = ProcMemReader(fd)
+    with ProcMem(os.getpid()) as r:
         assert r.read(ctypes.addressof(s), 5) == b"hello"
         assert read_cstring(r, ctypes.addressof(s) + 6, 4096) == b"kernel"
         with pytest.raises(OSError):
             r.read(0x10, 4)
         with pytest.raises(OSError):
             r.read(2 ** 64, 4)
-    finally:
-        os.close(fd)
 
 
 def test_name_reader_reads_nothing_after_close():
     s = ctypes.create_string_buffer(b"k")
     nr = cuptiraw.NameReader(os.getpid())
-    assert nr.get(ctypes.addressof(s)) == "k" and nr._fd is not None
+    assert nr.get(ctypes.addressof(s)) == "k" and nr._mem is not None
     nr.close()
-    assert nr._fd is None
+    assert nr._mem is None
     assert nr.read(ctypes.addressof(s)) == f"unresolved:0x{ctypes.addressof(s):x}" and nr.unresolved == 1
-    assert nr._fd is None
+    assert nr._mem is None
 
 
 def _task(root, pid, tid, comm, stat_state, syscall):

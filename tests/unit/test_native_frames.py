@@ -1,6 +1,6 @@
 """bpf.session.native_frames: what a frame-pointer walk becomes in the tree."""
 
-from stacklens.bpf.frames import Frame
+from stacklens.cct import Frame
 from stacklens.bpf.procmaps import ANON, UNKNOWN
 from stacklens.bpf.session import TRUNCATED, native_frames
 

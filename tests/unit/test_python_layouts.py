@@ -15,9 +15,10 @@ import sys
 import pytest
 
 from stacklens.bpf import python_layouts as pl
-from stacklens.bpf.pysym import (Frame, MemoryReadError, RawPyFrame, RawPyStack, Symbolizer,
-                                 line_of, line_ranges_310, line_ranges_311)
-from stacklens.errors import UnsupportedVersion
+from stacklens.bpf.pysym import RawPyFrame, RawPyStack, Symbolizer, line_of, line_ranges_310, line_ranges_311
+from stacklens.cct import Frame
+from stacklens.errors import MemoryReadError, UnsupportedVersion
+from stacklens.introspect.debug_offsets import DEBUG_COOKIE
 
 INTERPRETERS = {
     (3, 10): "/root/.pyenv/versions/3.10.13/bin/python3",
@@ -50,7 +51,7 @@ def test_free_threaded_refused_by_name():
         pl.layout_for((3, 13), b"", free_threaded=True)
 
 
-def debug_blob(version, hexversion=None, free_threaded=0, cookie=pl.DEBUG_COOKIE, **over):
+def debug_blob(version, hexversion=None, free_threaded=0, cookie=DEBUG_COOKIE, **over):
     spec = pl.LAYOUTS[version]
     vals = []
     for i, name in enumerate(spec.field_order):

@@ -1,7 +1,14 @@
 """Reading and writing another process's memory through one interface (py-spy's ProcessMemory).
 
-Requires CAP_SYS_PTRACE (or same uid under Yama scope 0). ``process_vm_readv/writev`` never stop
-the target; ``write_force`` uses /proc/PID/mem, which can write read-only pages (FOLL_FORCE).
+Every read of a target's memory, by the BPF side (the Python-stack reader, code-object
+symbolization) and by the injector and agent server (runtime lookup, PEP 768, kernel names of raw
+CUPTI records), goes through `ProcessMemory`. A failed read raises `MemoryReadError` (an
+`OSError` too); a process that is gone or forbidden raises `NoSuchProcess` / `PermissionDenied`.
+Fakes in local memory: tests/fakes/memory.py.
+
+Requires CAP_SYS_PTRACE (or same uid under Yama scope 0). Neither implementation stops the
+target: `ProcMem` preads /proc/PID/mem (the fd stays bound to the address space it was opened
+on); `RemoteMemory` uses process_vm_readv/writev by PID (and is the one that writes).
 """
 
 from __future__ import annotations
@@ -12,15 +19,24 @@ import os
 import struct
 from typing import Protocol
 
-from ..errors import NoSuchProcess, PermissionDenied
-
+from stacklens.errors import MemoryReadError, NoSuchProcess, PermissionDenied
+from stacklens.introspect.procfs import ProcFS
 
 PAGE = 4096
 
 
 class ProcessMemory(Protocol):
-    def read(self, addr: int, n: int) -> bytes: ...
+    def read(self, addr: int, n: int) -> bytes:
+        """Exactly ``n`` bytes at ``addr`` of the target, or raise MemoryReadError."""
+        ...
+
+
+class WritableMemory(ProcessMemory, Protocol):
     def write(self, addr: int, data: bytes) -> None: ...
+
+
+def read_u64(mem: ProcessMemory, addr: int) -> int:
+    return struct.unpack("<Q", mem.read(addr, 8))[0]
 
 
 def read_cstring(mem: ProcessMemory, addr: int, max_len: int) -> bytes:
@@ -47,22 +63,45 @@ def read_cstring(mem: ProcessMemory, addr: int, max_len: int) -> bytes:
     return b"".join(parts)
 
 
-class ProcMemReader:
-    """Reads through an open ``/proc/PID/mem`` fd (``os.pread``); the caller owns and closes the
-    fd. Unlike ``RemoteMemory`` (process_vm_readv by PID) the fd stays bound to the address space
-    it was opened on: once the target exits or execs, reads fail, even if its PID is reused."""
+class ProcMem:
+    """`ProcessMemory` over /proc/PID/mem (pread; no ptrace stop needed as root), the one
+    /proc/PID/mem reader. Opened at construction (NoSuchProcess / PermissionDenied); ``close()``
+    releases the fd (also a context manager)."""
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
+    def __init__(self, pid: int, procfs: ProcFS | None = None) -> None:
+        self.pid = pid
+        self._fd = -1
+        self._fd = (procfs or ProcFS()).open_mem(pid)
 
     def read(self, addr: int, n: int) -> bytes:
         try:
-            data = os.pread(self.fd, n, addr)
-        except (OverflowError, ValueError):
-            raise OSError(errno.EINVAL, f"bad address {addr!r}") from None
+            data = os.pread(self._fd, n, addr)
+        except OSError as e:
+            raise MemoryReadError(f"read {n} bytes at {addr:#x} in pid {self.pid}: {e}",
+                                  e.errno or errno.EFAULT) from e
+        except (OverflowError, ValueError) as e:
+            raise MemoryReadError(f"read {n} bytes at {addr!r} in pid {self.pid}: {e}",
+                                  errno.EINVAL) from e
         if len(data) != n:
-            raise OSError(errno.EFAULT, f"short read at {addr:#x}: {len(data)}/{n}")
+            raise MemoryReadError(f"short read at {addr:#x} in pid {self.pid}: {len(data)}/{n}")
         return data
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> ProcMem:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # best effort
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 class _IOVec(ctypes.Structure):
@@ -77,17 +116,22 @@ _libc.process_vm_writev.restype = ctypes.c_ssize_t
 _libc.process_vm_writev.argtypes = _libc.process_vm_readv.argtypes
 
 
-def _raise_for(err: int, pid: int, what: str) -> None:
+def _raise_for(err: int, pid: int, what: str, error: type[OSError]) -> None:
     if err == errno.ESRCH:
         raise NoSuchProcess(f"PID {pid} exited ({what})")
     if err == errno.EPERM:
         raise PermissionDenied(
             f"{what} of PID {pid}: permission denied; run as root / with CAP_SYS_PTRACE "
             "(and check /proc/sys/kernel/yama/ptrace_scope)")
+    if error is MemoryReadError:
+        raise MemoryReadError(f"{what} of PID {pid} failed: {os.strerror(err)}", err)
     raise OSError(err, f"{what} of PID {pid} failed: {os.strerror(err)}")
 
 
 class RemoteMemory:
+    """`WritableMemory` by PID through process_vm_readv/writev: what the injector writes with
+    (PEP 768 requests, the pending-call page) without stopping the target."""
+
     def __init__(self, pid: int) -> None:
         self.pid = pid
 
@@ -97,9 +141,9 @@ class RemoteMemory:
         remote = _IOVec(addr, n)
         got = _libc.process_vm_readv(self.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
         if got < 0:
-            _raise_for(ctypes.get_errno(), self.pid, f"reading {n} bytes at {addr:#x}")
+            _raise_for(ctypes.get_errno(), self.pid, f"reading {n} bytes at {addr:#x}", MemoryReadError)
         if got != n:
-            raise OSError(errno.EFAULT, f"short read at {addr:#x} of PID {self.pid}: {got}/{n}")
+            raise MemoryReadError(f"short read at {addr:#x} of PID {self.pid}: {got}/{n}")
         return buf.raw
 
     def write(self, addr: int, data: bytes) -> None:
@@ -108,35 +152,6 @@ class RemoteMemory:
         remote = _IOVec(addr, len(data))
         got = _libc.process_vm_writev(self.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
         if got < 0:
-            _raise_for(ctypes.get_errno(), self.pid, f"writing {len(data)} bytes at {addr:#x}")
+            _raise_for(ctypes.get_errno(), self.pid, f"writing {len(data)} bytes at {addr:#x}", OSError)
         if got != len(data):
             raise OSError(errno.EFAULT, f"short write at {addr:#x} of PID {self.pid}")
-
-    def read_u64(self, addr: int) -> int:
-        return struct.unpack("<Q", self.read(addr, 8))[0]
-
-
-class FakeMemory:
-    """Sparse local memory for tests: ``FakeMemory({addr: bytes, ...})``."""
-
-    def __init__(self, regions: dict[int, bytes | bytearray] | None = None) -> None:
-        self.regions = {a: bytearray(b) for a, b in (regions or {}).items()}
-        self.writes: list[tuple[int, bytes]] = []
-
-    def _find(self, addr: int, n: int) -> tuple[bytearray, int]:
-        for base, buf in self.regions.items():
-            if base <= addr and addr + n <= base + len(buf):
-                return buf, addr - base
-        raise OSError(errno.EFAULT, f"fake memory: {addr:#x}+{n} unmapped")
-
-    def read(self, addr: int, n: int) -> bytes:
-        buf, off = self._find(addr, n)
-        return bytes(buf[off:off + n])
-
-    def write(self, addr: int, data: bytes) -> None:
-        buf, off = self._find(addr, len(data))
-        buf[off:off + len(data)] = data
-        self.writes.append((addr, bytes(data)))
-
-    def read_u64(self, addr: int) -> int:
-        return struct.unpack("<Q", self.read(addr, 8))[0]
