@@ -113,7 +113,7 @@ def test_no_ptrace_permission(tmp_path):
     code = (
         "import sys\n"
         "from stacklens.errors import PermissionDenied\n"
-        "from stacklens.inject.target import find_python\n"
+        "from stacklens.introspect.cpython import find_python\n"
         "from stacklens.inject.ptrace import Tracee\n"
         f"pid = {p.pid}\n"
         "for f in (lambda: find_python(pid), lambda: Tracee(pid, yama_scope=1)):\n"
@@ -137,7 +137,7 @@ def test_no_ptrace_permission(tmp_path):
 @pytest.mark.parametrize("when", ["stopped", "mapped", "calling"])
 def test_process_exits_mid_attach(when, tmp_path):
     from stacklens.inject import ptrace_inject
-    from stacklens.inject.target import find_python
+    from stacklens.introspect.cpython import find_python
     p = start([sys.executable, str(TARGETS / "inject_busy.py"), str(tmp_path / "stop")])
     tp = find_python(p.pid)
 
