@@ -19,11 +19,12 @@ reported by CUPTI and dropped; a group with no such launch within LOOKAHEAD pend
 identical kernels lose one record, the claim can land one launch early — on the same kernel from
 the same code in practice; the counters say how often anything was skipped.
 
-Copies and memsets (daemon/join.py) use a second OrderJoin of their own: records claim the BPF
-copy/memset calls (sig_of = copy_sig: memcpy or memset, and the bytes), and a call no record
-claims goes to on_drop, which charges the bytes the call asked for. A copy or memset node of a
-CUDA graph shares its graph launch's correlation id and joins the kernel groups here (its sig ()
-matches only a graph launch).
+Copies and memsets use a second OrderJoin of their own: records claim the BPF copy/memset calls
+(sig_of = copy_sig: memcpy or memset, and the bytes), and a call no record claims goes to
+on_drop, which charges the bytes the call asked for. A copy or memset node of a CUDA graph shares
+its graph launch's correlation id and joins the kernel groups here (its sig () matches only a
+graph launch). `LaunchOrderJoin` holds the two queues: it is the `GpuJoin` (daemon/gpujoin.py)
+of sessions without API records.
 
 Cost (issue 9: ~25k launches/s on an H200 ViT job): a pending launch is one entry in each of
 three parallel deques (entry time, path, sig: no object of its own, so nothing per launch for the
@@ -36,7 +37,16 @@ from __future__ import annotations
 
 import collections
 import heapq
-from typing import Any, Callable
+import time
+from typing import TYPE_CHECKING, Any, Callable, Union
+
+from stacklens.inject.records import ApiRecord, KernelRecord, MemcpyRecord
+
+if TYPE_CHECKING:
+    from stacklens.daemon.gpujoin import Charges, CopyCall, LaunchEvent, Path
+
+# what a queue holds: kernel records, and (in the kernel queue) the copy/memset nodes of graphs
+GpuRecord = Union[KernelRecord, MemcpyRecord]
 
 SETTLE_NS = 3_000_000_000      # > the collector's 1 s flush period + transport
 LOOKAHEAD = 256
@@ -46,7 +56,7 @@ MAX_PENDING = 1 << 18
 MAX_AGE_NS = 60_000_000_000
 
 
-def kernel_sig(rec: Any) -> tuple:
+def kernel_sig(rec: GpuRecord) -> tuple:
     """(grid_x, grid_y, grid_z, block_x, block_y, block_z) of a kernel record; () for a copy or
     memset node of a CUDA graph (grouped with the graph's kernels: it matches graph launches only)."""
     g, b = getattr(rec, "grid", ()), getattr(rec, "block", ())
@@ -55,7 +65,7 @@ def kernel_sig(rec: Any) -> tuple:
     return tuple(g) + tuple(b)
 
 
-def copy_sig(rec: Any) -> tuple:
+def copy_sig(rec: MemcpyRecord) -> tuple:
     """What a copy or memset record and the BPF event of its call both know: ("memset" or
     "memcpy", bytes). The call's event carries the same pair (`Joiner` computes it)."""
     return ("memset" if rec.kind == "memset" else "memcpy", rec.bytes)
@@ -103,10 +113,12 @@ class OrderJoin:
     """Records claim pending BPF events in correlation-id order (the module docstring).
 
     sig_of: a record's signature, compared with each pending event's (kernel_sig for kernels,
-    copy_sig for the copy queue). on_drop: called with the path of every pending event removed
-    without a claim (skipped, aged, before the collector was enabled, `discard`)."""
+    copy_sig for the copy queue). A pending event's "path" is what the queue hands back: a launch
+    path (kernels) or a `CopyCall` (copies); `drain` calls charge(it or None, record). on_drop:
+    called with the path of every pending event removed without a claim (skipped, aged, before
+    the collector was enabled, `discard`)."""
 
-    def __init__(self, sig_of: Callable[[Any], tuple] = kernel_sig,
+    def __init__(self, sig_of: Callable[[GpuRecord], tuple] = kernel_sig,
                  on_drop: Callable[[Any], None] | None = None) -> None:
         self.sig_of = sig_of
         self.on_drop = on_drop
@@ -115,7 +127,7 @@ class OrderJoin:
         self.times: collections.deque[int] = collections.deque()
         self.paths: collections.deque[tuple] = collections.deque()
         self.sigs: collections.deque[tuple | None] = collections.deque()
-        self.groups: dict[int, Any] = {}      # correlation id -> its first kernel record
+        self.groups: dict[int, GpuRecord] = {}  # correlation id -> its first kernel record
         self.more: dict[int, list] = {}       # correlation id -> the group's other records (graphs)
         self.arrived: dict[int, int] = {}     # correlation id -> arrival ns of its first record
         self.run: collections.deque[int] = collections.deque()  # ids that arrived ascending
@@ -152,7 +164,7 @@ class OrderJoin:
             self._pop()
             self.stats["order_skipped_launches"] += 1
 
-    def on_kernel(self, rec: Any, now_ns: int) -> None:
+    def on_kernel(self, rec: GpuRecord, now_ns: int) -> None:
         corr = rec.correlation_id
         groups = self.groups
         if corr in groups:
@@ -170,7 +182,7 @@ class OrderJoin:
         else:
             heapq.heappush(self.heap, corr)
 
-    def drain(self, now_ns: int, charge: Callable[[tuple | None, Any], None], force: bool = False) -> int:
+    def drain(self, now_ns: int, charge: Callable[[Any, GpuRecord], None], force: bool = False) -> int:
         """Join every settled group (all of them if force); returns how many were joined."""
         n = 0
         times, paths, sigs = self.times, self.paths, self.sigs
@@ -264,5 +276,85 @@ class OrderJoin:
         return n
 
 
-def _start_of(rec: Any) -> int:
+def _start_of(rec: GpuRecord) -> int:
     return rec.start_ns
+
+
+class LaunchOrderJoin:
+    """`GpuJoin` by launch order (the module docstring): one OrderJoin for kernels (and the copy
+    and memset nodes of CUDA graphs), one for copy and memset calls. API records are not used."""
+
+    def __init__(self, charges: Charges, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._kernel, self._kernel_unseen = charges.kernel, charges.kernel_unseen
+        self._copy, self._copy_unseen = charges.copy, charges.copy_unseen
+        self.kernels = OrderJoin()
+        self.copies = OrderJoin(copy_sig, charges.copy_dropped)
+
+    def on_launch(self, ev: LaunchEvent, path: Path) -> None:
+        q = self.kernels
+        t = ev.ktime_ns
+        sig = launch_sig(getattr(ev, "args", None)) if ev.kind == "launch" else None
+        times = q.times
+        if (times and t < times[-1]) or len(times) >= MAX_PENDING:
+            q.on_launch(t, path, sig)           # out of order, or full: the queue's own rule
+        else:                                   # the common case, inline (one launch each, issue 9)
+            times.append(t)
+            q.paths.append(path)
+            q.sigs.append(sig)
+
+    def on_copy_call(self, ev: LaunchEvent, call: CopyCall) -> None:
+        self.copies.on_launch(ev.ktime_ns, call, (call.kind, call.nbytes))
+
+    def on_api(self, rec: ApiRecord) -> None:
+        """Not used: this join is chosen when the agent sends no API records."""
+
+    def on_kernel(self, rec: KernelRecord) -> None:
+        self.kernels.on_kernel(rec, int(self._clock() * 1e9))
+
+    def on_copy(self, rec: MemcpyRecord) -> None:
+        (self.kernels if rec.graph_id else self.copies).on_kernel(rec, int(self._clock() * 1e9))
+
+    def on_enabled(self, t_ns: int) -> None:
+        self.kernels.enabled_at_ns = max(self.kernels.enabled_at_ns, int(t_ns))
+        self.copies.enabled_at_ns = self.kernels.enabled_at_ns
+
+    def _charge_group(self, path: Path | None, rec: KernelRecord | MemcpyRecord) -> None:
+        if type(rec) is MemcpyRecord:          # a copy/memset node of a graph, grouped with its kernels
+            if path is None:
+                self._copy_unseen(rec)
+            else:
+                self._copy(path, rec)
+        elif path is None:
+            self._kernel_unseen(rec)
+        else:
+            self._kernel(path, rec)
+
+    def _charge_copy(self, call: CopyCall | None, rec: MemcpyRecord) -> None:
+        if call is None:
+            self._copy_unseen(rec)
+        else:
+            self._copy(call.path, rec)
+
+    def expire(self, now_ns: int) -> None:
+        """Join the groups that have settled, by the join's clock (`now_ns`, the session's, is
+        for the exact join's ageing)."""
+        self.kernels.drain(int(self._clock() * 1e9), self._charge_group)
+        self.copies.drain(int(self._clock() * 1e9), self._charge_copy)
+
+    def finish(self) -> None:
+        """Join every group; copy calls left unclaimed keep their own bytes (`discard`)."""
+        self.kernels.drain(0, self._charge_group, force=True)
+        self.copies.drain(0, self._charge_copy, force=True)
+        self.copies.discard()
+
+    def waiting_launches(self) -> int:
+        """0: launches this join leaves unclaimed are counted in `order_skipped_launches` when
+        they age out, and not at all when the session ends first (as before the interface)."""
+        return 0
+
+    def stats(self) -> dict[str, int]:
+        d = dict(self.kernels.stats)
+        for k, v in self.copies.stats.items():
+            d["copy_" + k] = v
+        return d
