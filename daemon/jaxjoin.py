@@ -33,9 +33,10 @@ from __future__ import annotations
 import collections
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import NamedTuple
 
 from stacklens.cct import Frame
+from stacklens.inject.records import CompileRecord, HloMapRecord, KernelRecord
 
 COMPILE_METRIC = "compile_time_ns"
 SPLIT_NOTE = ("jax: a fused kernel's gpu_time_ns is split evenly among the distinct original operators "
@@ -48,6 +49,12 @@ MAX_RUNS = 1 << 16
 _SANITIZE = re.compile(r"[^A-Za-z0-9_]")
 _SUFFIXES = ("_impl", "_kernel")
 LIBRARY_OPCODES = ("custom-call",)
+
+
+class Charge(NamedTuple):
+    """Metrics to add at one path of the tree."""
+    path: tuple[Frame, ...]
+    metrics: dict[str, int]
 
 
 def sanitize(name: str) -> str:
@@ -76,7 +83,10 @@ class _Module:
 
 
 class JaxIndex:
-    """Fusion maps of one process's XLA modules; owned by the aggregation thread."""
+    """Fusion maps of one process's XLA modules; owned by the aggregation thread.
+
+    The joiner's splitter: it feeds the JAX records in (`on_record`) and asks for the split of
+    each kernel (`split`); what to add to the tree comes back as `Charge`s, the joiner adds them."""
 
     def __init__(self) -> None:
         self.modules: dict[str, _Module] = {}
@@ -90,7 +100,14 @@ class JaxIndex:
         self.stats = {"modules": 0, "matched": 0, "by_order": 0, "unmatched": 0, "compile_events": 0}
 
     # ---- feeding ---------------------------------------------------------------------------
-    def add_hlo(self, rec: Any) -> None:
+    def on_record(self, rec: HloMapRecord | CompileRecord) -> list[Charge]:
+        """Take a JAX record: a fusion map is kept, a compile event is charged."""
+        if type(rec) is HloMapRecord:
+            self.add_hlo(rec)
+            return []
+        return [self.compile_charge(rec)]
+
+    def add_hlo(self, rec: HloMapRecord) -> None:
         m = self.modules.get(rec.module_id)
         if m is not None and m.entries:                   # complete: the same module sent again
             if rec.site and not m.site:
@@ -131,13 +148,13 @@ class JaxIndex:
             if h and mid in h:
                 h.remove(mid)
 
-    def compile_charge(self, rec: Any) -> tuple[tuple[Frame, ...], dict[str, int]]:
+    def compile_charge(self, rec: CompileRecord) -> Charge:
         """The path and metrics a CompileRecord adds: its call site, compile_time_ns."""
         self.stats["compile_events"] += 1
         path = tuple(Frame.python(f, fn, ln) for f, fn, ln in rec.frames)
         if not path:
             path = (Frame.other(f"jax compile {rec.fun_name}" if rec.fun_name else "jax compile"),)
-        return path, {COMPILE_METRIC: rec.duration_ns}
+        return Charge(path, {COMPILE_METRIC: rec.duration_ns})
 
     # ---- lookups ---------------------------------------------------------------------------
     def _find(self, kernel_name: str, key: tuple, graph: tuple[int, int] | None) -> tuple[_Module, int, bool] | None:
@@ -227,7 +244,7 @@ class JaxIndex:
         return best[1] if best is not None and best[0][0] else None
 
     # ---- the split -------------------------------------------------------------------------
-    def split(self, path: tuple[Frame, ...], krec: Any) -> list[tuple[tuple[Frame, ...], dict[str, int]]] | None:
+    def split(self, path: tuple[Frame, ...], krec: KernelRecord) -> list[Charge] | None:
         """Paths and metrics for one kernel record charged at `path` (the launching path, ending
         or not with its kernel frame); None if the kernel is not one of a known XLA module."""
         r = self.resolve(krec.name, getattr(krec, "device", 0), getattr(krec, "stream", 0),
@@ -249,8 +266,7 @@ class JaxIndex:
         return dict(self.stats)
 
 
-def split_paths(path: tuple[Frame, ...], kernel: str, gpu_ns: int,
-                ops: tuple) -> list[tuple[tuple[Frame, ...], dict[str, int]]]:
+def split_paths(path: tuple[Frame, ...], kernel: str, gpu_ns: int, ops: tuple) -> list[Charge]:
     """The even split of one kernel over its operators.
 
     `path`: the launching path (python frames, then native/api frames, optionally the kernel).
@@ -267,32 +283,12 @@ def split_paths(path: tuple[Frame, ...], kernel: str, gpu_ns: int,
     head, tail = p[:n_py], p[n_py:]
     kf = Frame.kernel(kernel)
     if not ops:
-        return [(p + (kf,), {"gpu_time_ns": gpu_ns, "kernel_count": 1})]
+        return [Charge(p + (kf,), {"gpu_time_ns": gpu_ns, "kernel_count": 1})]
     n = len(ops)
     share, rem = divmod(gpu_ns, n)
     out = []
     for i, (op_name, file, line, func) in enumerate(ops):
         src = (Frame.python(file, func or "?", line),) if file else ()
-        out.append((head + src + (Frame.op(op_name),) + tail + (kf,),
-                    {"gpu_time_ns": share + (rem if i == 0 else 0), "kernel_count": 1 if i == 0 else 0}))
+        out.append(Charge(head + src + (Frame.op(op_name),) + tail + (kf,),
+                          {"gpu_time_ns": share + (rem if i == 0 else 0), "kernel_count": 1 if i == 0 else 0}))
     return out
-
-
-def on_agent_record(joiner: Any, rec: Any) -> bool:
-    """Feed a HloMapRecord / CompileRecord to the joiner's JaxIndex (created on first use, with
-    the split rule added to the snapshot notes). False for any other record."""
-    kind = type(rec).__name__
-    if kind not in ("HloMapRecord", "CompileRecord"):
-        return False
-    if joiner.jax is None:
-        joiner.jax = JaxIndex()
-        notes = joiner.meta.setdefault("notes", [])
-        if SPLIT_NOTE not in notes:
-            notes.append(SPLIT_NOTE)
-    if kind == "HloMapRecord":
-        joiner.jax.add_hlo(rec)
-    else:
-        path, metrics = joiner.jax.compile_charge(rec)
-        joiner.tree.add_many(path, metrics)
-    joiner.meta["jax"] = joiner.jax.meta()
-    return True

@@ -6,13 +6,13 @@ Paths read  py frames → C extension → op frames → native frames → api:�
 first; `splice()` puts native frames between Python runs where the eval loop's frames allow).
 - CPU samples (BPF perf event): py + ops + native.
 - Launches: py + ops + native + api + kernel; `launch_count` at once. GPU time arrives later from
-  the agent (CUPTI): the launch's path waits in a per-thread queue until the CUPTI API record of
-  the same thread whose [start, end] holds the BPF timestamp (clocks calibrated by the agent to
-  CLOCK_MONOTONIC) claims it; the kernel record with that correlation id then charges
-  `gpu_time_ns` and `kernel_count` to the exact launching path. Unmatched launches age out and
-  are counted, never guessed.
+  the agent (CUPTI): the session's `GpuJoin` (daemon/gpujoin.py) says which launch each kernel
+  record belongs to — by launch order (`LaunchOrderJoin`, daemon/orderjoin.py) or exactly through
+  CUPTI API records (`ApiRecordJoin`, daemon/apijoin.py) — and `gpu_time_ns` and `kernel_count`
+  are charged to that launching path. What cannot be joined is counted, never guessed.
 - Copies and memsets: `… → api:cuMemcpyAsync → memcpy:DtoH (Device -> Pinned)` / `… →
-  memset:Device` with GPU time, bytes and counts from CUPTI (see `_on_copy_call`).
+  memset:Device` with GPU time, bytes and counts from CUPTI (see `_on_copy_call`), joined by the
+  same `GpuJoin`.
 - Without an agent `gpu_time_ns`, `kernel_count`, `memcpy_count` and `memset_count` are marked
   unavailable in every snapshot.
 
@@ -32,13 +32,20 @@ import functools
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from stacklens.cct import Frame, Snapshot, WindowedCCT, metrics
+from stacklens.daemon.apijoin import ApiRecordJoin
 from stacklens.daemon.backward import BackwardLink
-from stacklens.daemon.orderjoin import OrderJoin, copy_sig, launch_sig, sorted_pos_from_end
+from stacklens.daemon.gpujoin import CopyCall, GpuJoin, Path
+from stacklens.daemon.jaxjoin import SPLIT_NOTE, JaxIndex
+from stacklens.daemon.orderjoin import LaunchOrderJoin
 from stacklens.introspect.demangle import demangle
-from stacklens.inject.records import MemcpyRecord
+from stacklens.inject.records import (AgentRecord, AgentStats, ApiRecord, CompileRecord, HloMapRecord, KernelRecord,
+                                      MemcpyRecord, Note, PySample)
+
+if TYPE_CHECKING:
+    from stacklens.bpf.events import Event
 
 # Every metric of the registry (cct/metrics.py); py_samples (the in-process sampler) is kept apart
 # from the BPF cpu_samples so neither is double counted.
@@ -51,18 +58,10 @@ GPU_MEASURED = tuple(m.name for m in metrics.REGISTRY if m.needs == "gpu")  # un
 # taken by its basename.
 _INTERPRETER_FILE = re.compile(r"^(lib)?python(3(\.\d+)?[a-z]*)?(\.so(\.[\d.]*)?)?$")
 MAX_NATIVE_FRAMES = 16
-PENDING_MAX_AGE_NS = 30_000_000_000
-# The uprobe fires at the launch function's first instruction, CUPTI stamps the API record a little
-# later, and the clock calibration is good to about a microsecond: a launch belongs to the API
-# record of its thread whose [start - EARLY, end + SLACK] holds its BPF time.
-CLAIM_SLACK_NS = 2_000
-CLAIM_EARLY_NS = 1_000_000
-PENDING_MAX_PER_THREAD = 65_536
 HANDLE_NAMES_MAX = 65_536
 _UNSEEN = (Frame.other("[launch not seen]"),)  # one tuple: its charges are staged together
 # GPU copies and memsets (CUPTI MEMCPY / MEMSET activity), see `_on_copy_call`
 _COPY_UNSEEN = (Frame.other("[copy call not seen]"),)
-COPY_WAIT_MAX_NS = 10_000_000_000   # exact join: a copy record waits this long for its API record
 _MEMSET_UNIT = re.compile(r"MemsetD(8|16|32)")
 
 
@@ -181,32 +180,6 @@ def splice(py: tuple[Frame, ...], entries: tuple[bool, ...], ops: tuple[str, ...
     return head + ext + op_frames + rest
 
 
-@dataclass
-class _Pending:
-    ktime_ns: int
-    path: tuple[Frame, ...]
-
-
-def _ktime_of(p: _Pending) -> int:
-    return p.ktime_ns
-
-
-class _CopyCall:
-    """A BPF copy or memset call waiting for its CUPTI record: the call's path (… → api:…) and
-    what the call itself said it moves (`nbytes` of `metric`), charged only if no record claims
-    it (`Joiner._copy_dropped`), so every byte is counted once."""
-    __slots__ = ("ktime_ns", "path", "nbytes", "metric")
-
-    def __init__(self, ktime_ns: int, path: tuple[Frame, ...], nbytes: int, metric: str) -> None:
-        self.ktime_ns, self.path, self.nbytes, self.metric = ktime_ns, path, nbytes, metric
-
-
-def is_copy_api(name: str) -> bool:
-    """A CUPTI API record of a copy or memset call (cudaMemcpyAsync, cuMemsetD32Async …), not a
-    graph-building one (cudaGraphAddMemcpyNode): the agent keeps the same cbids."""
-    return ("Memcpy" in name or "Memset" in name) and "Graph" not in name
-
-
 AGENT_DROP_KINDS = ("samples", "gpu", "gpu_buffers", "messages", "jax")
 AGENT_STAT_MAX = 1 << 53
 
@@ -224,28 +197,6 @@ def _agent_gauge(v) -> int:
 PARTIAL = {"api_cpu_ns": "kernel launch API time is not measured: launch probes are entry-only (a return "
                          "probe costs more than a launch); api_cpu_ns holds allocations, frees and "
                          "synchronous copies"}
-
-
-def _claim_from(q, last_claims: dict, api: Any, dropped) -> Any:
-    """The pending call (of queue `q`, sorted by time) that CUPTI API record `api` claims: the
-    last one that entered before the record ended, if it entered no earlier than CLAIM_EARLY_NS
-    before its start; the calls before it were never reported (`dropped` gets each). Else the
-    thread's last claim, when it lies inside the record (a runtime record around its driver
-    record). None when nothing fits."""
-    hi = api.end_ns + CLAIM_SLACK_NS
-    n = 0
-    if q:
-        while n < len(q) and q[n].ktime_ns <= hi:
-            n += 1
-    if n and q[n - 1].ktime_ns >= api.start_ns - CLAIM_EARLY_NS:
-        for _ in range(n - 1):
-            dropped(q.popleft())
-        claim = last_claims[api.tid] = q.popleft()
-        return claim
-    last = last_claims.get(api.tid)
-    if last is not None and api.start_ns - CLAIM_EARLY_NS <= last.ktime_ns <= hi:
-        return last
-    return None
 
 
 @dataclass
@@ -266,8 +217,42 @@ class JoinStats:
         return d
 
 
+class _Entry:
+    """A memoized base path: the stacks it was spliced from (kept alive, so their ids stay
+    unique), the spliced path, and the launch paths below it ({api: {kernel name: path}}).
+    A backward entry is keyed by the node's head too, and its own Python frames (`py`)."""
+    __slots__ = ("py", "nat", "ops", "path", "launches", "head")
+
+    def __init__(self, py: tuple, nat: tuple, ops: tuple, path: Path, head: Path | None = None) -> None:
+        self.py, self.nat, self.ops, self.path, self.head = py, nat, ops, path, head
+        self.launches: dict[str, dict[str, Path]] = {}
+
+
+class _Charged:
+    """Where a kernel of one name, launched at one path, is charged: the charged path (… →
+    kernel:NAME), the unresolved handle its launch named (or None), and the demangled name."""
+    __slots__ = ("path", "handle", "kname")
+
+    def __init__(self, path: Path, handle: str | None, kname: str) -> None:
+        self.path, self.handle, self.kname = path, handle, kname
+
+
+class _LaunchCharges:
+    """The charge memo of one launching path (kept alive here, so its id is its own)."""
+    __slots__ = ("launch", "by_name")
+
+    def __init__(self, launch: Path) -> None:
+        self.launch = launch
+        self.by_name: dict[str, _Charged] = {}
+
+
 class Joiner:
-    """Owns one process's tree. Feed it events in arrival order; take snapshots from any thread."""
+    """Owns one process's tree. Feed it events in arrival order; take snapshots from any thread.
+
+    The BPF side gives every event its path; GPU records find their call through the session's
+    `GpuJoin` (daemon/gpujoin.py: `LaunchOrderJoin`, or `ApiRecordJoin` with `api_records`),
+    which hands its verdicts back through the `Charges` methods below (`kernel`, `copy`, …);
+    JAX kernels are split over their operators by a `JaxIndex` (daemon/jaxjoin.py)."""
 
     def __init__(
         self,
@@ -284,13 +269,8 @@ class Joiner:
         self.agent = agent
         self._clock = clock
         # without CUPTI API records (agent config gpu_api_records=False) kernels join by launch order
-        self.order = OrderJoin() if (agent and not api_records) else None
-        # copies and memsets: their own queue of calls (the records claim calls, never launches)
-        self.copy_order = OrderJoin(copy_sig, self._copy_dropped) if self.order is not None else None
-        self._pending_copies: dict[int, collections.deque[_CopyCall]] = collections.defaultdict(collections.deque)
-        self._last_copy_claim: dict[int, _CopyCall] = {}
-        self._copy_by_corr: collections.OrderedDict[int, _CopyCall] = collections.OrderedDict()
-        self._copies_waiting: dict[int, list] = {}     # correlation id -> [arrival ns, [records]]
+        self.gpu_join: GpuJoin = (LaunchOrderJoin(self, clock) if (agent and not api_records)
+                                  else ApiRecordJoin(self, clock))
         self._copy_frames: dict[tuple[str, str], Frame] = {}
         self._memset_units: dict[str, int] = {}
         self.tree = WindowedCCT(
@@ -298,29 +278,29 @@ class Joiner:
         )
         self.stats = JoinStats()
         self.meta: dict[str, Any] = {"pid": pid, "partial": dict(PARTIAL)}
-        self._pending: dict[int, collections.deque[_Pending]] = collections.defaultdict(collections.deque)
-        # correlation id → launching path; kept (bounded) because a graph launch has many kernels
-        self._by_correlation: collections.OrderedDict[int, tuple[Frame, ...]] = collections.OrderedDict()
-        self._last_claim: dict[int, _Pending] = {}
-        self._kernels_waiting: dict[int, list[Any]] = {}
         # GPU time is measured only while the agent's GPU collector runs (CUPTI/RocTracer active)
         self.gpu_collector_active = False
-        self._splice_memo: dict[tuple[int, int, int], list] = {}
-        self._backward_memo: dict[tuple[int, int, int, int], list] = {}
+        self._splice_memo: dict[tuple[int, int, int], _Entry] = {}
+        self._backward_memo: dict[tuple[int, int, int, int], _Entry] = {}
         self.backward = BackwardLink(splice)   # autograd nodes → their forward context
-        # memoized full paths: {api: {kernel name: launch path}} in each splice memo entry, and
-        # id(launching path) -> (launching path, {CUPTI kernel name: (charged path, unresolved
-        # handle or None, demangled name)}); an entry keeps its path alive, so ids stay unique
-        self._charge_memo: dict[int, tuple] = {}
+        # id(launching path) -> its charge memo; an entry keeps its path alive, so ids stay unique
+        self._charge_memo: dict[int, _LaunchCharges] = {}
         t = self.tree
         self._i_launch = t.metric_index("launch_count")
         self._i_gpu = t.metric_index("gpu_time_ns")
         self._i_kernels = t.metric_index("kernel_count")
-        self.jax = None  # daemon.jaxjoin.JaxIndex once the agent sends JAX records
+        self.jax: JaxIndex | None = None   # once the agent sends JAX records
         self._handle_names: dict[str, str] = {}  # "unresolved:0x…" (a CUfunction) → CUPTI's kernel name
+        j = self.gpu_join
+        self._on_launch = j.on_launch if agent else None   # without an agent no GPU record comes
+        self._on_record: dict[type, Callable[[Any], None]] = {
+            KernelRecord: j.on_kernel, MemcpyRecord: self._on_copy_record, ApiRecord: j.on_api,
+            PySample: self._on_py_sample, AgentStats: self._on_agent_stats, Note: self._on_note,
+            HloMapRecord: self._on_jax_record, CompileRecord: self._on_jax_record,
+        }
 
     # ---- BPF side -------------------------------------------------------------------------
-    def on_bpf(self, ev: Any) -> None:
+    def on_bpf(self, ev: Event) -> None:
         stats = self.stats
         stats.events += 1
         kind = ev.kind
@@ -332,31 +312,21 @@ class Joiner:
             else:
                 key = (id(py), id(nat), id(ops))
                 m = self._splice_memo.get(key)  # _base_entry's lookup, inline
-                if m is None or m[0] is not py or m[1] is not nat or m[2] is not ops:
+                if m is None or m.py is not py or m.nat is not nat or m.ops is not ops:
                     m = self._new_base_entry(ev, key)
             name = getattr(ev, "kernel_name", "") or ""
             if name.startswith("unresolved:"):  # CUPTI named this handle before: use the name
                 name = self._handle_names.get(name, name)
             api = ev.api
-            by_name = m[4].get(api)
+            by_name = m.launches.get(api)
             path = None if by_name is None else by_name.get(name)
             if path is None:
                 path = self._suffixed(m, api, name)
             self.tree.stage(path, self._i_launch, 1)
-            if self.order is not None:
-                self.order.on_launch(ev.ktime_ns, path,
-                                     launch_sig(getattr(ev, "args", None)) if kind == "launch" else None)
-            elif self.agent:
-                q = self._pending[ev.tid]
-                if q and ev.ktime_ns < q[-1].ktime_ns:  # out of order: keep the queue sorted (after equal times)
-                    q.insert(sorted_pos_from_end(q, ev.ktime_ns, _ktime_of), _Pending(ev.ktime_ns, path))
-                else:
-                    q.append(_Pending(ev.ktime_ns, path))
-                if len(q) > PENDING_MAX_PER_THREAD:
-                    q.popleft()
-                    stats.launches_unmatched += 1
+            if self._on_launch is not None:
+                self._on_launch(ev, path)
             return
-        base = self._base_entry(ev)[3]
+        base = self._base_entry(ev).path
         add = self.tree.add_many
         if kind == "cpu_sample":
             stats.cpu_samples += 1
@@ -381,17 +351,17 @@ class Joiner:
             stats.rejected += 1
 
     @staticmethod
-    def _suffixed(m: list, api: str, name: str) -> tuple[Frame, ...]:
+    def _suffixed(m: _Entry, api: str, name: str) -> Path:
         """base + api:… (+ kernel:…), built once per (base, api, name): the same tuple after."""
-        by_name = m[4].setdefault(api, {})
-        path = m[3] + (Frame.api(api), Frame.kernel(name)) if name else m[3] + (Frame.api(api),)
+        by_name = m.launches.setdefault(api, {})
+        path = m.path + (Frame.api(api), Frame.kernel(name)) if name else m.path + (Frame.api(api),)
         if len(by_name) >= 4096:
             by_name.clear()
         by_name[name] = path
         return path
 
-    def _base_entry(self, ev: Any) -> list:
-        """[py, nat, ops, splice() of the event's stacks, {api: {kernel name: launch path}}],
+    def _base_entry(self, ev: Event) -> _Entry:
+        """The memo entry of the event's stacks (`_Entry`: their splice() and launch paths),
         memoized on the identity of its parts: the probe session hands out the same tuples for
         the same stack ids, so most events are one lookup (on_bpf does that lookup inline).
         An event under an autograd node (`bwd_node`) gets the node's head (daemon/backward.py)
@@ -404,11 +374,11 @@ class Joiner:
                 return self._backward_entry(ev, *h)
         key = (id(py), id(nat), id(ops))
         m = self._splice_memo.get(key)
-        if m is not None and m[0] is py and m[1] is nat and m[2] is ops:
+        if m is not None and m.py is py and m.nat is nat and m.ops is ops:
             return m
         return self._new_base_entry(ev, key)
 
-    def _backward_entry(self, ev: Any, head: tuple[Frame, ...], linked: bool) -> list:
+    def _backward_entry(self, ev: Event, head: Path, linked: bool) -> _Entry:
         """The memo entry of a backward event: head (forward context → backward:NODE) + the
         node's own operators and native frames below the engine's evaluate_function. An
         unlinked node's head follows the thread's own Python frames (where backward() ran)."""
@@ -417,7 +387,7 @@ class Joiner:
             py = ()
         key = (id(head), id(py), id(nat), id(ops))
         m = self._backward_memo.get(key)
-        if m is not None and m[0] is head and m[1] is nat and m[2] is ops and m[5] is py:
+        if m is not None and m.head is head and m.nat is nat and m.ops is ops and m.py is py:
             return m
         native = tuple(nat)
         below = next((i for i in range(len(native) - 1, -1, -1) if "evaluate_function" in native[i].name), -1)
@@ -425,112 +395,93 @@ class Joiner:
         path = own + head + splice((), (), tuple(ops), native[below + 1:] if below >= 0 else native)
         if len(self._backward_memo) >= 65_536:
             self._backward_memo.clear()
-        m = self._backward_memo[key] = [head, nat, ops, path, {}, py]
+        m = self._backward_memo[key] = _Entry(py, nat, ops, path, head)
         return m
 
-    def _new_base_entry(self, ev: Any, key: tuple[int, int, int]) -> list:
+    def _new_base_entry(self, ev: Event, key: tuple[int, int, int]) -> _Entry:
         """A memo miss: splice the event's stacks and remember them under `key` (their ids)."""
         py, nat, ops = ev.py_stack, ev.native_stack, ev.op_path
         path = splice(tuple(py), tuple(getattr(ev, "py_entries", ()) or ()), tuple(ops), tuple(nat))
         if len(self._splice_memo) >= 65_536:
             self._splice_memo.clear()
-        m = self._splice_memo[key] = [py, nat, ops, path, {}]  # keeps the parts alive: ids stay unique
+        m = self._splice_memo[key] = _Entry(py, nat, ops, path)  # keeps the parts alive: ids stay unique
         return m
 
     # ---- agent side -----------------------------------------------------------------------
-    def on_agent(self, rec: Any) -> None:
+    def on_agent(self, rec: AgentRecord) -> None:
         self.stats.agent_records += 1
-        kind = type(rec).__name__
-        if kind == "KernelRecord" and self.order is not None:
-            self.order.on_kernel(rec, int(self._clock() * 1e9))
-            return
-        if kind == "MemcpyRecord":
-            self._on_copy_record(rec)
-            return
-        if kind == "PySample":
-            frames = tuple(Frame.python(f, fn, ln) for (f, fn, ln) in rec.frames)
-            if frames:
-                self.tree.add_many(frames, {"py_samples": 1})
-        elif kind == "ApiRecord":
-            if "Launch" in rec.name:
-                self._claim(rec)
-            elif is_copy_api(rec.name):
-                self._claim_copy(rec)
-        elif kind == "KernelRecord":
-            path = self._by_correlation.get(rec.correlation_id)
-            if path is None:
-                waiting = self._kernels_waiting.setdefault(rec.correlation_id, [])
-                waiting.append(rec)
-                if len(self._kernels_waiting) > PENDING_MAX_PER_THREAD:
-                    self._kernels_waiting.pop(next(iter(self._kernels_waiting)))
-                    self.stats.kernels_unmatched += 1
-                return
-            self._charge(path, rec)
-        elif kind == "AgentStats":
-            self.gpu_collector_active = bool(rec.gpu.get("active")) or self.gpu_collector_active
-            ex = self.stats.extra           # the agent's own view, latest report (stats, /metrics)
-            ex["agent_samples"] = _agent_gauge(rec.samples)
-            ex["agent_sample_hz"] = _agent_gauge(rec.sample_hz)
-            ex["agent_sample_cost_us"] = _agent_gauge(rec.sample_cost_us)
-            for k in AGENT_DROP_KINDS:        # known names only: the keys come from the target
-                v = rec.dropped.get(k)
-                if isinstance(v, int) and not isinstance(v, bool):
-                    ex[f"agent_dropped_{k}"] = _agent_gauge(v)
-            if self.order is not None and rec.gpu.get("enabled_at_ns"):
-                self.order.enabled_at_ns = max(self.order.enabled_at_ns, int(rec.gpu["enabled_at_ns"]))
-                self.copy_order.enabled_at_ns = self.order.enabled_at_ns
-        elif kind in ("HloMapRecord", "CompileRecord"):
-            from stacklens.daemon.jaxjoin import on_agent_record
-            on_agent_record(self, rec)
-        elif kind == "Note":
+        handle = self._on_record.get(type(rec))
+        if handle is not None:                  # AgentHello, SyncRecord: nothing to join
+            handle(rec)
+
+    def _on_py_sample(self, rec: PySample) -> None:
+        frames = tuple(Frame.python(f, fn, ln) for (f, fn, ln) in rec.frames)
+        if frames:
+            self.tree.add_many(frames, {"py_samples": 1})
+
+    def _on_agent_stats(self, rec: AgentStats) -> None:
+        self.gpu_collector_active = bool(rec.gpu.get("active")) or self.gpu_collector_active
+        ex = self.stats.extra           # the agent's own view, latest report (stats, /metrics)
+        ex["agent_samples"] = _agent_gauge(rec.samples)
+        ex["agent_sample_hz"] = _agent_gauge(rec.sample_hz)
+        ex["agent_sample_cost_us"] = _agent_gauge(rec.sample_cost_us)
+        for k in AGENT_DROP_KINDS:        # known names only: the keys come from the target
+            v = rec.dropped.get(k)
+            if isinstance(v, int) and not isinstance(v, bool):
+                ex[f"agent_dropped_{k}"] = _agent_gauge(v)
+        if rec.gpu.get("enabled_at_ns"):
+            self.gpu_join.on_enabled(rec.gpu["enabled_at_ns"])
+
+    def _on_note(self, rec: Note) -> None:
+        notes = self.meta.setdefault("notes", [])
+        if len(notes) < 32:
+            notes.append(f"agent {rec.level}: {rec.message}"[:300])
+
+    def _on_jax_record(self, rec: HloMapRecord | CompileRecord) -> None:
+        """A JAX record goes to the splitter (created on first use, its rule added to the notes);
+        a compile event comes back as a charge at its call site."""
+        if self.jax is None:
+            self.jax = JaxIndex()
             notes = self.meta.setdefault("notes", [])
-            if len(notes) < 32:
-                notes.append(f"agent {rec.level}: {rec.message}"[:300])
+            if SPLIT_NOTE not in notes:
+                notes.append(SPLIT_NOTE)
+        for c in self.jax.on_record(rec):
+            self.tree.add_many(c.path, c.metrics)
+        self.meta["jax"] = self.jax.meta()
 
-    def _claim(self, api: Any) -> None:
-        """A CUPTI launch API record claims the BPF launch of the same thread inside its interval.
-
-        Per thread, launches and their API records come in the same order: the record claims the
-        last pending launch that entered before it ended; launches before that one were never
-        reported by CUPTI (before activation, or dropped) and are counted, not charged.
-        A runtime launch (cudaLaunchKernel) wraps a driver launch: the driver record (which exits
-        first) claims the BPF event; the enclosing runtime record then maps its correlation id to
-        the same path, so kernels correlated with either land on it.
-        """
-        claim = _claim_from(self._pending.get(api.tid), self._last_claim, api, self._launch_dropped)
-        if claim is None:
-            return
-        self._by_correlation[api.correlation_id] = claim.path
-        if len(self._by_correlation) > PENDING_MAX_PER_THREAD:
-            self._by_correlation.popitem(last=False)
-        for krec in self._kernels_waiting.pop(api.correlation_id, ()):
-            self._charge(claim.path, krec)
-        if self._copies_waiting:                # copy/memset nodes of a graph launch
-            for crec in self._copies_waiting.pop(api.correlation_id, (0, ()))[1]:
-                self._charge_copy(claim.path, crec)
-
-    def _charge_memoized(self, path: tuple[Frame, ...] | None, krec: Any) -> bool:
-        """`_charge`'s common case: the launching path (kept alive by the memo, so its id is its
-        own) and the record's name were seen before; stages the kernel on the memoized charged
-        path, learning the handle's name as `_charge` does. False (nothing done) on a miss.
-        Only without JAX (jaxjoin splits kernels by operator)."""
-        e = self._charge_memo.get(id(path))
-        if e is None:
-            return False
-        hit = e[1].get(krec.name)
-        if hit is None:
-            return False
-        if hit[1] is not None and len(self._handle_names) < HANDLE_NAMES_MAX and not getattr(krec, "graph_id", 0):
-            self._handle_names[hit[1]] = hit[2]
-        d = krec.end_ns - krec.start_ns
-        self.tree.stage_pair(hit[0], self._i_gpu, d if d > 0 else 0, self._i_kernels, 1)
-        self.stats.kernels_joined += 1
-        return True
-
-    def _charge(self, path: tuple[Frame, ...], krec: Any) -> None:
+    # ---- Charges: what the GpuJoin decided ---------------------------------------------------
+    def kernel(self, path: Path, rec: KernelRecord) -> None:
+        """A kernel joined to its launching path: staged on the memoized charged path (the common
+        case: the path and the record's name seen before; not with JAX, which splits kernels by
+        operator), learning an unresolved handle's name from CUPTI."""
         self.gpu_collector_active = True
-        if self.jax is None and self._charge_memoized(path, krec):
-            return
+        self.stats.kernels_joined += 1
+        if self.jax is None:
+            e = self._charge_memo.get(id(path))
+            if e is not None:
+                hit = e.by_name.get(rec.name)
+                if hit is not None:
+                    if hit.handle is not None and len(self._handle_names) < HANDLE_NAMES_MAX and not rec.graph_id:
+                        self._handle_names[hit.handle] = hit.kname
+                    d = rec.end_ns - rec.start_ns
+                    self.tree.stage_pair(hit.path, self._i_gpu, d if d > 0 else 0, self._i_kernels, 1)
+                    return
+        self._charge_new(path, rec)
+
+    def kernel_unseen(self, rec: KernelRecord) -> None:
+        self.gpu_collector_active = True
+        self.stats.kernels_unmatched += 1
+        self._charge_new(_UNSEEN, rec)
+
+    def kernel_lost(self) -> None:
+        self.stats.kernels_unmatched += 1
+
+    def launch_dropped(self) -> None:
+        self.stats.launches_unmatched += 1
+
+    def _charge_new(self, path: Path, krec: KernelRecord) -> None:
+        """`kernel`'s first time for this (path, kernel name), or any JAX kernel: the charged path
+        (the launch's kernel frame named from CUPTI), split by JAX, memoized."""
         kname = demangle(krec.name)
         charged, handle = path, None
         if path[-1].kind != "kernel":
@@ -538,14 +489,13 @@ class Joiner:
         elif path[-1].name != kname and path[-1].name.startswith("unresolved:"):
             # the handle's name, learnt from CUPTI: later launches of it land on the named node
             handle = path[-1].name
-            if len(self._handle_names) < HANDLE_NAMES_MAX and not getattr(krec, "graph_id", 0):
+            if len(self._handle_names) < HANDLE_NAMES_MAX and not krec.graph_id:
                 self._handle_names[handle] = kname
             charged = path[:-1] + (Frame.kernel(kname),)
         split = self.jax.split(charged, krec) if self.jax is not None else None
         if split is not None:  # a JAX kernel: one path per original operator (jaxjoin's rule)
-            for p, m in split:
-                self.tree.add_many(p, m)
-            self.stats.kernels_joined += 1
+            for c in split:
+                self.tree.add_many(c.path, c.metrics)
             self.meta["jax"] = self.jax.meta()
             return
         if self.jax is None:
@@ -554,37 +504,23 @@ class Joiner:
             if e is None:
                 if len(memo) >= 65_536:
                     memo.clear()
-                e = memo[id(path)] = (path, {})
-            if len(e[1]) < 1024:
-                e[1][krec.name] = (charged, handle, kname)
+                e = memo[id(path)] = _LaunchCharges(path)
+            if len(e.by_name) < 1024:
+                e.by_name[krec.name] = _Charged(charged, handle, kname)
         d = krec.end_ns - krec.start_ns
         self.tree.stage_pair(charged, self._i_gpu, d if d > 0 else 0, self._i_kernels, 1)
-        self.stats.kernels_joined += 1
-
-    def _charge_ordered(self, path: tuple[Frame, ...] | None, krec: Any) -> None:
-        if type(krec) is MemcpyRecord:          # a copy/memset node of a graph, grouped with its kernels
-            self._charge_copy(path, krec)
-            return
-        self.gpu_collector_active = True
-        if self.jax is None and self._charge_memoized(path, krec):  # never for None: not memoized
-            return
-        if path is None:
-            self.stats.kernels_unmatched += 1
-            self.stats.kernels_joined -= 1     # _charge counts it; it was charged, not joined
-            path = _UNSEEN
-        self._charge(path, krec)
 
     # ---- copies and memsets (CUPTI MEMCPY / MEMSET activity) ---------------------------------
     # A copy or memset call seen by BPF (`kind = "memcpy"` probes; memsets have direction
     # "memset") adds its CPU time at once under `… → api:NAME`. With an agent the call then waits
-    # for its CUPTI record, which charges GPU time, bytes and a count to `… → api:NAME →
-    # memcpy:DtoH (Device -> Pinned)` / `memset:Device`; the bytes the call asked for are added
-    # under `api:NAME` only if no record claims it, so bytes are never counted twice. Claims: by
-    # order (`copy_order`, the default without API records: records in correlation-id order claim
-    # calls whose (memcpy|memset, bytes) match) or exactly (API records of copy calls claim the
-    # thread's call inside their interval, as launches). A copy node of a CUDA graph joins with
-    # the graph's kernels. A record no call claims lands under `[copy call not seen]`: its GPU
-    # time stays in the totals, counted in `copies_unjoined`.
+    # (a `CopyCall`, in the GpuJoin) for its CUPTI record, which charges GPU time, bytes and a
+    # count to `… → api:NAME → memcpy:DtoH (Device -> Pinned)` / `memset:Device`; the bytes the
+    # call asked for are added under `api:NAME` only if no record claims it, so bytes are never
+    # counted twice. Claims: by order (records in correlation-id order claim calls whose
+    # (memcpy|memset, bytes) match) or exactly (API records of copy calls claim the thread's call
+    # inside their interval, as launches). A copy node of a CUDA graph joins with the graph's
+    # kernels. A record no call claims lands under `[copy call not seen]`: its GPU time stays in
+    # the totals, counted in `copies_unjoined`.
 
     def _memset_unit(self, api: str) -> int:
         """Bytes per element of a memset call (cuMemsetD32Async: 4); 1 for byte counts."""
@@ -596,66 +532,24 @@ class Joiner:
                 self._memset_units[api] = u
         return u
 
-    def _on_copy_call(self, ev: Any, path: tuple[Frame, ...]) -> None:
+    def _on_copy_call(self, ev: Event, path: Path) -> None:
         memset = getattr(ev, "direction", "") == "memset"
         nbytes = ev.bytes * self._memset_unit(ev.api) if memset else ev.bytes
-        metric = "memset_bytes" if memset else "copy_bytes"
         if not self.agent:
-            self.tree.add_many(path, {metric: nbytes, "api_cpu_ns": getattr(ev, "duration_ns", 0)})
+            self.tree.add_many(path, {"memset_bytes" if memset else "copy_bytes": nbytes,
+                                      "api_cpu_ns": getattr(ev, "duration_ns", 0)})
             return
         self.tree.add_many(path, {"api_cpu_ns": getattr(ev, "duration_ns", 0)})
-        call = _CopyCall(ev.ktime_ns, path, nbytes, metric)
-        if self.copy_order is not None:
-            self.copy_order.on_launch(ev.ktime_ns, call, ("memset" if memset else "memcpy", nbytes))
-            return
-        q = self._pending_copies[ev.tid]
-        if q and ev.ktime_ns < q[-1].ktime_ns:
-            q.insert(sorted_pos_from_end(q, ev.ktime_ns, _ktime_of), call)
-        else:
-            q.append(call)
-        if len(q) > PENDING_MAX_PER_THREAD:
-            self._copy_dropped(q.popleft())
-
-    def _copy_dropped(self, call: _CopyCall) -> None:
-        """A call no record claimed (before the collector was on, a lost record, too old): the
-        bytes it asked for are all that is known of it."""
-        self.tree.add_many(call.path, {call.metric: call.nbytes})
-        ex = self.stats.extra
-        ex["copy_calls_unmatched"] = ex.get("copy_calls_unmatched", 0) + 1
+        self.gpu_join.on_copy_call(ev, CopyCall(ev.ktime_ns, path, nbytes, "memset" if memset else "memcpy"))
 
     def _on_copy_record(self, rec: MemcpyRecord) -> None:
         self.gpu_collector_active = True
-        if self.copy_order is not None:
-            now = int(self._clock() * 1e9)
-            (self.order if rec.graph_id else self.copy_order).on_kernel(rec, now)
-            return
-        corr = rec.correlation_id
-        target = self._copy_by_corr.get(corr) or self._by_correlation.get(corr)  # a call, or a graph launch
-        if target is not None:
-            self._charge_copy(target, rec)
-            return
-        w = self._copies_waiting.get(corr)
-        if w is None:
-            w = self._copies_waiting[corr] = [int(self._clock() * 1e9), []]
-            if len(self._copies_waiting) > PENDING_MAX_PER_THREAD:
-                for old in self._copies_waiting.pop(next(iter(self._copies_waiting)))[1]:
-                    self._charge_copy(None, old)
-        w[1].append(rec)
+        self.gpu_join.on_copy(rec)
 
-    def _launch_dropped(self, _pending: Any) -> None:
-        self.stats.launches_unmatched += 1
-
-    def _claim_copy(self, api: Any) -> None:
-        """A CUPTI API record of a copy/memset call claims the thread's pending call inside its
-        interval (`_claim`'s rule); calls before it were never reported and keep their own bytes."""
-        claim = _claim_from(self._pending_copies.get(api.tid), self._last_copy_claim, api, self._copy_dropped)
-        if claim is None:
-            return
-        self._copy_by_corr[api.correlation_id] = claim
-        if len(self._copy_by_corr) > PENDING_MAX_PER_THREAD:
-            self._copy_by_corr.popitem(last=False)
-        for rec in self._copies_waiting.pop(api.correlation_id, (0, ()))[1]:
-            self._charge_copy(claim, rec)
+    def copy_dropped(self, call: CopyCall) -> None:
+        self.tree.add_many(call.path, {call.metric: call.nbytes})
+        ex = self.stats.extra
+        ex["copy_calls_unmatched"] = ex.get("copy_calls_unmatched", 0) + 1
 
     def _copy_frame(self, rec: MemcpyRecord) -> Frame:
         key = (rec.kind, rec.memory)
@@ -669,17 +563,20 @@ class Joiner:
                 self._copy_frames[key] = f
         return f
 
-    def _charge_copy(self, target: Any, rec: MemcpyRecord) -> None:
-        """GPU time, bytes and a count of one record under the call (a `_CopyCall`) or graph
-        launch (a path) that issued it; None: `[copy call not seen]`."""
-        self.gpu_collector_active = True
+    def copy(self, path: Path, rec: MemcpyRecord) -> None:
+        """GPU time, bytes and a count of one record under the path of the call (or graph
+        launch) that issued it."""
         ex = self.stats.extra
-        if target is None:
-            path = _COPY_UNSEEN
-            ex["copies_unjoined"] = ex.get("copies_unjoined", 0) + 1
-        else:
-            path = target.path if type(target) is _CopyCall else target
-            ex["copies_joined"] = ex.get("copies_joined", 0) + 1
+        ex["copies_joined"] = ex.get("copies_joined", 0) + 1
+        self._add_copy(path, rec)
+
+    def copy_unseen(self, rec: MemcpyRecord) -> None:
+        ex = self.stats.extra
+        ex["copies_unjoined"] = ex.get("copies_unjoined", 0) + 1
+        self._add_copy(_COPY_UNSEEN, rec)
+
+    def _add_copy(self, path: Path, rec: MemcpyRecord) -> None:
+        self.gpu_collector_active = True
         d = rec.end_ns - rec.start_ns
         if rec.kind == "memset":
             m = {"gpu_time_ns": d if d > 0 else 0, "memset_count": 1, "memset_bytes": rec.bytes}
@@ -687,28 +584,7 @@ class Joiner:
             m = {"gpu_time_ns": d if d > 0 else 0, "memcpy_count": 1, "copy_bytes": rec.bytes}
         self.tree.add_many(path + (self._copy_frame(rec),), m)
 
-    def _expire_copies(self, now_ns: int, force: bool = False) -> None:
-        """Calls and records that waited too long (all of them at detach): calls keep their own
-        bytes, records land under `[copy call not seen]`."""
-        ex = self.stats.extra
-        if self.copy_order is not None:
-            if force:
-                self.copy_order.drain(0, self._charge_copy, force=True)
-                self.copy_order.discard()
-            else:
-                self.copy_order.drain(int(self._clock() * 1e9), self._charge_copy)
-            for k, v in self.copy_order.stats.items():
-                ex["copy_" + k] = v
-            return
-        for q in self._pending_copies.values():
-            while q and (force or now_ns - q[0].ktime_ns > PENDING_MAX_AGE_NS):
-                self._copy_dropped(q.popleft())
-        if self._copies_waiting:
-            now = int(self._clock() * 1e9)
-            for corr in [c for c, w in self._copies_waiting.items() if force or now - w[0] > COPY_WAIT_MAX_NS]:
-                for rec in self._copies_waiting.pop(corr)[1]:
-                    self._charge_copy(None, rec)
-
+    # ---- time ------------------------------------------------------------------------------
     def flush(self) -> None:
         """End of a batch: apply the staged launch/kernel counts to the tree (see the module
         docstring). Snapshots, `expire()` and `finish()` flush by themselves."""
@@ -717,25 +593,21 @@ class Joiner:
     def finish(self) -> None:
         """At detach: join what is still waiting (the order join's unsettled kernel groups, the
         copies and memsets)."""
-        if self.order is not None:
-            self.order.drain(0, self._charge_ordered, force=True)
-            self.stats.extra.update(self.order.stats)
-        self._expire_copies(0, force=True)
+        self.gpu_join.finish()
+        self.stats.extra.update(self.gpu_join.stats())
         self.tree.flush()
 
     def expire(self, now_ns: int) -> None:
-        if self.order is not None:
-            self.order.drain(int(self._clock() * 1e9), self._charge_ordered)
-            self.stats.extra.update(self.order.stats)
+        self.gpu_join.expire(now_ns)
+        self.stats.extra.update(self.gpu_join.stats())
         if self.backward.stats:
             self.stats.extra.update(self.backward.stats)
             self.stats.extra.update(self.backward.sizes())
-        for q in self._pending.values():
-            while q and now_ns - q[0].ktime_ns > PENDING_MAX_AGE_NS:
-                q.popleft()
-                self.stats.launches_unmatched += 1
-        self._expire_copies(now_ns)
         self.tree.flush()
+
+    def waiting_launches(self) -> int:
+        """Launches still waiting for their GPU record (a window's `unjoined`, after `finish`)."""
+        return self.gpu_join.waiting_launches()
 
     # ---- reading --------------------------------------------------------------------------
     def unavailable(self) -> set[str]:

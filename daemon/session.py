@@ -401,7 +401,7 @@ class ProcessSession:
                     self.joiner.on_agent(rec)
         except Exception as e:  # noqa: BLE001 — the window closes whatever the agent did
             self.notes.append(f"agent drain at the window's end: {e}")
-        pending = sum(len(q) for q in getattr(self.joiner, "_pending", {}).values())
+        pending = self.joiner.waiting_launches()
         self.joiner.finish()
         st: dict[str, int] = {}
         try:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from stacklens.cct import Frame
 from stacklens.cct.export import decode_profile, encode_profile
-from stacklens.daemon.join import COPY_WAIT_MAX_NS, Joiner
+from stacklens.daemon.apijoin import COPY_WAIT_MAX_NS
+from stacklens.daemon.join import Joiner
 from stacklens.daemon.orderjoin import SETTLE_NS
 from stacklens.inject.records import AgentStats, ApiRecord, MemcpyRecord
 from tests.fakes.sources import FakeEvent, py

@@ -73,7 +73,7 @@ def test_joiner_pending_queue_inserts_after_equal_times():
     for t, fn in ((100_000, "a"), (200_000, "b"), (200_000, "c"), (300_000, "d"), (200_000, "e"), (50_000, "f")):
         j.on_bpf(FakeEvent(kind="launch", tid=1, ktime_ns=t, api="cuLaunchKernel", py_stack=(py(fn, 1),),
                            kernel_name="k"))
-    q = j._pending[1]
+    q = j.gpu_join.pending[1]
     assert [p.ktime_ns for p in q] == [50_000, 100_000, 200_000, 200_000, 200_000, 300_000]
     assert [p.path[0].name for p in q] == ["f", "a", "b", "c", "e", "d"]
     # an API record ending at 200 us claims the last launch entered by then: "e", the late one
