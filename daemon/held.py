@@ -12,7 +12,12 @@ there, so a first breakpoint at the program's entry point lets it do that; a Pyt
 then let run to its first `_PyEval_EvalFrameDefault` call (the first Python code, inside
 Py_Initialize), where the interpreter and its main thread state exist and the script has not
 begun. That stop is repeated until the thread state is readable the way the probes read it (the
-TSS slot is set), a few calls at most. Anything that is not Python is held at its entry point.
+TSS slot is set), a few calls at most. Then, for a script or `-c`, on to where the interpreter
+starts it (`_PyRun_AnyFileObject`, `PyRun_SimpleStringFlags`): its start-up (site and its .pth
+imports, whose freed module code objects the profile could only show as `[stale code object]`)
+runs before the probes attach, and the profile starts at the program's first line. `-m` runs its
+module through runpy, with no such entry: held at the first Python code, the start-up included.
+Anything that is not Python is held at its entry point.
 `release()` detaches: the program runs on as if never stopped. If stacklens dies while holding
 it, the kernel kills it (PTRACE_O_EXITKILL), so no program stays stopped for ever.
 """
@@ -37,6 +42,10 @@ PTRACE_EVENT_EXEC = 4
 RIP_OFFSET = 16 * 8           # struct user_regs_struct.rip (x86-64)
 AT_ENTRY = 9
 EVAL = "_PyEval_EvalFrameDefault"
+# where the interpreter starts the program: a script (or stdin), and -c (3.13+ through the
+# unexported _PyRun_SimpleStringFlagsWithName; before, PyRun_SimpleStringFlags)
+RUN_FILE, RUN_STRING, RUN_STRING_NAMED = "_PyRun_AnyFileObject", "PyRun_SimpleStringFlags", \
+    "_PyRun_SimpleStringFlagsWithName"
 MAX_EVAL_STOPS = 64           # eval calls waited for a readable thread state before giving up
 WRAPPERS = ("env",)           # exec'd programs that exec the real one (`#!/usr/bin/env python3`)
 
@@ -70,6 +79,48 @@ def _resolve(cmd0: str) -> str:
     return path
 
 
+# options of the python command line that take a value (the next argument when not attached)
+_VALUE_OPTIONS = frozenset("WX")
+
+
+def _main_entry(argv: list[str]) -> str | None:
+    """The interpreter function that starts the program `python ARGS` runs: RUN_STRING for -c,
+    RUN_FILE for a script; None for -m (runpy: no entry of its own) and stdin (3.13's REPL is
+    started through runpy too)."""
+    args = iter(argv[1:])
+    for a in args:
+        if a == "--":
+            return RUN_FILE if next(args, "-") != "-" else None
+        if a == "-":
+            return None
+        if not a.startswith("-"):
+            return RUN_FILE
+        if a.startswith("--"):
+            if a == "--check-hash-based-pycs":
+                next(args, None)
+            continue
+        for i, flag in enumerate(a[1:], 1):
+            if flag == "c":
+                return RUN_STRING
+            if flag == "m":
+                return None
+            if flag in _VALUE_OPTIONS:
+                if i == len(a) - 1:
+                    next(args, None)
+                break
+    return None
+
+
+def _start_address(py, entry: str | None) -> int:
+    """Where `entry` starts in this interpreter; 0 where it is unknown (the program would run
+    past an entry it never calls: better held at its first Python code)."""
+    if entry == RUN_STRING:
+        if RUN_STRING_NAMED in py.symbols:
+            return py.symbols[RUN_STRING_NAMED]
+        return py.symbols.get(RUN_STRING, 0) if py.minor < (3, 13) else 0
+    return py.symbols.get(entry, 0) if entry else 0
+
+
 class HeldCommand:
     """`cmd` started and stopped before its first instruction (or, for Python, its first Python
     code). `where` says where it is held; `release()` lets it run; `wait()` reaps it."""
@@ -92,9 +143,13 @@ class HeldCommand:
             if platform.machine() in ("x86_64", "AMD64"):
                 self._run_to(self._entry())
                 self.where = "entry"
-                addr = self._eval_address()
-                if addr:
-                    self._run_to_ready(addr)
+                py = self._python()
+                if py is not None and py.symbols.get(EVAL):
+                    self._run_to_ready(py.symbols[EVAL])
+                    start = _start_address(py, _main_entry(ProcFS().cmdline(self.pid)))
+                    if start and self.where == "first Python code":
+                        self._run_to(start)
+                        self.where = "program's first line"
         except BaseException:
             self.kill()
             raise
@@ -150,15 +205,20 @@ class HeldCommand:
 
         for n in range(MAX_EVAL_STOPS):
             if n:   # step off the restored instruction, then stop at the next call
-                _ptrace(PTRACE_SINGLESTEP, self.pid)
-                self._wait_stop()
+                self._step_off()
             self._run_to(addr)
-            self.where = "first Python code"
             ok, why = thread_state_readable(self.pid)
             if ok:
+                self.where = "first Python code"
                 return
+        self.where = "Python code"
         self.notes.append(f"record: the thread state was not readable after {MAX_EVAL_STOPS} Python "
                           f"calls ({why}); Python stacks may start late")
+
+    def _step_off(self) -> None:
+        """Execute the instruction under a removed breakpoint, so the next one there stops again."""
+        _ptrace(PTRACE_SINGLESTEP, self.pid)
+        self._wait_stop()
 
     def _exe(self) -> str:
         return ProcFS().exe(self.pid)
@@ -169,15 +229,15 @@ class HeldCommand:
                 return val
         raise AttachError(f"no entry point in the auxiliary vector of PID {self.pid}")
 
-    def _eval_address(self) -> int:
-        """Where the interpreter's eval loop starts (0: not a Python process, or its library is
-        not mapped yet)."""
+    def _python(self):
+        """The interpreter with the addresses of its eval loop and program entries (None: not a
+        Python process, or its library is not mapped yet)."""
         from stacklens.introspect.cpython import find_python
 
         try:
-            return find_python(self.pid, symbols=(EVAL,)).symbols.get(EVAL, 0)
+            return find_python(self.pid, symbols=(EVAL, RUN_FILE, RUN_STRING, RUN_STRING_NAMED))
         except (NotApplicable, MemoryReadError):
-            return 0
+            return None
 
     # ---- letting go ----------------------------------------------------------------------
     def release(self) -> None:

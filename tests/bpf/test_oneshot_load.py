@@ -4,8 +4,8 @@
   and twice on a busy torch loop: cpu_samples within 25% of rate x the CPU time the target used
   in the window the profile reports, read here from /proc/P/stat (not from stacklens);
 - `stacklens record -- python prog.py`: profiled from its first line (samples within 25% of
-  rate x the CPU time the program measured itself), >= 95% rooted at its <module>, no
-  `[stale code object]` in the script's frames;
+  rate x the CPU time the program measured itself), >= 95% rooted at its <module>,
+  no `[stale code object]`;
 - `profile` of `sleep` says it used no CPU and exits 0.
 
 The full runs (10 + 10 at 10 s) are benchmarks/bench_oneshot.py, docs/benchmarks/oneshot.md.
@@ -104,7 +104,7 @@ def test_record_profiles_from_the_first_line(bpf_available, hogs, tmp_path):
                         sys.executable, str(prog)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     own_cpu = float(r.stdout.split()[-1])   # what the program measured itself
-    assert "held at its first Python code" in r.stderr, r.stderr
+    assert "held at its program's first line" in r.stderr, r.stderr
     from stacklens.cct import export
 
     snap = export.load(out)
@@ -113,7 +113,6 @@ def test_record_profiles_from_the_first_line(bpf_available, hogs, tmp_path):
     at_module = sum(int(n) for p, n in rows if p.split(";")[0].startswith(f"py:{prog}:<module>:"))
     assert abs(total - RATE * own_cpu) <= 0.25 * RATE * own_cpu, (total, own_cpu)
     assert at_module >= 0.95 * total, rows[:5]
-    # the script's own frames are never stale; in the interpreter's start-up (site's imports) a
-    # module body freed and its address reused within ~2 ms of a sample stays marked: rare
-    assert not any("stale code object" in p for p, _ in rows if p.startswith(f"py:{prog}:<module>:"))
-    assert sum(int(n) for p, n in rows if "stale code object" in p) <= max(2, 0.01 * total)
+    # the interpreter's start-up (site's imports, whose freed module bodies were the only
+    # `[stale code object]` samples) ran before the probes attached
+    assert not any("stale code object" in p for p, _ in rows), [r for r in rows if "stale" in r[0]]
