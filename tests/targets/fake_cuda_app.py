@@ -7,6 +7,8 @@ scenario, prints `done`, waits for another line, exits. Every count is fixed and
 import ctypes
 import sys
 
+from fake_slept import slept
+
 libdir = sys.argv[1]
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 7
 M = int(sys.argv[3]) if len(sys.argv) > 3 else 5
@@ -62,5 +64,5 @@ backward(bwd, M)
 app.app_ex_launches(fwd, 3)
 ptr = memory()
 sync()
-print(f"done {fwd} {bwd} {ptr}", flush=True)
+print(f"done {fwd} {bwd} {ptr} {slept(cuda)}", flush=True)
 sys.stdin.readline()

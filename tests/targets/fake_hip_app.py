@@ -6,6 +6,8 @@ argv: LIBDIR [N]. Prints `ready`, waits for a line, runs, prints `done STUB`, wa
 import ctypes
 import sys
 
+from fake_slept import slept
+
 
 class Dim3(ctypes.Structure):
     _fields_ = [("x", ctypes.c_uint32), ("y", ctypes.c_uint32), ("z", ctypes.c_uint32)]
@@ -49,5 +51,5 @@ launch(N)
 module_launch(2)
 memory()
 hip.hipStreamSynchronize(0x4242)
-print(f"done {stub}", flush=True)
+print(f"done {stub} {slept(hip)}", flush=True)
 sys.stdin.readline()
