@@ -113,6 +113,10 @@ class Event(tuple):
     def _asdict(self) -> dict:
         return {n: getattr(self, n) for n in EVENT_FIELDS}
 
+    def with_duration(self, duration_ns: int) -> "Event":
+        """The same call with another duration (a one-shot window cuts a call at its end)."""
+        return _tnew(Event, _tget(self, slice(0, 5)) + (duration_ns,) + _tget(self, slice(6, None)))
+
 
 def make_event(kind, api, pid, tid, ktime_ns, duration_ns, args, op_path, native_stack, py_stack,
                kernel_name="", nbytes=0, direction="", ret=0, py_entries=(), bwd_node=0) -> Event:

@@ -533,6 +533,19 @@ class ProbeSession:
             if was_enabled:
                 gc.enable()
 
+    def in_flight(self) -> list[Event]:
+        """The return-probed calls entered and not yet returned (a sync still waiting), as their
+        entry events (duration 0): what a window that ends now would otherwise never see."""
+        if self._bpf is None:
+            return []
+        records = []
+        try:
+            for _key, val in self._bpf["pending"].items():
+                records.append(ct.string_at(ct.addressof(val), ct.sizeof(val)))
+        except (KeyError, OSError):
+            return []
+        return self._decode_ring(_RecordList(records), 1 << 30) if records else []
+
     def _on_fallback(self, _cpu, data, size) -> None:
         # an event, and for a CPU sample the addresses after it (SL_STACK_INLINE); the perf
         # record's size includes padding, which the decode's bounds ignore

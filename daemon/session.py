@@ -44,6 +44,7 @@ class EventSource(Protocol):
     def poll(self, timeout_ms: int = 100, max_events: int = ...) -> list[Any]: ...
     def stats(self) -> dict[str, int]: ...
     def detach(self) -> None: ...
+    # optional: in_flight() -> list[Event], the return-probed calls not yet returned (ProbeSession)
 
 
 class AgentSource(Protocol):
@@ -85,6 +86,8 @@ class Window:
     cpu_end_ns: int | None = None
     before: int = 0            # stamped before start (while the probes were being attached)
     after: int = 0             # stamped after end
+    cut: int = 0               # calls that returned after end: counted up to end
+    in_flight: int = 0         # syncs still waiting at the close: counted from entry up to end
     newest_ns: int = 0         # newest stamp read so far
     drained: bool = False      # every event stamped up to end_ns was read
     drain_s: float = 0.0       # from end_ns to the close
@@ -106,9 +109,23 @@ class Window:
                 self.before += 1
             elif hi is not None and t > hi:
                 self.after += 1
+            elif hi is not None and t + ev.duration_ns > hi:
+                self.cut += 1
+                keep.append(ev.with_duration(hi - t))
             else:
                 keep.append(ev)
         return keep
+
+    def still_waiting(self, entered: list, returned: list) -> list:
+        """Syncs entered inside the window and not returned by its end (`entered`: the probes'
+        in-flight calls, read before the last drain of the ring, which gave `returned`): each
+        counted as a wait from its entry up to the end."""
+        done = {(ev.tid, ev.ktime_ns) for ev in returned}
+        out = [ev.with_duration(self.end_ns - ev.ktime_ns) for ev in entered
+               if ev.kind == "sync" and self.start_ns <= ev.ktime_ns <= self.end_ns
+               and (ev.tid, ev.ktime_ns) not in done]
+        self.in_flight += len(out)
+        return out
 
     def past_end(self, ring_empty: bool, now_ns: int) -> bool:
         """True once everything stamped up to end_ns has been read (see DRAIN_GRACE_NS)."""
@@ -394,6 +411,7 @@ class ProcessSession:
             w.cpu_end_ns = process_cpu_ns(self.pid)
             w.end_ns = time.monotonic_ns()
         w.drained = not self._window_abort or w.past_end(False, 0)
+        self._charge_in_flight(w)
         try:
             if self.agent is not None:
                 self.agent.stop()
@@ -416,6 +434,21 @@ class ProcessSession:
         self.joiner.meta["window"] = self._window_meta(w, st)
         self._window_done.set()
 
+    def _charge_in_flight(self, w: Window) -> None:
+        """A sync still waiting at the window's end is part of the window: its wait so far."""
+        in_flight = getattr(self.probes, "in_flight", None)
+        if in_flight is None or not pid_alive(self.pid):   # an exited target waits no more
+            return
+        try:
+            entered = in_flight()
+            returned = []
+            while evs := self.probes.poll(0, max_events=BATCH_EVENTS):
+                returned += evs
+            for ev in w.admit(returned) + w.still_waiting(entered, returned):
+                self.joiner.on_bpf(ev)
+        except Exception as e:  # noqa: BLE001 — the window closes with what it has
+            self.notes.append(f"syncs in flight at the window's end: {e}")
+
     def _window_meta(self, w: Window, st: dict) -> dict:
         cpu_s = None
         if w.cpu_start_ns is not None and w.cpu_end_ns is not None:
@@ -433,6 +466,7 @@ class ProcessSession:
             "drained": w.drained, "drain_s": round(w.drain_s, 3),
             "unjoined": int(st.get("unjoined", 0)),
             "before_window": w.before, "after_window": w.after,
+            "cut_at_end": w.cut, "in_flight_at_end": w.in_flight,
         }
 
     def _serve_requests(self) -> None:

@@ -162,3 +162,28 @@ def test_hip_launch_alloc_copy_sync(bpf_ok, fake_libs, start_target):
     sync = [e for e in evs if e.kind == "sync"]
     assert len(sync) == 1
     assert_sync_times(sync, parse_slept(done))
+
+
+def test_a_sync_still_waiting_when_a_window_closes_is_counted_up_to_its_end(bpf_ok, fake_libs, start_target):
+    """The probes' pending map read at the close (ProbeSession.in_flight): a target blocked in
+    a 60 s cuStreamSynchronize shows its wait so far, marked, instead of nothing."""
+    import time as _time
+
+    from stacklens.daemon.session import ProcessSession
+
+    t = start_target("fake_cuda_app.py", str(fake_libs["dir"]), "2", "2", env={"FAKE_SYNC_US": "60000000"})
+    s = ProcessSession(t.pid)
+    s.start(window=True)
+    try:
+        t.send()
+        deadline = _time.monotonic() + 60
+        while s.snapshot().total("launch_count") < 4 + 3 and _time.monotonic() < deadline:
+            s.wait_window(0.05)      # the launches come right before the sync
+        meta = s.close_window()
+        snap = s.snapshot()
+    finally:
+        s.stop()
+    assert meta["in_flight_at_end"] == 1, meta
+    waits = [(p, m["sync_wait_ns"]) for p, m in snap.iter_paths() if m.get("sync_wait_ns")]
+    assert len(waits) == 1 and any(f.name == "sync" for f in waits[0][0] if f.kind == "python"), waits
+    assert 0 < waits[0][1] <= meta["end_ns"] - meta["start_ns"]

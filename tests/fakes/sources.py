@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import dataclasses
 from dataclasses import dataclass, field
 
 from stacklens.cct import Frame
@@ -25,6 +26,9 @@ class FakeEvent:
     duration_ns: int = 0
     bytes: int = 0
 
+    def with_duration(self, duration_ns: int) -> "FakeEvent":
+        return dataclasses.replace(self, duration_ns=duration_ns)
+
 
 class FakeProbes:
     """An EventSource fed by the test (`push`)."""
@@ -36,6 +40,10 @@ class FakeProbes:
         self.attached = False
         self.detached = False
         self.cv = threading.Condition()
+        self.waiting: list = []         # what in_flight() answers: calls entered, not returned
+
+    def in_flight(self) -> list:
+        return list(self.waiting)
 
     def attach(self):
         self.attached = True

@@ -228,3 +228,54 @@ def test_a_code_object_freed_since_the_probe_is_named_from_its_remains():
     # reused by another object since: the tag no longer matches, so it stays marked
     s2 = Symbolizer(m, LAY, CODE_TYPE)
     assert s2.frame(RawPyFrame(0x100000, tag ^ 0x40, 6)) == Frame.other("[stale code object]")
+
+
+def test_a_call_returning_after_the_end_is_cut_and_a_sync_still_waiting_is_counted_up_to_it():
+    """The review's window bug: a sync that began in the window and returned after it was
+    counted whole (or lost, if it returned after the drain); one still waiting was invisible."""
+    span: dict = {}
+
+    class ReturnsWhileRead(FakeProbes):
+        def in_flight(self):   # tid 4 returns between the read of the in-flight calls and the last drain
+            got = super().in_flight()
+            self.push(FakeEvent("sync", tid=4, ktime_ns=span["end"] - span["q"], api="cuCtxSynchronize",
+                                duration_ns=500, py_stack=(py("both", 5),)))
+            return got
+
+    s, probes = windowed_session(ReturnsWhileRead)
+    try:
+        w0 = s.window.start_ns
+        probes.push(sample(w0))
+
+        def around_the_end():
+            while s.window.end_ns is None:
+                time.sleep(0.001)
+            end = s.window.end_ns
+            q = span["q"] = max(1, (end - w0) // 4)
+            span["end"] = end
+            # entered q before the end, returned 1 s after it
+            probes.push(FakeEvent("sync", tid=2, ktime_ns=end - q, api="cuStreamSynchronize",
+                                  duration_ns=q + 1_000_000_000, py_stack=(py("wait", 3),)))
+            # still waiting at the close: entered 2q before the end; and one the probes give
+            # both ways (it returns while they are read): counted once
+            probes.waiting = [FakeEvent("sync", tid=3, ktime_ns=end - 2 * q, api="cuCtxSynchronize",
+                                        py_stack=(py("hang", 4),)),
+                              FakeEvent("sync", tid=4, ktime_ns=end - q, api="cuCtxSynchronize",
+                                        py_stack=(py("both", 5),))]
+
+        pusher = threading.Thread(target=around_the_end)
+        pusher.start()
+        meta = s.close_window()
+        pusher.join()
+        snap = s.snapshot()
+    finally:
+        s.stop()
+    by_fn: dict = {}
+    for p, m in snap.iter_paths():
+        if m.get("sync_wait_ns"):
+            fn = next(f.name for f in p if f.kind == "python")
+            by_fn[fn] = by_fn.get(fn, 0) + m["sync_wait_ns"]
+    q = span["q"]
+    assert meta["cut_at_end"] == 1 and meta["in_flight_at_end"] == 1, meta
+    assert by_fn == {"wait": q, "hang": 2 * q, "both": 500}, by_fn
+    assert "syncs still waiting at the end 1" in oneshot.window_line(meta)
