@@ -22,10 +22,10 @@ from typing import Any
 
 from stacklens.cct import Snapshot
 
-from . import rules as _builtin_rules  # noqa: F401  (registers the built-in rules)
-from .config import RuleConfig, as_config
-from .finding import SEVERITIES, Finding
-from .registry import ENTRY_POINT_GROUP, plugin_errors, register, rules, unregister
+from stacklens.analyzer import rules as _builtin_rules  # noqa: F401  (registers the built-in rules)
+from stacklens.analyzer.config import RuleConfig, as_config
+from stacklens.analyzer.finding import SEVERITIES, Finding
+from stacklens.analyzer.registry import ENTRY_POINT_GROUP, plugin_errors, register, rules, unregister
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -20,8 +20,8 @@ from importlib.metadata import entry_points
 
 from stacklens.cct import Snapshot
 
-from .config import RuleConfig
-from .finding import Finding
+from stacklens.analyzer.config import RuleConfig
+from stacklens.analyzer.finding import Finding
 
 Rule = Callable[..., list[Finding]]
 ENTRY_POINT_GROUP = "stacklens.rules"

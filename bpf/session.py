@@ -22,16 +22,16 @@ from stacklens.errors import (AttachError, InputError, NoSuchProcess, NotApplica
 from stacklens.cct import Frame
 from stacklens.introspect.procfs import ProcFS
 
-from . import autograd, program
-from .events import AttachReport, Event, LibraryAttach, make_event
-from .events_abi import (COUNTERS, SL_BLOB, SL_EV_NAME, SL_EV_NODE_NEW, SL_EV_SAMPLE, SL_NAME, SL_NARGS,
+from stacklens.bpf import autograd, program
+from stacklens.bpf.events import AttachReport, Event, LibraryAttach, make_event
+from stacklens.bpf.events_abi import (COUNTERS, SL_BLOB, SL_EV_NAME, SL_EV_NODE_NEW, SL_EV_SAMPLE, SL_NAME, SL_NARGS,
                          SL_STACK_IN_2, SL_STACK_INLINE, SlEvent, SlSpec)
-from .ops import LIBTORCH_RE, OpSymbol, find_op_symbols, select_ops
-from .procmaps import UNKNOWN as UNKNOWN_FRAME
-from .procmaps import LibraryFile, Symbolizer, collapse_unsymbolized, find_libraries
-from .ringbuf import BUSY, DISCARD, RingBufReader
-from .spec import DEFAULT_SPEC, MEMCPY_KINDS, ProbeSpec, load_specs, resolve_library
-from .uprobe_multi import BPF_TRACE_UPROBE_MULTI, UprobeMultiError, attach_uprobe_multi
+from stacklens.bpf.ops import LIBTORCH_RE, OpSymbol, find_op_symbols, select_ops
+from stacklens.bpf.procmaps import UNKNOWN as UNKNOWN_FRAME
+from stacklens.bpf.procmaps import LibraryFile, Symbolizer, collapse_unsymbolized, find_libraries
+from stacklens.bpf.ringbuf import BUSY, DISCARD, RingBufReader
+from stacklens.bpf.spec import DEFAULT_SPEC, MEMCPY_KINDS, ProbeSpec, load_specs, resolve_library
+from stacklens.bpf.uprobe_multi import BPF_TRACE_UPROBE_MULTI, UprobeMultiError, attach_uprobe_multi
 
 _HEAD = struct.Struct("<IIIIQQQIiQQQQQ")  # sl_event up to `args` (checked against SlEvent below)
 _ARGS = struct.Struct(f"<{SL_NARGS}Q")
@@ -173,7 +173,7 @@ def dump_bpf(pid: int, config: ProbeConfig = ProbeConfig()) -> str:
 
 def python_reader(pid: int):
     """(PythonStackReader, note) for a supported CPython target, else (None, why not)."""
-    from .python_process import PythonStackReader
+    from stacklens.bpf.python_process import PythonStackReader
 
     try:
         r = PythonStackReader(pid, max_depth=PY_MAX_DEPTH)
@@ -712,7 +712,7 @@ class ProbeSession:
     def _py_stack(self, pyid: int) -> tuple[tuple[Frame, ...], tuple[bool, ...]]:
         """Python stack `pyid` from `sl_py_stacks`, symbolized once per id (ids hash the frames'
         code addresses and offsets, so a cached id always names the same stack)."""
-        from .pysym import RawPyStack
+        from stacklens.bpf.pysym import RawPyStack
 
         if self._py is None:
             return (), ()

@@ -20,7 +20,7 @@ except ImportError:  # Python 3.10
 
 from stacklens.errors import InputError
 
-from .events_abi import SL_BLOB, SL_NARGS, SlSpec
+from stacklens.bpf.events_abi import SL_BLOB, SL_NARGS, SlSpec
 
 DEFAULT_SPEC = Path(__file__).with_name("probes.toml")
 KINDS = {"launch", "graph", "alloc", "free", "memcpy", "sync", "name"}

@@ -4,9 +4,9 @@ Pure: imports only the standard library and `stacklens.errors` (enforced by impo
 tests/unit/test_import_purity.py). No privilege, no I/O except `export.save` / `export.load`.
 """
 
-from .frames import KINDS, Frame
-from .snapshot import Snapshot
-from .tree import CCT, METRICS
-from .window import WindowedCCT, diff, merge
+from stacklens.cct.frames import KINDS, Frame
+from stacklens.cct.snapshot import Snapshot
+from stacklens.cct.tree import CCT, METRICS
+from stacklens.cct.window import WindowedCCT, diff, merge
 
 __all__ = ["CCT", "KINDS", "METRICS", "Frame", "Snapshot", "WindowedCCT", "diff", "merge"]

@@ -25,11 +25,11 @@ from itertools import chain, islice, repeat
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..errors import InputError
-from .frames import KINDS, ROOT, Frame
-from .metrics import BYTES, COUNT, TIME, kind_of
-from .snapshot import Snapshot
+from stacklens import __version__
+from stacklens.errors import InputError
+from stacklens.cct.frames import KINDS, ROOT, Frame
+from stacklens.cct.metrics import BYTES, COUNT, TIME, kind_of
+from stacklens.cct.snapshot import Snapshot
 
 JSON_FORMAT = "stacklens.profile"
 JSON_VERSION = 1

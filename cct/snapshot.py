@@ -18,7 +18,7 @@ from itertools import accumulate, islice
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from .frames import Frame
+from stacklens.cct.frames import Frame
 
 
 class Snapshot:

@@ -52,9 +52,9 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import accumulate, compress, repeat
 
-from . import metrics as _metrics
-from .frames import OTHER, ROOT, Frame
-from .snapshot import Snapshot
+from stacklens.cct import metrics as _metrics
+from stacklens.cct.frames import OTHER, ROOT, Frame
+from stacklens.cct.snapshot import Snapshot
 
 METRICS = _metrics.DEFAULT  # the default columns; every metric is declared in cct/metrics.py
 

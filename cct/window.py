@@ -41,9 +41,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .frames import Frame
-from .snapshot import Snapshot
-from .tree import CCT, METRICS
+from stacklens.cct.frames import Frame
+from stacklens.cct.snapshot import Snapshot
+from stacklens.cct.tree import CCT, METRICS
 
 STAGE_MAX = 4096  # distinct staged paths before a flush (bounds what staging holds alive)
 DEFAULT_MAX_BYTES = 192 << 20  # a session's trees together (see the module docstring)

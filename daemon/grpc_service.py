@@ -4,10 +4,15 @@ Authorization: the Unix socket is mode 0660 (root + group `stacklens`); every ca
 the daemon's token (`authorization: Bearer …`, read from the root:stacklens 0640 token file beside
 the socket), so a connection that gets past the file mode — or a TCP client — still needs it.
 
+Standard services beside stacklens.v1.Stacklens (`add_standard_services`): grpc.health.v1.Health
+(SERVING for "" and the stacklens service; NOT_SERVING from the start of a stop) and server
+reflection (grpc.reflection.v1alpha, what grpcurl and grpc_cli ask), behind the same token.
+
 Workers: unary calls must never wait behind long-lived calls, so `StreamSnapshots` is capped at
-MAX_STREAMS concurrent streams and Attach at MAX_ATTACHES in flight (RESOURCE_EXHAUSTED beyond,
-with what to do); the server has WORKERS threads, so at least WORKERS - MAX_STREAMS - MAX_ATTACHES
-are always free for the rest. A stream waits between snapshots on an Event that its cancellation
+MAX_STREAMS concurrent streams, Attach at MAX_ATTACHES in flight and reflection at MAX_REFLECTION
+streams (RESOURCE_EXHAUSTED beyond, with what to do); health Watch streams hold no worker (grpc's
+non-blocking handler). The server has WORKERS threads, so at least
+WORKERS - MAX_STREAMS - MAX_ATTACHES - MAX_REFLECTION are always free for the rest. A stream waits between snapshots on an Event that its cancellation
 (`context.add_callback`) and `close()` (daemon stop) set, so it gives its worker back at once.
 Errors: StacklensError → its status code; anything else → INTERNAL with a short message naming
 the RPC (the exception text stays in the daemon's log, logged once with its traceback).
@@ -42,6 +47,7 @@ MIN_INTERVAL_MS = 100
 WORKERS = 32
 MAX_STREAMS = 8
 MAX_ATTACHES = 16
+MAX_REFLECTION = 2  # a reflection client holds its stream (and a worker) while it asks
 
 
 class Busy(StacklensError):
@@ -347,6 +353,38 @@ class StacklensServicer(pbg.StacklensServicer):
         return pb.HealthResponse(version=__version__, attached=len(self.daemon.active()), counters=counters)
 
 
+def add_standard_services(server: grpc.Server):
+    """Adds grpc.health.v1.Health and server reflection to `server`; returns the health servicer,
+    SERVING for "" and stacklens.v1.Stacklens until its `enter_graceful_shutdown()`. Reflection
+    describes only what stacklens.proto already publishes; both sit behind the TokenInterceptor
+    like every other call."""
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection
+
+    slots = _Slots(MAX_REFLECTION, f"at most {MAX_REFLECTION} reflection streams at once: retry when a "
+                   "client such as grpcurl has finished")
+
+    class CappedReflection(reflection.ReflectionServicer):
+        def ServerReflectionInfo(self, request_iterator, context):
+            try:
+                slots.take()
+            except Busy as e:
+                _abort(context, e)
+            try:
+                yield from super().ServerReflectionInfo(request_iterator, context)
+            finally:
+                slots.give()
+
+    stacklens_name = pb.DESCRIPTOR.services_by_name["Stacklens"].full_name
+    checker = health.HealthServicer()  # non-blocking Watch: holds no worker
+    for name in (health.OVERALL_HEALTH, stacklens_name):
+        checker.set(name, health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    names = (stacklens_name, health.SERVICE_NAME, reflection.SERVICE_NAME)
+    reflection.reflection_pb2_grpc.add_ServerReflectionServicer_to_server(CappedReflection(names), server)
+    return checker
+
+
 def finding_to_pb(f) -> pb.Finding:
     return pb.Finding(
         rule=f.rule,
@@ -368,14 +406,18 @@ class TokenInterceptor(grpc.ServerInterceptor):
         def deny(request, context):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token: read it from the daemon's token file")
 
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)
-        self._deny_stream = grpc.unary_stream_rpc_method_handler(deny)
+        # a handler of the method's own kind: a streaming request is refused without waiting for it
+        self._deny = {
+            (False, False): grpc.unary_unary_rpc_method_handler(deny),
+            (False, True): grpc.unary_stream_rpc_method_handler(deny),
+            (True, False): grpc.stream_unary_rpc_method_handler(deny),
+            (True, True): grpc.stream_stream_rpc_method_handler(deny),
+        }
 
     def intercept_service(self, continuation, handler_call_details):
         md = dict(handler_call_details.invocation_metadata or ())
         got = md.get("authorization", "")
-        if hmac.compare_digest(got.encode(), self._expected):
-            return continuation(handler_call_details)
-        if handler_call_details.method.endswith("StreamSnapshots"):
-            return self._deny_stream
-        return self._deny
+        handler = continuation(handler_call_details)
+        if handler is None or hmac.compare_digest(got.encode(), self._expected):
+            return handler  # None: UNIMPLEMENTED, which says no more than the proto does
+        return self._deny[(handler.request_streaming, handler.response_streaming)]

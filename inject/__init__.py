@@ -6,10 +6,10 @@
     srv.stop_agent(); srv.close()
 """
 
-from .injector import AttachResult, inject_agent
-from .records import (AgentHello, AgentRecord, AgentStats, ApiRecord, KernelRecord, MemcpyRecord,
+from stacklens.inject.injector import AttachResult, inject_agent
+from stacklens.inject.records import (AgentHello, AgentRecord, AgentStats, ApiRecord, KernelRecord, MemcpyRecord,
                       Note, PySample, SyncRecord)
-from .server import AgentServer
+from stacklens.inject.server import AgentServer
 
 __all__ = ["AgentServer", "inject_agent", "AttachResult", "AgentRecord", "AgentHello", "AgentStats",
            "PySample", "KernelRecord", "ApiRecord", "MemcpyRecord", "SyncRecord", "Note"]

@@ -16,11 +16,11 @@ import operator
 import struct
 import threading
 
-from .agent import wire
+from stacklens.inject.agent import wire
 from stacklens.errors import NoSuchProcess, PermissionDenied
 from stacklens.introspect.memory import ProcMem, read_cstring
-from .records import KernelRecord, MemcpyRecord
-from .validate import (MAX_INT, MAX_STR, ProtocolError, check_choice, check_dict, check_int, check_message,
+from stacklens.inject.records import KernelRecord, MemcpyRecord
+from stacklens.inject.validate import (MAX_INT, MAX_STR, ProtocolError, check_choice, check_dict, check_int, check_message,
                        check_row, check_str)
 
 MAX_DEVICE = 1 << 16

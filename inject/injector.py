@@ -20,14 +20,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..errors import (AlreadyAttached, AttachError, InputError, NoSuchProcess, PermissionDenied, Timeout,
+from stacklens.errors import (AlreadyAttached, AttachError, InputError, NoSuchProcess, PermissionDenied, Timeout,
                       UnsupportedVersion)
-from . import pep768, ptrace_inject
-from .bootstrap import THREAD_NAME, pending_call_text, script_file_text
+from stacklens.inject import pep768, ptrace_inject
+from stacklens.inject.bootstrap import THREAD_NAME, pending_call_text, script_file_text
 from stacklens.introspect.cpython import PythonTarget, find_python
 from stacklens.introspect.memory import RemoteMemory
 from stacklens.introspect.procfs import ProcFS
-from .server import AgentServer, server_for
+from stacklens.inject.server import AgentServer, server_for
 
 MIN_VERSION = (3, 10)
 PEP768_VERSION = (3, 14)

@@ -13,7 +13,7 @@ import platform
 import signal
 import time
 
-from ..errors import NoSuchProcess, PermissionDenied, Timeout, UnsupportedVersion
+from stacklens.errors import NoSuchProcess, PermissionDenied, Timeout, UnsupportedVersion
 
 PTRACE_CONT = 7
 PTRACE_SINGLESTEP = 9

@@ -27,11 +27,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import AttachError, NoSuchProcess, NotApplicable, Timeout
+from stacklens.errors import AttachError, NoSuchProcess, NotApplicable, Timeout
 from stacklens.introspect.cpython import PythonTarget
 from stacklens.introspect.memory import RemoteMemory, WritableMemory
 from stacklens.introspect.procfs import ProcFS
-from .ptrace import PtraceError, Regs, Tracee, check_arch
+from stacklens.inject.ptrace import PtraceError, Regs, Tracee, check_arch
 
 PAGE = 4096
 MAGIC = b"STACKLENS-BOOTSTRAP-PAGE-v1".ljust(32, b"\0")

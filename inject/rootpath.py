@@ -18,7 +18,7 @@ import errno
 import os
 import stat
 
-from ..errors import AttachError
+from stacklens.errors import AttachError
 from stacklens.introspect.procfs import ProcFS
 
 SYS_OPENAT2 = 437                    # x86-64 and aarch64 (asm-generic) alike

@@ -26,17 +26,17 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import AlreadyAttached, AttachError, InputError
+from stacklens.errors import AlreadyAttached, AttachError, InputError
 from stacklens.introspect.procfs import ProcFS
-from .agent import wire
-from .cuptiraw import MAX_BLOCK, NameReader, parse_layout, parse_raw
-from .rootpath import open_in_root, private_subdir, remove_tree, writable_by
-from .records import (AgentHello, AgentStats, ApiRecord, CompileRecord, HloKernel, HloMapRecord,
+from stacklens.inject.agent import wire
+from stacklens.inject.cuptiraw import MAX_BLOCK, NameReader, parse_layout, parse_raw
+from stacklens.inject.rootpath import open_in_root, private_subdir, remove_tree, writable_by
+from stacklens.inject.records import (AgentHello, AgentStats, ApiRecord, CompileRecord, HloKernel, HloMapRecord,
                       KernelRecord, MemcpyRecord, Note, PySample, SyncRecord)
-from ..textsafe import safe_text
-from .validate import MAX_BATCH, MAX_FRAME_FILE, MAX_FRAME_NAME, MAX_INT, MAX_STR, ProtocolError
-from .validate import check_int as _int, check_list as _list, check_num as _num, check_row as _row
-from .validate import check_text as _str, clip_text
+from stacklens.textsafe import safe_text
+from stacklens.inject.validate import MAX_BATCH, MAX_FRAME_FILE, MAX_FRAME_NAME, MAX_INT, MAX_STR, ProtocolError
+from stacklens.inject.validate import check_int as _int, check_list as _list, check_num as _num, check_row as _row
+from stacklens.inject.validate import check_text as _str, clip_text
 
 AGENT_SRC = Path(__file__).parent / "agent"
 LEVELS = ("info", "warning", "error")

@@ -11,7 +11,7 @@ re-export ``ProtocolError`` / ``MAX_STR`` / ``MAX_INT``.
 
 from __future__ import annotations
 
-from ..textsafe import safe_text
+from stacklens.textsafe import safe_text
 
 MAX_STR = 8192
 MAX_INT = (1 << 63) - 1

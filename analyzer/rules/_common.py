@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from stacklens.cct import Frame
 
-from ..view import View, name_matcher, op_base
+from stacklens.analyzer.view import View, name_matcher, op_base
 
 TIME_METRICS = ("cpu_samples", "py_samples", "gpu_time_ns", "api_cpu_ns", "sync_wait_ns")
 ALL_METRICS = TIME_METRICS + ("kernel_count", "launch_count", "alloc_bytes", "copy_bytes")

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from stacklens.cct import Frame, Snapshot
 
-from ..config import RuleConfig
-from ..finding import Finding, severity_for
-from ..registry import rule
-from ..view import name_matcher, view_of
-from ._common import add_time_base, cost, line_path, user_line
+from stacklens.analyzer.config import RuleConfig
+from stacklens.analyzer.finding import Finding, severity_for
+from stacklens.analyzer.registry import rule
+from stacklens.analyzer.view import name_matcher, view_of
+from stacklens.analyzer.rules._common import add_time_base, cost, line_path, user_line
 
 RULE = "backward_cost"
 

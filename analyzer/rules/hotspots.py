@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from stacklens.cct import Snapshot
 
-from ..config import RuleConfig
-from ..finding import Finding
-from ..registry import rule
-from ..view import CPU_METRICS, View, view_of
-from ._common import add_time_base, short
+from stacklens.analyzer.config import RuleConfig
+from stacklens.analyzer.finding import Finding
+from stacklens.analyzer.registry import rule
+from stacklens.analyzer.view import CPU_METRICS, View, view_of
+from stacklens.analyzer.rules._common import add_time_base, short
 
 RULE = "hotspots"
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from stacklens.cct import Frame, Snapshot
 
-from ..config import RuleConfig
-from ..finding import Finding, severity_for
-from ..registry import rule
-from ..view import name_matcher, op_base, view_of
-from ._common import add_time_base, cost, is_memcpy_api, line_path, op_named, user_line
+from stacklens.analyzer.config import RuleConfig
+from stacklens.analyzer.finding import Finding, severity_for
+from stacklens.analyzer.registry import rule
+from stacklens.analyzer.view import name_matcher, op_base, view_of
+from stacklens.analyzer.rules._common import add_time_base, cost, is_memcpy_api, line_path, op_named, user_line
 
 RULE = "layout_conversions"
 

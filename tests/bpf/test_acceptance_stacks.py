@@ -23,7 +23,7 @@ import pytest
 from stacklens.bpf import ProbeConfig, ProbeSession
 from stacklens.cct import Frame
 
-from .conftest import TARGETS, poll_until
+from tests.bpf.conftest import TARGETS, poll_until
 
 BIN = Path(sys.executable).parent
 STACKLENS = BIN / "stacklens"

@@ -12,7 +12,7 @@ import pytest
 
 from stacklens.daemon.session import ProcessSession
 
-from .conftest import Target
+from tests.bpf.conftest import Target
 
 pytestmark = pytest.mark.bpf
 

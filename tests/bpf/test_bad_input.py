@@ -11,7 +11,7 @@ import pytest
 from stacklens.bpf import ProbeConfig, ProbeSession
 from stacklens.errors import InputError, NoSuchProcess
 
-from .conftest import TARGETS, poll_until
+from tests.bpf.conftest import TARGETS, poll_until
 
 pytestmark = pytest.mark.bpf
 

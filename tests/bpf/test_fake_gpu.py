@@ -8,7 +8,7 @@ import pytest
 
 from stacklens.bpf import ProbeConfig, ProbeSession
 
-from .conftest import TARGETS, poll_until
+from tests.bpf.conftest import TARGETS, poll_until
 
 sys.path.insert(0, str(TARGETS))
 from fake_slept import parse as parse_slept  # noqa: E402

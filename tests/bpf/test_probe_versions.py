@@ -9,8 +9,8 @@ from stacklens.bpf import ProbeConfig, ProbeSession
 from stacklens.bpf.spec import load_specs, resolve_library
 from stacklens.daemon.join import Joiner
 
-from .conftest import poll_until
-from .test_fake_gpu import assert_sync_times, parse_slept
+from tests.bpf.conftest import poll_until
+from tests.bpf.test_fake_gpu import assert_sync_times, parse_slept
 
 pytestmark = pytest.mark.bpf
 ROUNDS = 3

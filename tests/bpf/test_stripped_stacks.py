@@ -10,7 +10,7 @@ import pytest
 from stacklens.bpf import ProbeConfig, ProbeSession
 from stacklens.cct import Frame
 
-from .conftest import FAKES, _cc, poll_until
+from tests.bpf.conftest import FAKES, _cc, poll_until
 
 pytestmark = pytest.mark.bpf
 LIB = "libcuda.so.1"

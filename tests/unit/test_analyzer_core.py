@@ -14,7 +14,7 @@ from stacklens.analyzer import Finding, RuleConfig, analyze, registry
 from stacklens.cct import CCT, METRICS, Frame
 from stacklens.errors import InputError
 
-from .test_analyzer_synthetic import SCENARIOS, build
+from tests.unit.test_analyzer_synthetic import SCENARIOS, build
 
 LINE = Frame.python("train.py", "step", 12)
 MAIN = Frame.python("train.py", "main", 40)

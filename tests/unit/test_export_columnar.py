@@ -26,7 +26,7 @@ from stacklens.daemon import client
 from stacklens.errors import InputError
 from stacklens.tui.testing import synthetic_snapshot
 
-from .test_export import FRAMES, events, sample
+from tests.unit.test_export import FRAMES, events, sample
 
 
 def structure(snap: Snapshot) -> dict[tuple[Frame, ...], tuple[tuple[int, ...], tuple[int, ...]]]:

@@ -33,3 +33,16 @@ def test_import_linter_contracts() -> None:
         "contracts forbid external modules (bcc, grpc, ...), which import-linter only tracks then"
     )
     assert result.returncode == 0, output
+
+
+def test_one_import_style_absolute_from_the_package():
+    """`from stacklens.x import y` everywhere (tests: `from tests.x`); relative imports only in
+    generated code (protoc's grpc stub) and the target-side scripts under tests/targets."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    relative = re.compile(r"^\s*from \.+[\w.]* import ", re.M)
+    found = [str(p.relative_to(root)) for p in root.rglob("*.py")
+             if not {".venv", "targets", "__pycache__"} & set(p.relative_to(root).parts)
+             and p.name != "stacklens_pb2_grpc.py" and relative.search(p.read_text(errors="replace"))]
+    assert not found, found
