@@ -122,7 +122,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from stacklens.daemon.demo import run_demo
 
-    return run_demo(duration_s=args.duration, metric=args.metric, plain=args.plain)
+    live_view = None
+    if sys.stdout.isatty() and not args.plain:
+        from stacklens.tui.app import run_local as live_view   # the CLI alone joins the TUI and the daemon
+    return run_demo(duration_s=args.duration, metric=args.metric, live_view=live_view)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -27,7 +27,9 @@ def start_workload(seconds: float | None = None) -> subprocess.Popen:
     return proc
 
 
-def run_demo(duration_s: float | None = None, metric: str = "cpu_samples", plain: bool = False) -> int:
+def run_demo(duration_s: float | None = None, metric: str = "cpu_samples", live_view=None) -> int:
+    """`live_view(session, title=, duration_s=)` shows the tree (the CLI passes the TUI's); without
+    one, a text report every second."""
     proc = start_workload()
     print(f"demo: started the workload (pid {proc.pid}); attaching by PID …", flush=True)
     try:
@@ -37,10 +39,8 @@ def run_demo(duration_s: float | None = None, metric: str = "cpu_samples", plain
             print(f"demo: {note}")
         print(f"demo: attached in {time.monotonic() - t0:.2f}s", flush=True)
         try:
-            if sys.stdout.isatty() and not plain:
-                from stacklens.tui.app import run_local
-
-                return run_local(session, title=f"stacklens demo — pid {proc.pid}", duration_s=duration_s)
+            if live_view is not None:
+                return live_view(session, title=f"stacklens demo — pid {proc.pid}", duration_s=duration_s)
             deadline = None if duration_s is None else time.monotonic() + duration_s
             while deadline is None or time.monotonic() < deadline:
                 time.sleep(1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic())))
