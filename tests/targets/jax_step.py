@@ -2,7 +2,7 @@
 
 argv: [--grow]  With --grow the loop calls the step with a new batch size every ~0.5 s from
 grow() (a new shape: a recompilation charged to that call site). Prints "ready" after the first
-compile; SIGTERM/SIGUSR1 stop the loop cleanly (no syscall in the hot loop: see NOTES.md on the
+compile; SIGTERM/SIGUSR1 stop the loop cleanly (no syscall in the hot loop: see docs/decisions.md on the
 injection regression); prints "steps=N" at the end.
 """
 import signal
