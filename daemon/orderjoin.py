@@ -349,9 +349,9 @@ class LaunchOrderJoin:
         self.copies.discard()
 
     def waiting_launches(self) -> int:
-        """0: launches this join leaves unclaimed are counted in `order_skipped_launches` when
-        they age out, and not at all when the session ends first (as before the interface)."""
-        return 0
+        """Launches no kernel record has claimed yet; after `finish` (every record drained), the
+        ones none ever will: a window counts them as unjoined (they used to go uncounted)."""
+        return len(self.kernels.times)
 
     def stats(self) -> dict[str, int]:
         d = dict(self.kernels.stats)

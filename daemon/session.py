@@ -419,8 +419,8 @@ class ProcessSession:
                     self.joiner.on_agent(rec)
         except Exception as e:  # noqa: BLE001 — the window closes whatever the agent did
             self.notes.append(f"agent drain at the window's end: {e}")
-        pending = self.joiner.waiting_launches()
         self.joiner.finish()
+        pending = self.joiner.waiting_launches()   # after the forced drain: claimed by nothing
         st: dict[str, int] = {}
         try:
             st = dict(self.probes.stats()) if self.probes is not None else {}

@@ -92,3 +92,17 @@ def test_both_joins_give_a_kernel_and_a_copy_to_the_call_that_issued_them(cls):
     j.finish()
     assert v.seen == [("kernel", ("launch path",), 7), ("copy", ("copy path",), 8)]
     assert j.waiting_launches() == 0
+
+
+def test_a_launch_no_record_claims_is_still_waiting_after_the_finish():
+    """What a window counts as unjoined: the order join said 0 here, whatever it still held."""
+    v, clock = Verdicts(), Clock()
+    j = LaunchOrderJoin(v, clock)
+    j.on_enabled(1)
+    j.on_launch(_launch(1_000), ("claimed",))
+    j.on_launch(_launch(3_000), ("never claimed",))
+    j.on_api(ApiRecord("driver", "cuLaunchKernel", 1, 900, 1_100, 7))
+    j.on_kernel(KernelRecord("k", 1_500, 1_600, 0, 7, 7, (4, 1, 1), (128, 1, 1)))
+    j.finish()
+    assert ("kernel", ("claimed",), 7) in v.seen
+    assert j.waiting_launches() == 1
