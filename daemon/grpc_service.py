@@ -12,8 +12,9 @@ Workers: unary calls must never wait behind long-lived calls, so `StreamSnapshot
 MAX_STREAMS concurrent streams, Attach at MAX_ATTACHES in flight and reflection at MAX_REFLECTION
 streams (RESOURCE_EXHAUSTED beyond, with what to do); health Watch streams hold no worker (grpc's
 non-blocking handler). The server has WORKERS threads, so at least
-WORKERS - MAX_STREAMS - MAX_ATTACHES - MAX_REFLECTION are always free for the rest. A stream waits between snapshots on an Event that its cancellation
-(`context.add_callback`) and `close()` (daemon stop) set, so it gives its worker back at once.
+WORKERS - MAX_STREAMS - MAX_ATTACHES - MAX_REFLECTION are always free for the rest. A stream waits
+between snapshots on an Event that its cancellation (`context.add_callback`) and `close()` (daemon
+stop) set, so it gives its worker back at once.
 Errors: StacklensError → its status code; anything else → INTERNAL with a short message naming
 the RPC (the exception text stays in the daemon's log, logged once with its traceback).
 Requests that do not decode are logged as one rate-limited line (`install_log_filters`).
@@ -359,7 +360,7 @@ def add_standard_services(server: grpc.Server):
     describes only what stacklens.proto already publishes; both sit behind the TokenInterceptor
     like every other call."""
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-    from grpc_reflection.v1alpha import reflection
+    from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
     slots = _Slots(MAX_REFLECTION, f"at most {MAX_REFLECTION} reflection streams at once: retry when a "
                    "client such as grpcurl has finished")
@@ -381,7 +382,7 @@ def add_standard_services(server: grpc.Server):
         checker.set(name, health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     names = (stacklens_name, health.SERVICE_NAME, reflection.SERVICE_NAME)
-    reflection.reflection_pb2_grpc.add_ServerReflectionServicer_to_server(CappedReflection(names), server)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(CappedReflection(names), server)
     return checker
 
 
@@ -418,6 +419,8 @@ class TokenInterceptor(grpc.ServerInterceptor):
         md = dict(handler_call_details.invocation_metadata or ())
         got = md.get("authorization", "")
         handler = continuation(handler_call_details)
-        if handler is None or hmac.compare_digest(got.encode(), self._expected):
-            return handler  # None: UNIMPLEMENTED, which says no more than the proto does
+        if hmac.compare_digest(got.encode(), self._expected):
+            return handler
+        if handler is None:
+            return self._deny[(False, False)]
         return self._deny[(handler.request_streaming, handler.response_streaming)]

@@ -25,9 +25,10 @@ import sys
 import tempfile
 
 HERE = pathlib.Path(__file__).parent
-# the lower bounds stated in pyproject.toml (grpcio, protobuf, prometheus-client), and the
-# generator that goes with that grpcio
-OLDEST = ("grpcio==1.62.3", "protobuf==4.25.1", "prometheus-client==0.19.0")
+# the lower bounds stated in pyproject.toml (grpcio, protobuf, prometheus-client, and the health
+# and reflection services of that grpcio), and the generator that goes with that grpcio
+OLDEST = ("grpcio==1.62.3", "protobuf==4.25.1", "prometheus-client==0.19.0", "grpcio-health-checking==1.62.3",
+          "grpcio-reflection==1.62.3")
 GENERATOR = "grpcio-tools==1.62.3"
 
 

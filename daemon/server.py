@@ -18,6 +18,10 @@ A stale socket of ours at the path is replaced; anything else there is refused. 
 `SOCKNAME.d/token`, then `token` beside the socket (`client.token_candidates`). At stop the daemon
 removes the socket and the token file it wrote, not the directories.
 
+Standard gRPC services: grpc.health.v1.Health (SERVING; NOT_SERVING once stopping) and server
+reflection, token-gated like the rest (`grpc_service.add_standard_services`); e.g.
+`grpcurl -plaintext -unix -H "authorization: Bearer $(cat /run/stacklens/token)" /run/stacklens/stacklens.sock list`.
+
 Metrics: `MetricsServer` (daemon/prom.py), bounded threads and connections; hotspot series only
 with `--metrics-hotspots`. Shutdown (SIGTERM/SIGINT) ends streams at once, gives RPCs 1 s, detaches
 every session and exits within a few seconds whatever clients do (RPC threads still busy, e.g.
@@ -188,6 +192,7 @@ class StacklensDaemon:
         self._stop = threading.Event()
         self.server: grpc.Server | None = None
         self.servicer: StacklensServicer | None = None
+        self.health = None  # grpc_health's HealthServicer once started
         self._executor: futures.ThreadPoolExecutor | None = None
         self.token_path: Path | None = None
         self.http = None
@@ -211,6 +216,7 @@ class StacklensDaemon:
         )
         self.servicer = StacklensServicer(self.daemon, self._advisor())
         pbg.add_StacklensServicer_to_server(self.servicer, self.server)
+        self.health = grpc_service.add_standard_services(self.server)
         old = os.umask(0o117)  # socket created 0660
         try:
             self.server.add_insecure_port(f"unix:{self.socket_path}")
@@ -285,6 +291,8 @@ class StacklensDaemon:
     def stop(self) -> None:
         """Ends streams now, RPCs within ~1 s, then every session; never waits on a client."""
         self._stop.set()
+        if self.health is not None:
+            self.health.enter_graceful_shutdown()  # Watch streams see NOT_SERVING before they end
         if self.servicer is not None:
             self.servicer.close()
         self.daemon.close()  # attaches in flight stop their session when they finish

@@ -58,4 +58,4 @@ ln -sfn "$(pwd)/.venv/bin/stacklens" /usr/local/bin/stacklens
 mkdir -p /etc/stacklens
 [ -f /etc/stacklens/stacklensd.toml ] || install -m 0644 systemd/stacklensd.toml /etc/stacklens/stacklensd.toml
 getent group stacklens >/dev/null || groupadd --system stacklens
-.venv/bin/python -c 'import bcc, torch, jax, stacklens; print("setup: ok (bcc", bcc.__version__ if hasattr(bcc, "__version__") else "", ", torch", torch.__version__, ", jax", jax.__version__, ")")'
+.venv/bin/python -c 'import bcc, torch, jax, stacklens, grpc_health.v1.health, grpc_reflection.v1alpha.reflection; print("setup: ok (bcc", bcc.__version__ if hasattr(bcc, "__version__") else "", ", torch", torch.__version__, ", jax", jax.__version__, ")")'

@@ -3,8 +3,9 @@ pyproject.toml allows (daemon/protogen.py OLDEST), in a venv of their own (issue
 
 The venv is built from the package index once (~20 s) and reused; without an index the test is
 skipped with the reason. The daemon serves Health, ListProcesses (`stacklens ps`), an error status
-(`stacklens advise` of an unattached PID) and a Prometheus scrape; the agent must import neither
-grpc nor protobuf.
+(`stacklens advise` of an unattached PID), grpc.health.v1 and server reflection (grpcio-health-checking
+and grpcio-reflection of that grpcio) and a Prometheus scrape; the agent must import neither grpc
+nor protobuf.
 """
 
 from __future__ import annotations
@@ -43,6 +44,20 @@ def _run(oldest, *args, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(py), *args], env=env, capture_output=True, text=True, timeout=60, **kw)
 
 
+# Health/Check and a reflection list_services with the oldest grpcio-health-checking/-reflection
+STANDARD_SERVICES = """
+import sys, grpc
+from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as hg
+from grpc_reflection.v1alpha import reflection_pb2 as r, reflection_pb2_grpc as rg
+from stacklens.daemon.client import DaemonClient
+c = DaemonClient(sys.argv[1])
+st = hg.HealthStub(c.channel).Check(h.HealthCheckRequest(), metadata=c._md, timeout=10).status
+ls = rg.ServerReflectionStub(c.channel).ServerReflectionInfo(iter([r.ServerReflectionRequest(list_services="")]),
+                                                             metadata=c._md, timeout=10)
+print(h.HealthCheckResponse.ServingStatus.Name(st), *sorted(s.name for x in ls for s in x.list_services_response.service))
+"""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -50,8 +65,8 @@ def _free_port() -> int:
 
 
 def test_the_venv_has_exactly_the_oldest_versions(oldest):
-    r = _run(oldest, "-c", "import grpc, google.protobuf as p, prometheus_client as c, importlib.metadata as m;"
-             "print(grpc.__version__, p.__version__, m.version('prometheus-client'))")
+    names = [p.split("==")[0] for p in protogen.OLDEST]
+    r = _run(oldest, "-c", "import sys, importlib.metadata as m; print(*(m.version(n) for n in sys.argv[1:]))", *names)
     assert r.returncode == 0, r.stderr
     want = [p.split("==")[1] for p in protogen.OLDEST]
     assert r.stdout.split() == want
@@ -84,6 +99,10 @@ def test_daemon_and_cli_run_on_the_oldest_grpcio(oldest, tmp_path):
                       "h = DaemonClient(sys.argv[1]).health(); print(h.version, h.attached)", str(sock))
         assert health.returncode == 0, health.stderr
         assert health.stdout.split()[1] == "0"
+        std = _run(oldest, "-c", STANDARD_SERVICES, str(sock))
+        assert std.returncode == 0, std.stderr
+        assert std.stdout.split() == ["SERVING", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+                                      "stacklens.v1.Stacklens"]
         adv = _run(oldest, *cli, "advise", str(2**22 + 1))   # above pid_max: never a process
         assert adv.returncode != 0 and "not attached" in adv.stderr, (adv.returncode, adv.stdout, adv.stderr)
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
