@@ -26,6 +26,10 @@ class Metric:
     needs: str          # what measures it: "bpf" (probes), "agent" (in-process agent), "gpu" (the
                         # agent's GPU collector, CUPTI/RocTracer), "jax" (jax.monitoring)
     default: bool = False   # a column of every CCT unless told otherwise (cct.METRICS)
+    # A sample count with a known rate is also exported as time: stacklens_<seconds_prom>_total =
+    # samples / sampling rate (Prometheus wants seconds, not samples); its hotspots are in seconds.
+    seconds_prom: str = ""
+    seconds_help: str = ""
 
 
 # Order: the TUI cycles through a snapshot's metrics in its tree's order, which is this one.
@@ -41,7 +45,9 @@ REGISTRY: tuple[Metric, ...] = (
     Metric("sync_wait_ns", TIME, "sync wait", "sync_wait_seconds",
            "time the host waited in GPU synchronization calls", "bpf", default=True),
     Metric("cpu_samples", COUNT, "cpu samples", "cpu_samples",
-           "CPU samples (perf cpu-clock) of the process", "bpf", default=True),
+           "CPU samples (perf cpu-clock) of the process", "bpf", default=True,
+           seconds_prom="cpu_seconds",
+           seconds_help="on-CPU time of the process from perf cpu-clock samples (samples / sampling rate), seconds"),
     Metric("alloc_bytes", BYTES, "alloc", "allocated_bytes",
            "bytes allocated on the device", "bpf", default=True),
     Metric("copy_bytes", BYTES, "copy", "copied_bytes",
@@ -69,6 +75,16 @@ PREFERRED: tuple[str, ...] = (
     "sync_wait_ns", "copy_bytes", "alloc_bytes", "compile_time_ns", "memcpy_count", "memset_count",
     "memset_bytes",
 )
+
+
+def opening_metric(snap) -> str:
+    """The metric a view opens on: GPU time wherever it was measured (and is non-zero), else the
+    first of PREFERRED the snapshot measured with data, else the first it measured."""
+    measured = [m for m in PREFERRED if m in snap.metrics and m not in snap.unavailable]
+    for m in measured:
+        if snap.total(m):
+            return m
+    return measured[0] if measured else snap.metrics[0]
 
 
 def kind_of(metric: str) -> str:

@@ -34,6 +34,10 @@ class AgentLink:
     def stats(self) -> dict:
         return self.server.stats()
 
+    def connected(self) -> bool:
+        """The agent's channel is up (hello received, not gone): the Prometheus agent gauge."""
+        return self.server.connected
+
     def stop(self) -> bool:
         """Ask the agent to detach: it disables collection, force-flushes, sends what it has."""
         try:

@@ -127,6 +127,9 @@ class Daemon:
         self.auto_attach = auto_attach
         self.max_nodes = max_nodes
         self.counters = collections.Counter()
+        # the final stats of every retired session, summed: node-wide totals that never go down
+        # when a session ends (the Prometheus node counters: `node_stats`)
+        self._retired_stats: collections.Counter[str] = collections.Counter()
         self.started = time.time()
         self._closing = False
         self._unreleased = 0            # sessions retired since the last release_memory()
@@ -223,7 +226,9 @@ class Daemon:
         except Exception:  # noqa: BLE001 — the final profile could not be made: keep nothing
             log.exception("final profile of session %d", s.pid)
             rec = None
+        final = rec.stats() if rec is not None else {}
         with self._lock:
+            self._retired_stats.update(final)
             if self.closed.get(s.pid) is s:
                 if rec is None:
                     del self.closed[s.pid]
@@ -299,6 +304,20 @@ class Daemon:
 
     def snapshot(self, pid: int, window_s: float | None = None) -> Snapshot:
         return self.session(pid).snapshot(window_s=window_s)
+
+    def node_stats(self) -> collections.Counter[str]:
+        """Session stats summed over every session since start (the retired ones' final stats,
+        then the live ones' current stats), plus the daemon's counters (attaches, detaches, ...).
+        Read in that order, a session retiring meanwhile is missed once, never counted twice."""
+        with self._lock:
+            out = collections.Counter(self._retired_stats)
+        for s in self.active():
+            try:
+                out.update(s.stats())
+            except StacklensError:
+                continue
+        out.update(self.counters)
+        return out
 
     def active(self) -> list[ProcessSession]:
         with self._lock:

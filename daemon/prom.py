@@ -1,10 +1,18 @@
 """Prometheus exposition: a pull collector over session snapshots (never touched by the hot path).
 
-Names: `stacklens_` prefix, `_total` counters, `_seconds`, `_bytes`; one family per metric of the
-registry (cct/metrics.py: name, HELP, unit), so a new metric is exported without an edit here.
-Process labels `pid`, `comm`, `container`. Hotspots are the top-K contexts per process under a
-short bounded `context` label plus `[other]`; never a raw kernel name or a whole stack. A cap on
-hotspot series, with a counter of evictions. No privilege beyond the daemon's.
+Names: `stacklens_` prefix, `_total` counters, base units (`_seconds`, `_bytes`); one family per
+metric of the registry (cct/metrics.py: name, HELP, unit), so a new metric is exported without an
+edit here; a sample count with a known rate (CPU samples) also as `_seconds_total`. Process labels
+`pid`, `comm`, `container`; a process's series end when it is detached. Node-wide counters
+(`stacklens_events_total`, `_drops_total`, `_unjoined_total`, …) never decrease: they count every
+session since the daemon started (the daemon keeps the final stats of detached ones, `health()`),
+and a scrape never exports less than the one before. Hotspots are the top-K contexts per process
+under a short bounded `context` label and the context's innermost Python line as `line`
+(`file.py:LINE`), plus `[other]` for the rest; never a raw kernel name or a whole stack. A cap on
+hotspot series over all processes: a process that meets it gets its rest as `[other]` too, and one
+left with no room is counted in `stacklens_series_evicted_total`. The daemon's own process metrics
+(`process_cpu_seconds_total`, `process_resident_memory_bytes`, open fds, start time) come from
+prometheus_client's ProcessCollector (`build_registry`). No privilege beyond the daemon's.
 
 The daemon's TCP endpoint is readable by every local user, so hotspot series (file:function:line
 of other users' processes) are exported only when asked for (`hotspots=True`; stacklensd
@@ -31,19 +39,63 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
 
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from stacklens.cct import Frame, Snapshot, metrics
+from stacklens.introspect.procfs import ProcFS
 
 log = logging.getLogger(__name__)
 
 # metric → (exported name stem, scale to base unit, help), from the registry (cct/metrics.py)
 PROCESS_METRICS = {m.name: (m.prom, metrics.base_unit_scale(m.name), m.help) for m in metrics.REGISTRY}
+# sample counts also exported in seconds: metric → (stem, help)
+SECONDS_METRICS = {m.name: (m.seconds_prom, m.seconds_help) for m in metrics.REGISTRY if m.seconds_prom}
 HOTSPOT_METRICS = metrics.HOTSPOT
 CONTEXT_LABEL_MAX = 120
+LINE_LABEL_MAX = 80
+OTHER = "[other]"
+NO_LINE = "[none]"          # the `line` of a context with no Python frame (native, kernels only)
+
+
+def _drops(st: Mapping[str, int]) -> int:
+    return sum(v for k, v in st.items() if "drop" in k or "lost" in k)
+
+
+# Node-wide counters, stacklens_<name>_total: name → (help, value from the stats summed over every
+# session the daemon has had, plus the daemon's own counters: `StacklensCollector.health`).
+NODE_COUNTERS: dict[str, tuple[str, Callable[[Mapping[str, int]], int]]] = {
+    "events": ("events joined, every session since the daemon started", lambda st: st.get("events", 0)),
+    "drops": ("events dropped or lost (BPF ring, agent channel, join), every session since the daemon started",
+              _drops),
+    "unwind_errors": ("stack unwinds that failed, every session since the daemon started",
+                      lambda st: sum(v for k, v in st.items() if "unwind" in k)),
+    "unjoined": ("GPU launches never joined to a kernel record and kernel records never joined to a launch, "
+                 "every session since the daemon started",
+                 lambda st: st.get("launches_unmatched", 0) + st.get("kernels_unmatched", 0)),
+    "agent_records": ("records received from in-process agents (Python samples, GPU activity), every session "
+                      "since the daemon started", lambda st: st.get("agent_records", 0)),
+    "attaches": ("processes attached since the daemon started", lambda st: st.get("attaches", 0)),
+    "attach_failures": ("attaches that failed since the daemon started", lambda st: st.get("attach_failures", 0)),
+    "detaches": ("processes detached on request since the daemon started", lambda st: st.get("detaches", 0)),
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """One attached process as the collector reads it (a plain 5-tuple is taken as the first five)."""
+
+    pid: int
+    comm: str
+    container: str
+    snapshot: Snapshot
+    stats: Mapping[str, int]
+    cpu_hz: float | None = None         # the CPU sampling rate: samples → seconds (None: unknown)
+    agent_connected: bool | None = None  # None: no agent asked for; else whether its channel is up
 
 
 def context_label(path: tuple[Frame, ...]) -> str:
@@ -62,28 +114,43 @@ def context_label(path: tuple[Frame, ...]) -> str:
     return label if len(label) <= CONTEXT_LABEL_MAX else label[: CONTEXT_LABEL_MAX - 1] + "…"
 
 
-def hotspots(snap: Snapshot, metric: str, k: int) -> list[tuple[str, int]]:
-    """Top-k contexts by exclusive `metric` (summed per short label) plus `[other]` for the rest."""
-    by_label: collections.Counter[str] = collections.Counter()
+def line_label(path: tuple[Frame, ...]) -> str:
+    """`file.py:LINE` of the innermost Python frame (bounded), or NO_LINE."""
+    py = next((f for f in reversed(path) if f.kind == "python"), None)
+    if py is None:
+        return NO_LINE
+    name = py.file.rsplit("/", 1)[-1]
+    tail = f":{py.line}"
+    if len(name) + len(tail) > LINE_LABEL_MAX:
+        name = name[: LINE_LABEL_MAX - len(tail) - 1] + "…"
+    return name + tail
+
+
+def hotspots(snap: Snapshot, metric: str, k: int) -> list[tuple[str, str, int]]:
+    """Top-k (context, line, value) by exclusive `metric` (summed per short label) plus
+    ([other], [other], rest)."""
+    by_label: collections.Counter[tuple[str, str]] = collections.Counter()
     for path, values in snap.iter_paths():
         v = values.get(metric, 0)
         if v:
-            by_label[context_label(path)] += v
-    top = by_label.most_common(k)
+            by_label[(context_label(path), line_label(path))] += v
+    top = by_label.most_common(max(0, k))
     rest = sum(by_label.values()) - sum(v for _, v in top)
+    out = [(c, line, v) for (c, line), v in top]
     if rest:
-        top.append(("[other]", rest))
-    return top
+        out.append((OTHER, OTHER, rest))
+    return out
 
 
 class StacklensCollector(Collector):
-    """Reads `sources()` → [(pid, comm, container, snapshot, stats)] at scrape time."""
+    """Reads `sources()` → [Source or (pid, comm, container, snapshot, stats)] at scrape time, and
+    `health()` → stats summed over every session since start plus the daemon's counters."""
 
     def __init__(
         self,
-        sources: Callable[[], Iterable[tuple[int, str, str, Snapshot, dict[str, int]]]],
+        sources: Callable[[], Iterable[Source | tuple[int, str, str, Snapshot, dict[str, int]]]],
         *,
-        health: Callable[[], dict[str, int]] = dict,
+        health: Callable[[], Mapping[str, int]] = dict,
         top_k: int = 10,
         series_cap: int = 5_000,
         findings: Callable[[int, Snapshot], dict[str, int]] | None = None,
@@ -96,9 +163,20 @@ class StacklensCollector(Collector):
         self.series_cap = series_cap
         self.findings = findings
         self.series_evicted = 0
+        self._node_lock = threading.Lock()     # scrapes run on several workers
+        self._node_exported: dict[str, float] = {}
 
     def describe(self):  # no describe-time scrape (prometheus_client calls collect otherwise)
         return []
+
+    def _node_values(self) -> dict[str, float]:
+        """NODE_COUNTERS now, never below what an earlier scrape exported (a session between its
+        last live stats and its retired ones must not read as a counter reset)."""
+        h = self.health()
+        with self._node_lock:
+            for name, (_, value) in NODE_COUNTERS.items():
+                self._node_exported[name] = max(self._node_exported.get(name, 0), value(h))
+            return dict(self._node_exported)
 
     def collect(self):
         labels = ["pid", "comm", "container"]
@@ -106,11 +184,16 @@ class StacklensCollector(Collector):
             m: CounterMetricFamily(f"stacklens_{stem}", help_, labels=labels)
             for m, (stem, _, help_) in PROCESS_METRICS.items()
         }
+        seconds = {
+            m: CounterMetricFamily(f"stacklens_{stem}", help_, labels=labels) for m, (stem, help_) in SECONDS_METRICS.items()
+        }
         hot = {
             m: CounterMetricFamily(
-                f"stacklens_hotspot_{PROCESS_METRICS[m][0]}",
-                f"top-{self.top_k} contexts by exclusive {m}; [other] holds the rest",
-                labels=labels + ["context"],
+                f"stacklens_hotspot_{SECONDS_METRICS[m][0] if m in SECONDS_METRICS else PROCESS_METRICS[m][0]}",
+                f"{SECONDS_METRICS[m][1] if m in SECONDS_METRICS else PROCESS_METRICS[m][2]}, exclusive, for the "
+                f"top-{self.top_k} contexts of each process (line: the context's innermost Python line); "
+                f"{OTHER} holds the rest",
+                labels=labels + ["context", "line"],
             )
             for m in HOTSPOT_METRICS
         }
@@ -118,47 +201,76 @@ class StacklensCollector(Collector):
         unavailable = GaugeMetricFamily(
             "stacklens_metric_unavailable", "1 when a metric is not measured for this process", labels=labels + ["metric"]
         )
+        agent = GaugeMetricFamily("stacklens_agent_connected",
+                                  "1 while the in-process agent's channel is up, 0 once it is gone (processes "
+                                  "attached with the agent)", labels=labels)
         finding_fam = GaugeMetricFamily("stacklens_findings", "analyzer findings by rule", labels=labels + ["rule"])
         budget = self.series_cap
         attached = 0
-        for pid, comm, container, snap, stats in self.sources():
+        for src in self.sources():
+            if not isinstance(src, Source):
+                src = Source(*src)
+            snap = src.snapshot
             attached += 1
-            lv = [str(pid), comm, container]
-            for m, (_, scale, _) in PROCESS_METRICS.items():
-                if m in snap.metrics and m not in snap.unavailable:
-                    fams[m].add_metric(lv, snap.total(m) * scale)
+            lv = [str(src.pid), src.comm, src.container]
+            measured = [m for m in PROCESS_METRICS if m in snap.metrics and m not in snap.unavailable]
+            for m in measured:
+                fams[m].add_metric(lv, snap.total(m) * PROCESS_METRICS[m][1])
+                if m in seconds and src.cpu_hz:
+                    seconds[m].add_metric(lv, snap.total(m) / src.cpu_hz)
             for m in sorted(snap.unavailable):
                 unavailable.add_metric(lv + [m], 1)
-            drops.add_metric(lv, sum(v for k, v in stats.items() if "drop" in k or "lost" in k))
+            drops.add_metric(lv, _drops(src.stats))
+            if src.agent_connected is not None:
+                agent.add_metric(lv, 1 if src.agent_connected else 0)
             for m in HOTSPOT_METRICS if self.hotspots_on else ():
-                if m not in snap.metrics or m in snap.unavailable:
+                if m not in measured:
                     continue
-                scale = PROCESS_METRICS[m][1]
-                for label, v in hotspots(snap, m, self.top_k):
-                    if budget <= 0:
-                        self.series_evicted += 1
+                if m in SECONDS_METRICS:
+                    if not src.cpu_hz:
                         continue
-                    budget -= 1
-                    hot[m].add_metric(lv + [label], v * scale)
+                    scale = 1 / src.cpu_hz
+                else:
+                    scale = PROCESS_METRICS[m][1]
+                if budget <= 0:
+                    self.series_evicted += 1
+                    continue
+                # room for fewer than top-k + [other]: the top that fits, the rest in [other]
+                series = hotspots(snap, m, min(self.top_k, budget - 1))
+                budget -= len(series)
+                for context, line, v in series:
+                    hot[m].add_metric(lv + [context, line], v * scale)
             if self.findings is not None:
                 try:
-                    for rule, n in self.findings(pid, snap).items():
+                    for rule, n in self.findings(src.pid, snap).items():
                         finding_fam.add_metric(lv + [rule], n)
                 except Exception:  # noqa: BLE001 — a rule bug must not break the scrape
                     log.exception("analyzer failed during scrape")
         yield from fams.values()
+        yield from seconds.values()
         if self.hotspots_on:
             yield from hot.values()
         yield drops
         yield unavailable
+        yield agent
         yield finding_fam
         yield GaugeMetricFamily("stacklens_attached_processes", "processes attached", value=attached)
-        h = self.health()
-        for key in ("events", "drops", "unwind_errors"):
-            yield CounterMetricFamily(f"stacklens_{key}", f"daemon-wide {key.replace('_', ' ')}", value=h.get(key, 0))
+        for name, v in self._node_values().items():
+            yield CounterMetricFamily(f"stacklens_{name}", NODE_COUNTERS[name][0], value=v)
         yield CounterMetricFamily(
-            "stacklens_series_evicted", "hotspot series not exported because of the series cap", value=self.series_evicted
+            "stacklens_series_evicted", "hotspot families of a process (one per metric) not exported because of the series cap",
+            value=self.series_evicted,
         )
+
+
+def build_registry(collector: StacklensCollector, *, procfs: ProcFS | None = None) -> CollectorRegistry:
+    """The daemon's registry: `collector` and the daemon's own process metrics (prometheus_client's
+    ProcessCollector over `procfs`'s root: process_cpu_seconds_total, process_resident_memory_bytes,
+    process_open_fds, process_start_time_seconds, ...)."""
+    registry = CollectorRegistry()
+    registry.register(collector)
+    ProcessCollector(proc=str((procfs or ProcFS()).root), registry=registry)
+    return registry
 
 
 MAX_CONNECTIONS = 64

@@ -238,24 +238,24 @@ class StacklensDaemon:
         log.info("stacklensd %s listening on unix:%s (token %s)", __version__, self.socket_path, self.token_path)
 
     def _start_metrics(self) -> None:
-        from prometheus_client import CollectorRegistry
-
-        from stacklens.daemon.prom import MetricsServer, StacklensCollector
+        from stacklens.daemon.prom import MetricsServer, StacklensCollector, build_registry
 
         host, _, port = self.metrics_address.rpartition(":")
-        registry = CollectorRegistry()
-        registry.register(
-            StacklensCollector(self._prom_sources, health=self._health, top_k=self.top_k, findings=self._finding_counts,
-                               hotspots=self.metrics_hotspots)
+        registry = build_registry(
+            StacklensCollector(self._prom_sources, health=self.daemon.node_stats, top_k=self.top_k,
+                               findings=self._finding_counts, hotspots=self.metrics_hotspots),
+            procfs=self.daemon.procfs,
         )
         try:
             self.http = MetricsServer(registry, host.strip("[]") or "127.0.0.1", int(port)).start()
         except ValueError:
             raise InputError(f"metrics address {self.metrics_address!r} is not HOST:PORT") from None
     def _prom_sources(self):
+        from stacklens.daemon.prom import Source
+
         for s in self.daemon.active():
             try:
-                yield s.pid, s.comm, "", s.snapshot(), s.stats()
+                yield Source(s.pid, s.comm, "", s.snapshot(), s.stats(), cpu_hz=s.cpu_hz, agent_connected=_agent_up(s))
             except StacklensError:
                 continue
 
@@ -267,18 +267,6 @@ class StacklensDaemon:
         for f in adv(snap):
             counts[f.rule] = counts.get(f.rule, 0) + 1
         return counts
-
-    def _health(self) -> dict[str, int]:
-        out = {"events": 0, "drops": 0, "unwind_errors": 0}
-        for s in self.daemon.active():
-            try:
-                st = s.stats()
-            except StacklensError:
-                continue
-            out["events"] += st.get("events", 0)
-            out["drops"] += sum(v for k, v in st.items() if "drop" in k or "lost" in k)
-            out["unwind_errors"] += sum(v for k, v in st.items() if "unwind" in k)
-        return out
 
     def _housekeeping(self) -> None:
         while not self._stop.wait(2.0):
@@ -309,6 +297,16 @@ class StacklensDaemon:
                     path.unlink()
             except FileNotFoundError:
                 pass
+
+
+def _agent_up(s) -> bool | None:
+    """None: no agent asked for (or one that cannot tell); else whether its channel is up."""
+    if not s.want_agent:
+        return None
+    if s.agent is None:
+        return False
+    connected = getattr(s.agent, "connected", None)
+    return None if connected is None else bool(connected())
 
 
 def build_parser() -> argparse.ArgumentParser:

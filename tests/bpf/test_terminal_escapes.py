@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from stacklens.daemon.discovery import describe_process
-from stacklens.daemon.prom import StacklensCollector
+from stacklens.daemon.prom import Source, StacklensCollector
 from stacklens.daemon.session import ProcessSession
 from stacklens.daemon.textreport import render_report
 
@@ -39,7 +39,7 @@ def test_escapes_in_comm_and_code_names_are_escaped_everywhere(bpf_ok, start_tar
         report = render_report(snap, "cpu_samples", min_share=0.0)
         assert FUNC in report and f"comm={COMM}" in report
         reg = CollectorRegistry()
-        reg.register(StacklensCollector(lambda: [(t.pid, s.comm, "", snap, {})], hotspots=True))
+        reg.register(StacklensCollector(lambda: [Source(t.pid, s.comm, "", snap, {}, cpu_hz=s.cpu_hz)], hotspots=True))
         metrics = generate_latest(reg).decode()
         assert f'comm="{COMM.replace(chr(92), chr(92) * 2)}"' in metrics   # the exposition escapes '\'
         assert "spin\\\\x1b]0;pwned\\\\x07" in metrics

@@ -65,7 +65,7 @@ def test_prometheus_scrapes_hotspots(tmp_path):
             for i in range(20):  # 20 contexts, weights 1..20: top-3 are hot19, hot18, hot17
                 evs += [FakeEvent(kind="cpu_sample", py_stack=(py("main", 1), py(f"hot{i}", 100 + i)))] * (i + 1)
             probes[target.pid].push(*evs)
-            q = urllib.parse.quote('stacklens_hotspot_cpu_samples_total{job="stacklens"}')
+            q = urllib.parse.quote('stacklens_hotspot_cpu_seconds_total{job="stacklens"}')
             result = []
             deadline = time.time() + 30
             while time.time() < deadline:
@@ -77,13 +77,14 @@ def test_prometheus_scrapes_hotspots(tmp_path):
                 if len(result) == 4:
                     break
                 time.sleep(0.5)
-            contexts = {r["metric"]["context"]: float(r["value"][1]) for r in result}
-            assert contexts == {
-                "train.py:hot19:119": 20.0,
-                "train.py:hot18:118": 19.0,
-                "train.py:hot17:117": 18.0,
-                "[other]": float(sum(range(1, 18))),
-            }
+            # CPU in seconds: samples / the session's sampling rate (99 Hz)
+            contexts = {(r["metric"]["context"], r["metric"]["line"]): float(r["value"][1]) * 99 for r in result}
+            assert contexts == pytest.approx({
+                ("train.py:hot19:119", "train.py:119"): 20.0,
+                ("train.py:hot18:118", "train.py:118"): 19.0,
+                ("train.py:hot17:117", "train.py:117"): 18.0,
+                ("[other]", "[other]"): float(sum(range(1, 18))),
+            })
             assert all(r["metric"]["pid"] == str(target.pid) for r in result)
     finally:
         prom.terminate()
