@@ -28,7 +28,7 @@ from typing import Any
 from stacklens import __version__
 from stacklens.errors import InputError
 from stacklens.cct.frames import KINDS, ROOT, Frame
-from stacklens.cct.metrics import BYTES, COUNT, TIME, kind_of
+from stacklens.cct.metrics import BYTES, COUNT, CPU_SAMPLES, TIME, kind_of, opening_metric
 from stacklens.cct.snapshot import Snapshot
 
 JSON_FORMAT = "stacklens.profile"
@@ -122,11 +122,45 @@ def _packed_field(field: int, values: Iterable[int]) -> bytes:
     return _bytes_field(field, b"".join(map(_varint, values)))
 
 
-def to_pprof(snap: Snapshot) -> bytes:
-    """gzip-compressed profile.proto; each measured metric is one sample type.
+def python_module_of(file: str) -> str:
+    """The dotted module a Python file is (`torch.nn.modules.linear` for a file under
+    site-packages, `prep` for a script's /srv/app/prep.py); a pseudo-file (`<string>`) as is."""
+    if not file.endswith(".py"):
+        return file
+    parts = file[:-3].split("/")
+    for anchor in ("site-packages", "dist-packages"):
+        if anchor in parts:
+            parts = parts[len(parts) - parts[::-1].index(anchor):]
+            break
+    else:
+        parts = parts[-1:]
+    if len(parts) > 1 and parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(p for p in parts if p)
 
-    One Function and one Location per distinct frame (Function name = frame label, so distinct
-    frames never merge in pprof), one Sample per node with a non-zero exclusive value.
+
+def pprof_function_name(frame: Frame) -> str:
+    """What pprof groups by (pprof merges equal names): a Python function by module and name, as
+    Go's are by package (`prep.preprocess`, `model.Block.forward`: the many `forward`s stay
+    apart); an operator, kernel, API call or native symbol by its name; the file and line are
+    in their own fields, so `-top` lists a function once and `-lines` splits it by line."""
+    if frame.kind == "python":
+        return f"{python_module_of(frame.file)}.{frame.name}"
+    if frame.kind in ("native", "op", "kernel", "gpu_api"):
+        return frame.name
+    return frame.label()
+
+
+def to_pprof(snap: Snapshot) -> bytes:
+    """gzip-compressed profile.proto, by pprof's conventions: each measured metric is one sample
+    type with its unit; CPU samples as `samples/count` and, when the sampling rate is known
+    (meta["cpu_hz"]), also `cpu/nanoseconds` (samples × period), the period type and period;
+    `time_nanos` / `duration_nanos` from the profile's start and window when known.
+
+    One Function and one Location per distinct frame: Function.name is the function
+    (pprof_function_name), system_name the frame's full label, filename its file (Python) or
+    library (native); the Location's line its line. One Sample per node with a non-zero exclusive
+    value. The default sample type is GPU time where it was measured, else CPU.
     """
     strings: dict[str, int] = {"": 0}
 
@@ -137,16 +171,27 @@ def to_pprof(snap: Snapshot) -> bytes:
         return idx
 
     metrics = [m for m in snap.metrics if m not in snap.unavailable]
+    hz = snap.meta.get("cpu_hz") if isinstance(snap.meta, dict) else None
+    period = 1_000_000_000 // int(hz) if isinstance(hz, int) and hz > 0 else 0
     out = bytearray()
-    for m in metrics:
-        out += _bytes_field(1, _int_field(1, s(m)) + _int_field(2, s(unit_of(m))))
+    # (sample type name, unit, metric column, scale)
+    types: list[tuple[str, str, int, int]] = []
+    for col, m in enumerate(metrics):
+        if m == CPU_SAMPLES:
+            types.append(("samples", "count", col, 1))
+            if period:
+                types.append(("cpu", "nanoseconds", col, period))
+        else:
+            types.append((m, unit_of(m), col, 1))
+    for name, unit, _col, _scale in types:
+        out += _bytes_field(1, _int_field(1, s(name)) + _int_field(2, s(unit)))
 
     paths = _node_paths(snap)
     location_of: dict[Frame, int] = {}
     columns = [snap._excl[m] for m in metrics]  # one tuple per metric, not a call per value
     for node, values in enumerate(zip(*columns)):
         if any(values):
-            if not all(_INT64_MIN <= v <= _INT64_MAX for v in values):
+            if not all(_INT64_MIN <= v * scale <= _INT64_MAX for (_n, _u, c, scale) in types for v in (values[c],)):
                 raise InputError(f"a value at {snap.path(node)} does not fit pprof's 64-bit integers")
             stack = []
             for frame in reversed(paths[node]):  # pprof wants the leaf first
@@ -154,13 +199,14 @@ def to_pprof(snap: Snapshot) -> bytes:
                 if loc is None:
                     loc = location_of[frame] = len(location_of) + 1
                 stack.append(loc)
-            out += _bytes_field(2, _packed_field(1, stack) + _packed_field(2, values))
+            row = [values[c] * scale for (_n, _u, c, scale) in types]
+            out += _bytes_field(2, _packed_field(1, stack) + _packed_field(2, row))
 
     functions = bytearray()
     locations = bytearray()
     for frame, loc in location_of.items():
-        label = s(frame.label())
-        function = _int_field(1, loc) + _int_field(2, label) + _int_field(3, label) + _int_field(4, s(frame.file))
+        function = (_int_field(1, loc) + _int_field(2, s(pprof_function_name(frame)))
+                    + _int_field(3, s(frame.label())) + _int_field(4, s(frame.file)))
         functions += _bytes_field(5, function)
         line = _int_field(1, loc) + _int_field(2, frame.line)
         locations += _bytes_field(4, _int_field(1, loc) + _int_field(2, 1) + _bytes_field(4, line))
@@ -177,11 +223,22 @@ def to_pprof(snap: Snapshot) -> bytes:
         comments.append(s("unavailable (not measured): " + ", ".join(sorted(snap.unavailable))))
     if snap.folded_nodes:
         comments.append(s(f"folded_nodes: {snap.folded_nodes}"))
-    # pprof shows this one first: the first measured metric that has data.
-    default = s(next((m for m in metrics if snap.total(m)), metrics[0] if metrics else ""))
+    # pprof shows this one first: what views open on (GPU time where measured); CPU as time
+    opening = opening_metric(snap) if metrics else ""
+    of_opening = [t[0] for t in types if metrics[t[2]] == opening]
+    default = s(of_opening[-1] if of_opening else "")
+    meta = snap.meta if isinstance(snap.meta, dict) else {}
+    window = meta.get("window") or {}
+    start_unix = meta.get("start_unix_ns")
+    period_type = _bytes_field(11, _int_field(1, s("cpu")) + _int_field(2, s("nanoseconds"))) if period else b""
 
-    for text in strings:  # dicts keep insertion order, which is the index order
+    for text in strings:  # dicts keep insertion order, which is the index order (complete by now)
         out += _bytes_field(6, text.encode())
+    if isinstance(start_unix, int):
+        out += _int_field(9, start_unix)
+    if isinstance(window.get("seconds"), (int, float)):
+        out += _int_field(10, int(window["seconds"] * 1e9))
+    out += period_type + _int_field(12, period)
     out += _packed_field(13, comments)
     out += _int_field(14, default)
     return gzip.compress(bytes(out), mtime=0)

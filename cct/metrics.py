@@ -77,6 +77,10 @@ PREFERRED: tuple[str, ...] = (
 )
 
 
+# the metric of the on-CPU sampler: pprof's `samples` (and `cpu` nanoseconds at its period)
+CPU_SAMPLES = "cpu_samples"
+
+
 def opening_metric(snap) -> str:
     """The metric a view opens on: GPU time wherever it was measured (and is non-zero), else the
     first of PREFERRED the snapshot measured with data, else the first it measured."""

@@ -43,8 +43,13 @@ def _check_metric(snap, metric: str) -> None:
         )
 
 
-def write_output(snap, fmt: str, metric: str, out: str | None) -> None:
-    """Render `snap` as `fmt` (daemon/formats.py) to `out` (a path) or stdout."""
+def write_output(snap, fmt: str, metric: str | None, out: str | None) -> None:
+    """Render `snap` as `fmt` (daemon/formats.py) to `out` (a path) or stdout; without a metric,
+    the one views open on (GPU time where measured, cct/metrics.py opening_metric)."""
+    if metric is None:
+        from stacklens.cct.metrics import opening_metric
+
+        metric = opening_metric(snap)
     _check_metric(snap, metric)
     form = FORMATS.get(fmt)
     if form is None:  # argparse restricts choices; keep the error honest anyway
@@ -175,8 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def out_opts(sp: argparse.ArgumentParser, default_fmt: str = "text") -> None:
         sp.add_argument("--format", choices=FORMATS, default=default_fmt)
-        sp.add_argument("--metric", default="cpu_samples",
-                        help="metric for " + "/".join(n for n, f in FORMATS.items() if f.per_metric))
+        sp.add_argument("--metric", default=None,
+                        help="metric for " + "/".join(n for n, f in FORMATS.items() if f.per_metric)
+                        + " (default: GPU time where it was measured, else CPU samples)")
         sp.add_argument("-o", "--output", help="write to FILE instead of stdout")
 
     r = sub.add_parser("report", help="render a profile: a saved file (--input) or a PID via the daemon")

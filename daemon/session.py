@@ -223,7 +223,8 @@ class ProcessSession:
             self.comm = safe_text(ProcFS().comm(self.pid))   # the target's choice: escaped (textsafe.py)
         except (StacklensError, OSError):
             pass
-        self.joiner.meta.update({"pid": self.pid, "comm": self.comm})
+        self.joiner.meta.update({"pid": self.pid, "comm": self.comm, "cpu_hz": self.cpu_hz,
+                                 "start_unix_ns": time.time_ns()})
         self.probes = self._probe_factory(self.pid, cpu_hz=self.cpu_hz, ops=self.ops)
         if progress is not None and hasattr(self.probes, "on_phase"):
             self.probes.on_phase = progress

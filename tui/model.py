@@ -105,13 +105,7 @@ def kind_tag(frame: Frame) -> str:
 
 
 def default_metric(snap: Snap) -> str:
-    measured = [m for m in PREFERRED_METRICS if m in snap.metrics and m not in snap.unavailable]
-    for m in measured:
-        if snap.total(m):
-            return m
-    if measured:
-        return measured[0]
-    return snap.metrics[0]
+    return metrics.opening_metric(snap)
 
 
 def next_metric(snap: Snap | None, current: str, step: int = 1) -> str:

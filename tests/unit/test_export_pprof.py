@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stacklens.cct import CCT, Frame, Snapshot
-from stacklens.cct.export import to_pprof, unit_of
+from stacklens.cct.export import pprof_function_name, to_pprof, unit_of
 from stacklens.errors import InputError
 
 SCHEMA = Path(__file__).parents[1] / "data" / "schemas" / "profile.proto"
@@ -60,11 +60,20 @@ def sample() -> Snapshot:
     return tree.snapshot(unavailable={"copy_bytes"})
 
 
+def metric_of(sample_type: str) -> str:
+    """The tree metric a pprof sample type carries (CPU samples are pprof's `samples`)."""
+    return "cpu_samples" if sample_type == "samples" else sample_type
+
+
+def type_names(snap: Snapshot) -> list[str]:
+    return ["samples" if m == "cpu_samples" else m for m in snap.metrics if m not in snap.unavailable]
+
+
 def parsed_totals(profile) -> tuple[dict, dict]:
     """({metric: total}, {(path labels, outermost first): {metric: value}}) of a parsed Profile."""
     strings = list(profile.string_table)
-    names = [strings[t.type] for t in profile.sample_type]
-    function_name = {f.id: strings[f.name] for f in profile.function}
+    names = [metric_of(strings[t.type]) for t in profile.sample_type]
+    function_name = {f.id: strings[f.system_name] for f in profile.function}   # the frame's label
     location_name = {loc.id: function_name[loc.line[0].function_id] for loc in profile.location}
     totals: Counter = Counter()
     paths: dict = {}
@@ -92,7 +101,7 @@ def test_parses_with_the_schema(profile_pb2) -> None:
     strings = list(profile.string_table)
     assert strings[0] == ""
     types = [(strings[t.type], strings[t.unit]) for t in profile.sample_type]
-    assert types == [(m, unit_of(m)) for m in snap.metrics if m != "copy_bytes"]
+    assert types == [(n, unit_of(metric_of(n))) for n in type_names(snap)]
     assert ("gpu_time_ns", "nanoseconds") in types and ("alloc_bytes", "bytes") in types
     assert ("launch_count", "count") in types
     assert strings[profile.default_sample_type] == "gpu_time_ns"
@@ -147,7 +156,7 @@ def test_go_tool_pprof_reads_it(tmp_path: Path) -> None:
     raw = result.stdout
     header = raw.split("Samples:\n", 1)[1].splitlines()[0]
     types = [t.split("/")[0] for t in header.split()]
-    assert types == [m for m in snap.metrics if m not in snap.unavailable]
+    assert types == type_names(snap)
     assert "gpu_time_ns/nanoseconds[dflt]" in header and "alloc_bytes/bytes" in header
 
     totals: Counter = Counter()
@@ -155,8 +164,54 @@ def test_go_tool_pprof_reads_it(tmp_path: Path) -> None:
         m = re.match(r"^\s*([-\d\s]+):", line)
         if m:
             for name, value in zip(types, m.group(1).split()):
-                totals[name] += int(value)
-    assert dict(totals) == {m: snap.total(m) for m in types}
+                totals[metric_of(name)] += int(value)
+    assert dict(totals) == {metric_of(n): snap.total(metric_of(n)) for n in types}
     locations = raw.split("Locations\n", 1)[1]
     for frame in FRAMES:
-        assert frame.label() in locations
+        assert pprof_function_name(frame) in locations
+
+
+def _go_pprof(tmp_path: Path, *args: str) -> str:
+    go = shutil.which("go") or ("/usr/bin/go" if Path("/usr/bin/go").exists() else None)
+    if go is None:
+        pytest.skip("Go is not installed (Debian: apt-get install golang-go); `go tool pprof` unavailable")
+    r = subprocess.run([go, "tool", "pprof", *args], capture_output=True, text=True, timeout=120,
+                       env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "GOCACHE": str(tmp_path / "gocache")})
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_pprof_reads_it_by_its_conventions(tmp_path: Path) -> None:
+    """Functions once each, by module (two `forward`s stay apart), their lines with `-lines`,
+    CPU as samples/count and cpu/nanoseconds at the sampling period (`-unit=ms`), the profile's
+    time and duration; GPU time is the default where it was measured."""
+    main = (Frame.python("/srv/app/main.py", "<module>", 30), Frame.python("/srv/app/main.py", "main", 20))
+    tree = CCT()
+    tree.add(main + (Frame.python("/srv/app/prep.py", "preprocess", 5),), "cpu_samples", 30)
+    tree.add(main + (Frame.python("/srv/app/prep.py", "preprocess", 7),), "cpu_samples", 20)
+    tree.add(main + (Frame.python("/srv/app/model.py", "encoder", 11),), "cpu_samples", 40)
+    tree.add(main + (Frame.python("/srv/app/model.py", "forward", 50),), "cpu_samples", 4)
+    tree.add(main + (Frame.python("/srv/app/head.py", "forward", 9),), "cpu_samples", 6)
+    meta = {"cpu_hz": 100, "start_unix_ns": 1_700_000_000_000_000_000, "window": {"seconds": 2.0}}
+    path = tmp_path / "cpu.pb.gz"
+    path.write_bytes(to_pprof(tree.snapshot(meta=meta, unavailable={"gpu_time_ns"})))
+    top = _go_pprof(tmp_path, "-top", "-unit=ms", str(path))
+    assert "Type: cpu" in top and "Duration: 2s" in top and "Total samples = 1000ms" in top, top
+    rows = [ln.split() for ln in top.splitlines() if re.match(r"^\s+\d+ms", ln)]
+    assert [(r[0], r[-1]) for r in rows] == [("500ms", "prep.preprocess"), ("400ms", "model.encoder"),
+                                             ("60ms", "head.forward"), ("40ms", "model.forward")], top
+    lines = _go_pprof(tmp_path, "-top", "-lines", "-sample_index=samples", str(path))
+    assert re.search(r"\b30\b.*prep\.preprocess /srv/app/prep\.py:5", lines), lines
+    assert re.search(r"\b20\b.*prep\.preprocess /srv/app/prep\.py:7", lines), lines
+
+    tree.add(main + (Frame.op("aten::mm"), Frame.kernel("gemm")), "gpu_time_ns", 7_000)
+    path.write_bytes(to_pprof(tree.snapshot(meta=meta)))
+    assert "Type: gpu_time_ns" in _go_pprof(tmp_path, "-top", str(path))
+
+
+def test_the_python_module_of_a_file() -> None:
+    from stacklens.cct.export import python_module_of
+
+    assert python_module_of("/usr/lib/python3/dist-packages/torch/nn/modules/linear.py") == "torch.nn.modules.linear"
+    assert python_module_of("/v/lib/python3.11/site-packages/transformers/__init__.py") == "transformers"
+    assert python_module_of("/srv/app/prep.py") == "prep" and python_module_of("<string>") == "<string>"
