@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 from stacklens.inject.agent import Agent  # noqa: E402
-from stacklens.inject.agent import cupti as cupti_mod  # noqa: E402
+from stacklens.inject.agent.gpu import cupti as cupti_mod  # noqa: E402
 
 RECORD = 216
 BUFFER = 1 << 20

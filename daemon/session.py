@@ -18,6 +18,7 @@ from typing import Any, Callable, Protocol
 from stacklens.cct import Snapshot
 from stacklens.daemon.join import Joiner
 from stacklens.errors import NoSuchProcess, StacklensError
+from stacklens.inject.gpu import VENDORS, Vendor, pick_join, vendor_for
 from stacklens.introspect.procfs import ProcFS
 from stacklens.textsafe import safe_text
 
@@ -167,6 +168,16 @@ def _env_api_records() -> bool:
     return os.environ.get("STACKLENS_GPU_API_RECORDS", "0").strip() in ("1", "true", "yes", "on")
 
 
+def detect_gpu_vendor(pid: int, procfs: ProcFS | None = None) -> Vendor | None:
+    """The GPU vendor whose collector the agent will pick in the target (by the libraries it has
+    mapped now: the agent's own rule), or None. One read of /proc/PID/maps."""
+    try:
+        maps = (procfs or ProcFS()).maps(pid)
+    except (StacklensError, OSError):
+        return None
+    return vendor_for(m.path for m in maps if m.path.startswith("/"))
+
+
 class ProcessSession:
     def __init__(
         self,
@@ -181,7 +192,11 @@ class ProcessSession:
         on_close: Callable[["ProcessSession"], None] | None = None,
         gpu_api_records: bool | None = None,
         agent_config: dict | None = None,
+        gpu_vendor: str | None = None,
     ) -> None:
+        """``gpu_api_records``: ask for the API-record join (None: STACKLENS_GPU_API_RECORDS).
+        ``gpu_vendor``: a name of ``inject/gpu.VENDORS`` (None: detected from the target's mapped
+        libraries); the join is the one its declaration allows (``inject/gpu.pick_join``)."""
         if not pid_alive(pid):
             raise NoSuchProcess(f"no process {pid}: check the PID with `stacklens ps` or `ps -p {pid}`")
         self.pid = pid
@@ -194,7 +209,9 @@ class ProcessSession:
         self.gpu_api_records = _env_api_records() if gpu_api_records is None else gpu_api_records
         self.agent_config = dict(agent_config or {})   # more agent settings (benchmarks' variants)
         self._bpf_python = False        # the probes read Python stacks on CPU samples (attach report)
-        self.joiner = Joiner(pid, agent=agent, max_nodes=max_nodes, api_records=self.gpu_api_records)
+        self.gpu_vendor = VENDORS[gpu_vendor] if gpu_vendor is not None else detect_gpu_vendor(pid)
+        self.gpu_join = pick_join(self.gpu_vendor, self.gpu_api_records)   # "order" | "api_records"
+        self.joiner = Joiner(pid, agent=agent, max_nodes=max_nodes, api_records=self.gpu_join == "api_records")
         self.probes: EventSource | None = None
         self.agent: AgentSource | None = None
         self.notes: list[str] = []
@@ -243,7 +260,8 @@ class ProcessSession:
             self._bpf_python = bool(getattr(report, "python_stacks", False)) and \
                 getattr(report, "cpu_sampling_hz", self.cpu_hz) > 0
             if self.want_agent:
-                kw = {"gpu_api_records": True} if self.gpu_api_records else {}
+                # the agent sends API records exactly when the session's join reads them
+                kw = {"gpu_api_records": True} if self.gpu_join == "api_records" else {}
                 if self.agent_config:
                     kw["config"] = self.agent_config
                 hz = self.agent_config.get("sample_hz", self._default_sample_hz())

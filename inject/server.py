@@ -29,20 +29,18 @@ from pathlib import Path
 from stacklens.errors import AlreadyAttached, AttachError, InputError
 from stacklens.introspect.procfs import ProcFS
 from stacklens.inject.agent import wire
-from stacklens.inject.cuptiraw import MAX_BLOCK, NameReader, parse_layout, parse_raw
+from stacklens.inject.gpu.cupti import MAX_BLOCK, NameReader, parse_layout, parse_raw
+from stacklens.inject.gpu.rows import API_DOMAINS, MEMCPY_KINDS, ROW_KINDS, SYNC_TYPES, parse_rows
 from stacklens.inject.rootpath import open_in_root, private_subdir, remove_tree, writable_by
-from stacklens.inject.records import (AgentHello, AgentStats, ApiRecord, CompileRecord, HloKernel, HloMapRecord,
-                      KernelRecord, MemcpyRecord, Note, PySample, SyncRecord)
+from stacklens.inject.records import AgentHello, AgentStats, CompileRecord, HloKernel, HloMapRecord, Note, PySample
 from stacklens.textsafe import safe_text
 from stacklens.inject.validate import MAX_BATCH, MAX_FRAME_FILE, MAX_FRAME_NAME, MAX_INT, MAX_STR, ProtocolError
 from stacklens.inject.validate import check_int as _int, check_list as _list, check_num as _num, check_row as _row
 from stacklens.inject.validate import check_text as _str, clip_text
 
 AGENT_SRC = Path(__file__).parent / "agent"
+AGENT_PACKAGES = ("gpu",)   # folders of AGENT_SRC copied with it (one level, *.py only)
 LEVELS = ("info", "warning", "error")
-MEMCPY_KINDS = wire.RAW_COPY_KINDS + ("memset", "other")
-SYNC_TYPES = ("event", "stream", "context", "stream_wait_event", "other")
-API_DOMAINS = ("runtime", "driver", "hip")
 MAX_HLO_PARTS = 4096
 MAX_HLO_OPS = 64
 # string limits of the JAX records; the agent cuts to the same (inject/agent/jaxmeta.py LIMITS)
@@ -129,52 +127,8 @@ def parse_message(msg, counts=None) -> list:
             _int(idx, 0, len(stacks) - 1)
             out.append(PySample(_int(tid, 0, 1 << 31), _int(t_ns), stacks[idx], bool(_int(trunc, 0, 1))))
         return out
-    if t == "kernel":
-        out = []
-        names = [_str(x) for x in _list(msg.get("n", []), 10_000)]  # rows may name a kernel by index
-        for r in _list(msg.get("r")):
-            name, s, e, dev, strm, corr, gx, gy, gz, bx, by, bz, graph = _row(r, 13)
-            s, e = _int(s), _int(e)
-            if e < s:
-                raise ProtocolError("kernel ends before it starts")
-            if type(name) is int:
-                name = names[_int(name, 0, len(names) - 1)] if names else _str(name)
-            out.append(KernelRecord(_str(name), s, e, _int(dev, 0, 1 << 16), _int(strm), _int(corr),
-                                    (_int(gx), _int(gy), _int(gz)), (_int(bx), _int(by), _int(bz)), _int(graph)))
-        return out
-    if t == "api":
-        out = []
-        for r in _list(msg.get("r")):
-            dom, name, tid, s, e, corr, cbid = _row(r, 7)
-            if dom not in API_DOMAINS:
-                raise ProtocolError("bad api domain")
-            s, e = _int(s), _int(e)
-            if e < s:
-                raise ProtocolError("api call ends before it starts")
-            out.append(ApiRecord(dom, _str(name, 256), _int(tid, 0, 1 << 31), s, e, _int(corr), _int(cbid, 0, 1 << 20)))
-        return out
-    if t == "memcpy":
-        out = []
-        for r in _list(msg.get("r")):
-            kind, nbytes, s, e, dev, strm, corr = _row(r, 7)
-            if kind not in MEMCPY_KINDS:
-                raise ProtocolError("bad memcpy kind")
-            s, e = _int(s), _int(e)
-            if e < s:
-                raise ProtocolError("memcpy ends before it starts")
-            out.append(MemcpyRecord(kind, _int(nbytes), s, e, _int(dev, 0, 1 << 16), _int(strm), _int(corr)))
-        return out
-    if t == "sync":
-        out = []
-        for r in _list(msg.get("r")):
-            typ, s, e, strm, corr = _row(r, 5)
-            if typ not in SYNC_TYPES:
-                raise ProtocolError("bad sync type")
-            s, e = _int(s), _int(e)
-            if e < s:
-                raise ProtocolError("sync ends before it starts")
-            out.append(SyncRecord(typ, s, e, _int(strm), _int(corr)))
-        return out
+    if t in ROW_KINDS:                   # GPU activity rows, either vendor (inject/gpu/rows.py)
+        return parse_rows(t, msg)
     if t == "note":
         level = msg.get("level")
         if level not in LEVELS:
@@ -314,7 +268,7 @@ class AgentServer:
         self._gone_event = threading.Event()
         self._closing = threading.Event()
         self._send_lock = threading.Lock()
-        self._layout = None                 # cuptiraw.Layout of the current agent (cupti_layout message)
+        self._layout = None                 # inject/gpu/cupti.Layout of the current agent (cupti_layout message)
         self._names: NameReader | None = None   # kernel names of raw CUPTI records, from /proc/PID/mem
         self._to_free: list[int] = []       # addresses of cupti_ref buffers read, not yet handed back
         self._thread = threading.Thread(target=self._serve, name=f"stacklens-agent-server-{pid}", daemon=True)
@@ -332,18 +286,31 @@ class AgentServer:
         os.fchmod(self._codefd, 0o755)
         for src in sorted(AGENT_SRC.glob("*.py")):
             self.write_agent_file(src.name, src.read_bytes())
+        for sub in AGENT_PACKAGES:          # one level of folders: the GPU collectors (gpu/)
+            os.mkdir(sub, 0o755, dir_fd=self._codefd)
+            subfd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._codefd)
+            try:
+                os.fchmod(subfd, 0o755)
+                for src in sorted((AGENT_SRC / sub).glob("*.py")):
+                    self._write_file(subfd, src.name, src.read_bytes())
+            finally:
+                os.close(subfd)
 
     def write_agent_file(self, name: str, data: bytes) -> str:
         """Write ``name`` (mode 0644, the daemon's) into the agent's code directory; returns its
         path as the target sees it."""
+        self._write_file(self._codefd, name, data)
+        return f"{self.target_agent_dir}/{name}"
+
+    @staticmethod
+    def _write_file(dirfd: int, name: str, data: bytes) -> None:
         if "/" in name or name in ("", ".", ".."):
             raise InputError(f"bad agent file name {name!r}")
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                     dir_fd=self._codefd)
+                     dir_fd=dirfd)
         with os.fdopen(fd, "wb") as f:
             os.fchmod(fd, 0o644)
             f.write(data)
-        return f"{self.target_agent_dir}/{name}"
 
     def _clean_stale(self) -> None:
         """Remove what servers of other PIDs left here when their daemon died (kill -9): their lock

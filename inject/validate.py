@@ -1,11 +1,11 @@
 """Strict checks of what the agent sends (hostile input), shared by ``server.py`` (JSON messages)
-and ``cuptiraw.py`` (raw CUPTI layout and headers).
+and ``inject/gpu/`` (GPU rows, raw CUPTI layout and headers).
 
 Each ``check_*`` returns its value unchanged or raises ``ProtocolError`` (``what`` is the message);
 ``check_text`` and ``clip_text`` return strings made safe to print (control characters escaped,
 ``textsafe.py``), ``clip_text`` also cut to a length instead of refusing them.
 Types are exact (``type(v) is int``: a bool is not an integer here). No imports from the rest of
-``inject`` so that both modules can import it without a cycle; ``server`` and ``cuptiraw``
+``inject`` so that both modules can import it without a cycle; ``server`` and ``gpu.cupti``
 re-export ``ProtocolError`` / ``MAX_STR`` / ``MAX_INT``.
 """
 

@@ -33,7 +33,9 @@ SWITCH_RANGE_S = (1e-4, 0.05)   # below: forced switching nearly every bytecode;
 
 
 def _sub(name):
-    """Import a sibling module; in injected mode compile it from source (no bytecode written)."""
+    """Import a module of the agent ("sampler", "gpu", "gpu.cupti"); in injected mode compile it
+    from source (no bytecode written). A folder is a package (its ``__init__.py``): the GPU
+    collectors live in ``gpu/``, one module per vendor."""
     full = __name__ + "." + name
     mod = sys.modules.get(full)
     if mod is not None:
@@ -42,12 +44,18 @@ def _sub(name):
         import importlib
         return importlib.import_module(full)
     import types
-    path = os.path.join(os.path.dirname(__file__), name + ".py")
+    base = os.path.join(os.path.dirname(__file__), *name.split("."))
+    package = os.path.isdir(base)
+    path = os.path.join(base, "__init__.py") if package else base + ".py"
+    if "." in name:
+        _sub(name.rpartition(".")[0])        # the parent package first, as import does
     with open(path, "rb") as fh:
         code = compile(fh.read(), path, "exec")
     mod = types.ModuleType(full)
     mod.__file__ = path
-    mod.__package__ = __name__
+    mod.__package__ = full if package else full.rpartition(".")[0]
+    if package:
+        mod.__path__ = [base]
     sys.modules[full] = mod
     exec(code, mod.__dict__)
     return mod

@@ -28,7 +28,7 @@ Raw CUPTI buffers (the agent's default GPU path; no Python object per record in 
   buffer. The target copies nothing and writes no bulk bytes to the socket. At most 64 buffers
   (``max_raw_bytes``) are out at once; beyond that a buffer is copied into a raw frame.
 Shared by both sides as constants only; the daemon validates every field it receives
-(``stacklens.inject.server``, ``stacklens.inject.cuptiraw``) and never executes anything the
+(``stacklens.inject.server``, ``stacklens.inject.gpu.cupti``) and never executes anything the
 target sends.
 """
 

@@ -3,7 +3,7 @@ CUPTI_API_VERSION 130001 checked: tests/unit/test_cupti_copy_layouts.py compiles
 it is installed and compares sizes and offsets).
 
 For tests only: the agent takes its layouts at run time from cupti-python's record dtypes
-(inject/agent/cupti.py `_layout`); these mirrors build the same dtypes (numpy reads a ctypes
+(inject/agent/gpu/cupti.py `_layout`); these mirrors build the same dtypes (numpy reads a ctypes
 Structure) and pack synthetic records byte for byte as CUPTI lays them out. PACKED_ALIGNMENT on
 GCC is packed + aligned(8): `_pack_ = 1` with the header's own padding fields, size rounded to 8.
 """

@@ -6,7 +6,7 @@ import types
 import pytest
 
 from stacklens.inject.agent import gpu as gpu_mod
-from stacklens.inject.agent.cupti import CuptiCollector
+from stacklens.inject.agent.gpu.cupti import CuptiCollector
 
 
 class ActivityKind(enum.IntEnum):
@@ -226,7 +226,7 @@ def test_select_collector_by_mapped_library():
 
 
 def test_missing_cupti_python_is_a_note_not_an_error(monkeypatch):
-    import stacklens.inject.agent.cupti as cm
+    import stacklens.inject.agent.gpu.cupti as cm
 
     def boom():
         raise ImportError("no cupti")

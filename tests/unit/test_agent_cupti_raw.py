@@ -6,8 +6,8 @@ import struct
 
 import numpy as np
 
-from stacklens.inject.agent import cupti as cupti_mod
-from stacklens.inject.agent.cupti import CuptiCollector
+from stacklens.inject.agent.gpu import cupti as cupti_mod
+from stacklens.inject.agent.gpu.cupti import CuptiCollector
 from tests.unit.test_agent_cupti import ActivityKind, FakeCupti, fake_gpu
 
 KERNEL = np.dtype([("kind", "<u4"), ("cache_config", "u1"), ("shared_memory_config", "u1"),
@@ -164,12 +164,12 @@ def test_agent_queues_raw_buffers_by_bytes_and_sends_the_layout_first():
 
 
 def test_round_trip_agent_frames_parsed_by_the_daemon_with_names_from_target_memory():
-    """What the collector sinks, parsed by the daemon's cuptiraw exactly as the server does; the
+    """What the collector sinks, parsed by the daemon's CUPTI decoder (inject/gpu/cupti.py) exactly as the server does; the
     kernel name pointer points into this process's memory (the daemon reads /proc/PID/mem)."""
     import ctypes
     import os
 
-    from stacklens.inject.cuptiraw import NameReader, parse_layout, parse_raw
+    from stacklens.inject.gpu.cupti import NameReader, parse_layout, parse_raw
     from stacklens.inject.records import KernelRecord, MemcpyRecord
 
     name = ctypes.create_string_buffer(b"void gemm_kernel<float>(int)")

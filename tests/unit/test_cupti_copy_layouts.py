@@ -1,7 +1,7 @@
 """CUPTI copy and memset records (CUpti_ActivityMemcpy6 / CUpti_ActivityMemset4) from the header
 to the daemon's records: the ctypes mirrors (tests/fakes/cupti_records.py) against the installed
 cupti_activity.h, then the agent's layout taken from record dtypes, raw buffers of such records
-parsed by inject/cuptiraw.py (direction, memory kinds, graph ids, in-flight records)."""
+parsed by inject/gpu/cupti.py (direction, memory kinds, graph ids, in-flight records)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from stacklens.inject import cuptiraw as cr
+from stacklens.inject.gpu import cupti as cr
 from stacklens.inject.agent import wire
 from stacklens.inject.records import KernelRecord, MemcpyRecord
 from tests.fakes import cupti_records as cu
@@ -74,7 +74,7 @@ class HeaderCupti(RawCupti):
 
 
 def _collector_layout():
-    from stacklens.inject.agent.cupti import CuptiCollector
+    from stacklens.inject.agent.gpu.cupti import CuptiCollector
     from tests.unit.test_agent_cupti import fake_gpu
 
     c = CuptiCollector(lambda *a: None, lib=HeaderCupti(), gpu=fake_gpu())
@@ -197,7 +197,7 @@ def test_collector_enables_copy_and_memset_activity_with_the_kernels():
 
 
 def test_api_records_kept_for_copies_and_memsets_not_for_graph_building():
-    from stacklens.inject.agent.cupti import CuptiCollector
+    from stacklens.inject.agent.gpu.cupti import CuptiCollector
     from tests.unit.test_agent_cupti import CallbackDomain, FakeCupti, fake_gpu
 
     names = {1: "cuLaunchKernel", 2: "cuMemcpyAsync", 3: "cuMemsetD32Async", 4: "cuCtxGetCurrent",

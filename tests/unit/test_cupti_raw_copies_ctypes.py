@@ -9,8 +9,8 @@ from __future__ import annotations
 import ctypes
 import os
 
-from stacklens.inject import cuptiraw as cr
-from stacklens.inject.agent import cupti as cupti_mod
+from stacklens.inject.gpu import cupti as cr
+from stacklens.inject.agent.gpu import cupti as cupti_mod
 from stacklens.inject.records import KernelRecord, MemcpyRecord
 from tests.fakes import cupti_records as cu
 from tests.unit.test_agent_cupti import ActivityKind

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stacklens.inject.agent import cupti as cupti_mod
+from stacklens.inject.agent.gpu import cupti as cupti_mod
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_cupti.c"
 
@@ -80,7 +80,7 @@ def test_verified_buffers_stay_in_place_until_the_daemon_frees_them(libcupti):
     returns it to the pool; beyond max_shipped buffers fall back to the copy path."""
     import os
 
-    from stacklens.inject.cuptiraw import NameReader
+    from stacklens.inject.gpu.cupti import NameReader
 
     copied, refs = [], []
     cb = cupti_mod._ctypes_callbacks(libcupti, lambda data, offs: copied.append(data), lambda: False)

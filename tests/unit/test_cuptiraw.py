@@ -1,4 +1,4 @@
-"""Raw CUPTI buffers on the daemon side (inject/cuptiraw.py, AgentServer): strict layout and header
+"""Raw CUPTI buffers on the daemon side (inject/gpu/cupti.py, AgentServer): strict layout and header
 validation, both walk modes, kernel names read from real /proc/PID/mem, hostile input."""
 
 import copy
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from stacklens.inject import cuptiraw as cr
+from stacklens.inject.gpu import cupti as cr
 from stacklens.inject.agent import wire
 from stacklens.inject.records import KernelRecord, MemcpyRecord
 from stacklens.inject.server import MAX_STR, AgentServer, ProtocolError

@@ -1,5 +1,5 @@
 """Shared pieces of the daemon side of the agent channel: the strict checks (inject/validate.py) that
-server.py and cuptiraw.py both use, memory.read_cstring (NameReader's page-by-page reader), and the
+server.py and inject/gpu/cupti.py both use, memory.read_cstring (NameReader's page-by-page reader), and the
 injector's /proc reading of agent threads through ProcFS."""
 
 import ctypes
@@ -8,7 +8,8 @@ import os
 import pytest
 
 from stacklens.errors import NoSuchProcess
-from stacklens.inject import cuptiraw, server, validate
+from stacklens.inject import server, validate
+from stacklens.inject.gpu import cupti as cuptiraw
 from stacklens.inject.agent import wire
 from stacklens.inject.injector import _agent_threads, _blocked_reason, _syscall_desc
 from stacklens.introspect.memory import PAGE, ProcMem, read_cstring

@@ -1,9 +1,26 @@
-"""The GPU collector interface of the agent and the choice of implementation (stdlib only).
+"""The GPU collectors of the agent, one module per vendor, and the choice among them (stdlib only).
+
+One module per vendor in this folder (``cupti.py``, ``rocm.py``), listed in ``COLLECTORS`` with the
+libraries that pick it; the daemon side of each is ``stacklens.inject.gpu.<vendor>`` (its decoder)
+and ``stacklens.inject.gpu.VENDORS`` declares what each supports (which join, raw buffers). Adding
+a vendor: a module here, a row in ``COLLECTORS``, a decoder and a ``VENDORS`` entry there. This
+package is loaded by the agent's ``_sub`` (``_sub("gpu")``, ``_sub("gpu.cupti")``): a collector
+imports nothing of the daemon and reaches its siblings (``gpu``, ``wire``) through ``_agent()``.
 
 A collector pushes rows into ``sink(kind, row)`` (kinds "kernel", "api", "memcpy", "sync"; row
 layouts are the daemon's wire format, times already CLOCK_MONOTONIC ns). ``sink`` never blocks.
 ``poll()`` runs on the agent thread between flushes; ``stop()`` disables activities and flushes,
 and never finalizes the vendor library (that poisons CUPTI for the rest of the process).
+
+How kernel / memcpy / memset records travel to the daemon (three ways, all in ``wire.py``):
+1. JSON rows: ``{"t": "kernel"|"memcpy"|"api"|"sync", "r": [rows]}``, built in the target from
+   the vendor's records (ROCm always; CUPTI through cupti-python when API records are on or the
+   ctypes callbacks could not be registered); decoded by ``stacklens.inject.gpu.rows``.
+2. Raw buffer copies (CUPTI only): a completed activity buffer copied into a raw frame
+   (``cupti_raw``, after one ``cupti_layout``), while the size walk is verified or when too many
+   buffers are out; decoded by ``stacklens.inject.gpu.cupti``.
+3. Raw buffers read in place (CUPTI only): ``cupti_ref`` (address, length) travels, the daemon
+   reads the bytes from /proc/PID/mem, decodes them as in 2, and answers ``free``.
 """
 
 import os
@@ -100,12 +117,27 @@ class ClockCalibration:
         return max(0, int(t) + self.offset_ns)
 
 
+# vendor (its module in this folder and GpuCollector.name), collector class, library name prefixes
+COLLECTORS = (
+    ("cupti", "CuptiCollector", ("libcudart", "libcuda.so", "libcupti")),
+    ("rocm", "RocmCollector", ("libamdhip64", "libroctracer64")),
+)
+
+
+def vendor_of(libraries):
+    """The vendor of the first ``COLLECTORS`` row whose libraries are among these paths, or None."""
+    names = {os.path.basename(p) for p in libraries}
+    for vendor, _cls, prefixes in COLLECTORS:
+        if any(n.startswith(prefixes) for n in names):
+            return vendor
+    return None
+
+
 def select_collector(load, note, libraries=None):
-    """A collector for the GPU runtime this process has loaded, or None (sampler only)."""
-    libs = libraries if libraries is not None else mapped_libraries()
-    names = {os.path.basename(p) for p in libs}
-    if any(n.startswith(("libcudart", "libcuda.so", "libcupti")) for n in names):
-        return load("cupti").CuptiCollector(note)
-    if any(n.startswith(("libamdhip64", "libroctracer64")) for n in names):
-        return load("rocm").RocmCollector(note)
+    """A collector for the GPU runtime this process has loaded, or None (sampler only).
+    ``load``: the agent's ``_sub``."""
+    vendor = vendor_of(libraries if libraries is not None else mapped_libraries())
+    for name, cls, _prefixes in COLLECTORS:
+        if name == vendor:
+            return getattr(load("gpu." + name), cls)(note)
     return None

@@ -24,10 +24,15 @@ on CUPTI's thread while holding the GIL the job needs (measured on the H200: 1.2
 ResNet-50 with kernel records only). Instead the buffer callbacks are registered through ctypes on
 the same libcupti and each completed buffer is copied out as bytes, untouched; the daemon parses
 it with the record layout taken from cupti-python's dtypes (inject/agent/wire.py, daemon side
-inject/cuptiraw.py). The first buffers are walked with cuptiActivityGetNextRecord to check that
+inject/gpu/cupti.py). The first buffers are walked with cuptiActivityGetNextRecord to check that
 records follow each other by their layout size; if they do not, every buffer carries its record
 offsets. The ctypes trampolines are never freed (CUPTI may call them after we detach): one set per
 process, reused by later attaches.
+
+Records leave this collector three ways (``gpu/__init__.py`` lists them; decoder:
+``stacklens.inject.gpu.cupti``): JSON rows from cupti-python's objects (``convert``: API records
+on, or no ctypes callbacks), raw buffer copies (``_raw_buffer``: while verifying, or more than
+``max_shipped`` buffers out), and buffers left in place for the daemon to read (``_raw_ref``).
 """
 
 import array
@@ -94,7 +99,7 @@ class CuptiCollector:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, sink):
-        gpu = self._gpu or _sibling("gpu")
+        gpu = self._gpu or _agent("gpu")
         mapped = gpu.mapped_libraries()          # read once for both questions below
         who = gpu.user_profiler_active(maps=mapped)
         if who:
@@ -123,7 +128,7 @@ class CuptiCollector:
 
     def _enable(self):
         lib = self._lib
-        self.clock = (self._gpu or _sibling("gpu")).ClockCalibration(lib.get_timestamp)
+        self.clock = (self._gpu or _agent("gpu")).ClockCalibration(lib.get_timestamp)
         self._use_system_thread_ids()
         self._raw_cb = None
         if self.raw and not self.api_records:
@@ -227,7 +232,7 @@ class CuptiCollector:
     def poll(self):
         if self._stopped:
             return
-        gpu = self._gpu or _sibling("gpu")
+        gpu = self._gpu or _agent("gpu")
         now = time.monotonic_ns()
         if now < self._next_check_ns:
             return
@@ -280,7 +285,7 @@ class CuptiCollector:
                 cb = self._raw_factory(self._raw_buffer, self.wants_offsets)
             else:
                 if not self._cupti_paths:   # resumed after a user's profiler: look again
-                    self._cupti_paths = sorted(p for p in (self._gpu or _sibling("gpu")).mapped_libraries()
+                    self._cupti_paths = sorted(p for p in (self._gpu or _agent("gpu")).mapped_libraries()
                                                if "libcupti" in os.path.basename(p))
                 if not self._cupti_paths:
                     raise OSError("libcupti is not mapped")
@@ -301,7 +306,7 @@ class CuptiCollector:
         """The wire layout of kernel/memcpy/memset records, from cupti-python's record dtypes."""
         lib = self._lib
         K = lib.ActivityKind
-        wire = _sibling("wire")
+        wire = _agent("wire")
         dtypes = {"kernel": lib.activity_kernel10_dtype, "memcpy": lib.activity_memcpy6_dtype,
                   "memset": lib.activity_memset4_dtype}
         kinds = {}
@@ -650,8 +655,11 @@ class _RawCallbacks:
             pass
 
 
-def _sibling(name):
-    pkg = __name__.rpartition(".")[0]
+def _agent(name):
+    """A module of the agent ("gpu", "wire"): this file is ``<agent>.gpu.<vendor>``, and the
+    agent's own ``_sub`` loads it (compiled from source when injected, imported in tests)."""
+    import sys
+    pkg = __name__.rsplit(".", 2)[0]
     mod = sys.modules.get(pkg + "." + name)
     if mod is None:
         load = getattr(sys.modules.get(pkg), "_sub", None)

@@ -7,6 +7,8 @@ from roctracer's clock (``roctracer_get_timestamp``), calibrated against CLOCK_M
 CUPTI's. rocprofiler-sdk (ROCm 6.2+) only allows late attach when the job started with
 ``ROCP_TOOL_ATTACH=1``; that path is not implemented here (a note says so).
 Detach disables the domains, flushes and closes the pool; nothing is left registered.
+Records leave as JSON rows only (kernel, memcpy, sync, api with domain "hip"; decoder:
+``stacklens.inject.gpu.rocm``); HIP API records are always on, so the daemon joins through them.
 """
 
 import ctypes
@@ -132,7 +134,7 @@ class RocmCollector:
         self._names = {}
 
     def start(self, sink):
-        gpu = self._gpu or _sibling("gpu")
+        gpu = self._gpu or _agent("gpu")
         if self._lib is None:
             if os.environ.get("ROCP_TOOL_ATTACH") == "1":
                 self.note("info", "rocprofiler-sdk late attach (ROCP_TOOL_ATTACH=1) is not implemented; "
@@ -232,9 +234,11 @@ class RocmCollector:
                 self.counts["unknown"] += 1
 
 
-def _sibling(name):
+def _agent(name):
+    """A module of the agent ("gpu", "wire"): this file is ``<agent>.gpu.<vendor>``, and the
+    agent's own ``_sub`` loads it (compiled from source when injected, imported in tests)."""
     import sys
-    pkg = __name__.rpartition(".")[0]
+    pkg = __name__.rsplit(".", 2)[0]
     mod = sys.modules.get(pkg + "." + name)
     if mod is None:
         load = getattr(sys.modules.get(pkg), "_sub", None)

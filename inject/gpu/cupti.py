@@ -1,10 +1,17 @@
-"""Daemon side of raw CUPTI activity buffers (spec: top of ``inject/agent/wire.py``).
+"""Daemon side of the CUPTI collector (``inject/agent/gpu/cupti.py``; spec: ``inject/agent/wire.py``).
 
-The agent ships each completed CUPTI buffer as bytes plus, once, a ``cupti_layout`` message that
-says where each field sits in each record kind. Everything here is hostile input: the layout and
-every header are validated strictly (``ProtocolError``), every read is bounds-checked, and one
-record with out-of-range values is skipped and counted, never fatal. Kernel names are pointers into
-the target's memory, read from ``/proc/PID/mem`` by ``NameReader`` (cached, never raising).
+Pure apart from ``NameReader`` (reads /proc/PID/mem: root or CAP_SYS_PTRACE; one pread per new
+kernel name, cached, and one per buffer read in place). CUPTI records reach the daemon three ways:
+- JSON rows (cupti-python path: API records on, or no ctypes callbacks): the shared row decoder,
+  ``rows.py`` (``MESSAGES`` lists them with the raw kinds);
+- raw frames (``cupti_raw``): a completed CUPTI buffer copied as bytes, plus, once, a
+  ``cupti_layout`` message that says where each field sits in each record kind;
+- buffers read in place (``cupti_ref``): the address and length travel, the bytes are read from
+  the target's memory (``NameReader.read_block``) and parsed as a raw frame.
+Everything here is hostile input: the layout and every header are validated strictly
+(``ProtocolError``), every read is bounds-checked, and one record with out-of-range values is
+skipped and counted, never fatal. Kernel names are pointers into the target's memory, read by
+``NameReader`` (cached, never raising).
 
 No imports from ``server.py`` (it imports this module): the checks both share, ``ProtocolError``,
 ``MAX_STR`` and ``MAX_INT`` live in ``validate.py``; this module and ``server`` re-export them.
@@ -19,10 +26,13 @@ import threading
 from stacklens.inject.agent import wire
 from stacklens.errors import NoSuchProcess, PermissionDenied
 from stacklens.introspect.memory import ProcMem, read_cstring
+from stacklens.inject.gpu.rows import ROW_KINDS, parse_rows
 from stacklens.inject.records import KernelRecord, MemcpyRecord
 from stacklens.inject.validate import (MAX_INT, MAX_STR, ProtocolError, check_choice, check_dict, check_int, check_message,
                        check_row, check_str)
 
+# the message kinds this vendor's collector sends with records: rows, then raw buffers
+MESSAGES = ROW_KINDS + ("cupti_layout", "cupti_raw", "cupti_ref")
 MAX_DEVICE = 1 << 16
 MAX_BLOCK = wire.MAX_RAW_FRAME   # bytes of one CUPTI buffer read in place (cupti_ref)
 MAX_KINDS = 16
@@ -38,6 +48,14 @@ FIELDS = wire.RAW_FIELDS
 OPTIONAL = wire.RAW_OPTIONAL_FIELDS
 _FORMATS = tuple(wire.RAW_FORMATS)      # one-letter struct formats (a tuple: "" is no format)
 _U32 = struct.Struct("<I")
+
+
+def decode(t: str, msg: dict) -> list:
+    """A rows message (cupti-python path) -> records. Raw buffers need the connection's layout
+    and target memory: ``parse_layout`` / ``parse_raw`` (the agent server keeps both)."""
+    if t not in ROW_KINDS:
+        raise ProtocolError(f"{t!r} is a raw-buffer message: parse_layout / parse_raw")
+    return parse_rows(t, msg)
 
 
 class KindLayout:

@@ -1,0 +1,84 @@
+"""GPU vendors: one collector + decoder pair each, and what each declares it supports.
+
+Pure (no privilege, no I/O). A vendor is a collector in the agent's tree
+(``inject/agent/gpu/<name>.py``: runs in the target, stdlib only, listed in that package's
+``COLLECTORS`` with the libraries that pick it) and a decoder here (``inject/gpu/<name>.py``: turns
+what the collector sends into the typed records of ``inject/records.py``; hostile input). Its
+``Vendor`` entry below declares which joins its records support and whether it ships raw buffers;
+the session picks the join from that declaration (``pick_join``), never from a vendor's name.
+Adding a vendor: the two modules, a ``COLLECTORS`` row, a ``VENDORS`` entry.
+
+How kernel / memcpy / memset records travel (wire format: ``inject/agent/wire.py``):
+1. JSON rows (``kernel``, ``memcpy``, ``api``, ``sync``), built in the target: ROCm always, CUPTI
+   through cupti-python (API records on, or no ctypes callbacks); decoded by ``rows.py``.
+2. Raw buffer copies (``raw_buffers``; CUPTI): ``cupti_layout`` once, then each completed
+   activity buffer copied into a raw frame; decoded by ``cupti.py`` with that layout.
+3. Raw buffers read in place (``raw_buffers``; CUPTI): ``cupti_ref`` (address, length), the daemon
+   reads the bytes from /proc/PID/mem (``cupti.NameReader``), decodes them as in 2, answers ``free``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stacklens.inject.agent.gpu import COLLECTORS, vendor_of
+
+# The GpuJoin implementations (daemon/gpujoin.py) a vendor may declare:
+# "order": LaunchOrderJoin, by launch order and grid/block, needs no API records but the
+#          collector's enable time (stats enabled_at_ns) and kernels' grid/block;
+# "api_records": ApiRecordJoin, exact, through API records (thread id, interval, correlation id).
+JOINS = ("order", "api_records")
+
+
+@dataclass(frozen=True)
+class Vendor:
+    name: str                  # GpuCollector.name; the module name of both halves
+    joins: tuple[str, ...]     # of JOINS, the vendor's default first
+    raw_buffers: bool          # ships activity buffers as bytes (copies or read in place), not only rows
+
+    @property
+    def collector(self) -> str:
+        """The collector's module, as the agent's ``_sub`` names it."""
+        return f"gpu.{self.name}"
+
+    @property
+    def decoder(self) -> str:
+        return f"stacklens.inject.gpu.{self.name}"
+
+
+VENDORS: dict[str, Vendor] = {
+    # CUPTI: kernel/copy activity alone by default (order join, raw buffers); API records on request
+    "cupti": Vendor("cupti", joins=("order", "api_records"), raw_buffers=True),
+    # ROCm: HIP API records always on, kernels without grid/block, no enable time: exact join only
+    "rocm": Vendor("rocm", joins=("api_records",), raw_buffers=False),
+}
+
+# The joins when no vendor library is mapped at attach (a collector, if any, starts later): the
+# choice made before vendors declared theirs (CUPTI's).
+DEFAULT_JOINS = ("order", "api_records")
+
+
+def vendor_for(libraries) -> Vendor | None:
+    """The vendor whose collector the agent would pick for these mapped library paths (the
+    agent's own rule, ``inject/agent/gpu.vendor_of``), or None."""
+    name = vendor_of(libraries)
+    return VENDORS.get(name) if name is not None else None
+
+
+def pick_join(vendor: Vendor | None, api_records: bool) -> str:
+    """The join for a session: the API-record join when asked for and supported, else the order
+    join when supported, else the one join the vendor supports."""
+    joins = vendor.joins if vendor is not None else DEFAULT_JOINS
+    if api_records and "api_records" in joins:
+        return "api_records"
+    if not api_records and "order" in joins:
+        return "order"
+    return joins[0]
+
+
+def collector_names() -> tuple[str, ...]:
+    """The vendors of the agent's ``COLLECTORS`` table, in its order."""
+    return tuple(row[0] for row in COLLECTORS)
+
+
+__all__ = ["DEFAULT_JOINS", "JOINS", "VENDORS", "Vendor", "collector_names", "pick_join", "vendor_for"]
