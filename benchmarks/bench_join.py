@@ -4,7 +4,7 @@
 
 Why (issue 9): a ViT inference job on the H200 makes ~25k kernel launches/s; the daemon's one
 aggregation thread gets a BPF launch event and a CUPTI kernel record for each, and fell behind.
-This replays that load through `Joiner(pid, agent=True, api_records=False)` (daemon/orderjoin.py)
+This replays that load through `Joiner(pid, agent=True, api_records=False)` (daemon/join/orderjoin.py)
 the way the session loop feeds it, and reports µs per launch+kernel pair.
 
 Workload (all built before the timed region; events are real `bpf.events.Event` tuples with the
@@ -44,8 +44,8 @@ import time
 
 from stacklens.bpf.events import make_event
 from stacklens.cct import Frame
-from stacklens.daemon.join import Joiner
-from stacklens.daemon.orderjoin import SETTLE_NS
+from stacklens.daemon.join.joiner import Joiner
+from stacklens.daemon.join.orderjoin import SETTLE_NS
 from stacklens.inject.records import AgentStats, KernelRecord
 
 OPS = (("aten::linear", "aten::addmm"), ("aten::gelu", "aten::gelu"), ("aten::layer_norm", "aten::native_layer_norm"),

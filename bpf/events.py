@@ -38,7 +38,7 @@ class Event(tuple):
     py_stack: outermost first, read in BPF at the probe (pystack.h); empty for threads that run no
         Python and for unsupported interpreters; `[python stack lost]` if evicted before read
     py_entries: aligned with py_stack: True where one eval-loop (_PyEval_EvalFrameDefault)
-        invocation begins — where native frames splice in (daemon/join.py splice())
+        invocation begins — where native frames splice in (daemon/join/joiner.py splice())
     kernel_name: launches: kernel name, or "unresolved:0x..." when the handle's name was not seen
     bytes: allocs/frees/copies; direction: copies ("HtoD", "DtoH", "DtoD", "HtoH", "default")
     ret: return value (return-probed APIs)

@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from stacklens.cct import Snapshot
-from stacklens.daemon.join import Joiner
+from stacklens.daemon.join.joiner import Joiner
 from stacklens.errors import NoSuchProcess, StacklensError
 from stacklens.inject.gpu import VENDORS, Vendor, pick_join, vendor_for
 from stacklens.introspect.procfs import ProcFS
@@ -162,7 +162,7 @@ def default_agent_factory(pid: int, *, sample_hz: float | None, gpu_api_records:
 
 def _env_api_records() -> bool:
     """Default (STACKLENS_GPU_API_RECORDS unset or 0): the agent collects no CUPTI API records and
-    kernels join to launches by order (daemon/orderjoin.py). 1: CUPTI API records too, and the exact
+    kernels join to launches by order (daemon/join/orderjoin.py). 1: CUPTI API records too, and the exact
     join through them — costlier while attached, and API tracing leaves a cost in the process after
     detach (measured on the H200, docs/benchmarks/gpu.md)."""
     return os.environ.get("STACKLENS_GPU_API_RECORDS", "0").strip() in ("1", "true", "yes", "on")

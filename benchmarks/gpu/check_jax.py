@@ -11,7 +11,7 @@ attention block in separate functions — in a loop, and obeys commands on stdin
      train step has arrived (the jax.monitoring listener is then registered), the target is told to
      run the step once with a new input shape (`grow`, from the line marked GROW: a recompilation);
      then the agent collects for --seconds (CUPTI kernel records, HLO maps, compile events); detach.
-     Each kernel that started after the recompilation goes through stacklens.daemon.jaxjoin.JaxIndex
+     Each kernel that started after the recompilation goes through stacklens.daemon.join.jaxjoin.JaxIndex
      (the daemon's rule: name match, CUDA graph → its module, launch order for library kernels, even
      split over the fused operators).
   2. the target runs --profile-steps steps under jax.profiler.trace (the agent is gone: CUPTI has
@@ -228,7 +228,7 @@ def _charge(acc: dict, ops, ns: float) -> None:
 
 def _index(recs):
     """A JaxIndex fed these HLO map records."""
-    from stacklens.daemon.jaxjoin import JaxIndex
+    from stacklens.daemon.join.jaxjoin import JaxIndex
     index = JaxIndex()
     for r in recs:
         index.add_hlo(r)
@@ -450,7 +450,7 @@ def check(a) -> int:
 
 def _check(a, res: dict, out_dir: Path, work: Path, t0: float) -> int:
     _importable_stacklens()
-    from stacklens.daemon.jaxjoin import COMPILE_METRIC, JaxIndex, sanitize
+    from stacklens.daemon.join.jaxjoin import COMPILE_METRIC, JaxIndex, sanitize
     from stacklens.inject import AgentServer, inject_agent
     from stacklens.inject.records import AgentStats, CompileRecord, HloMapRecord, KernelRecord, Note
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from stacklens.inject.agent.gpu import COLLECTORS, vendor_of
 
-# The GpuJoin implementations (daemon/gpujoin.py) a vendor may declare:
+# The GpuJoin implementations (daemon/join/gpujoin.py) a vendor may declare:
 # "order": LaunchOrderJoin, by launch order and grid/block, needs no API records but the
 #          collector's enable time (stats enabled_at_ns) and kernels' grid/block;
 # "api_records": ApiRecordJoin, exact, through API records (thread id, interval, correlation id).

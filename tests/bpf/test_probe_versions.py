@@ -7,7 +7,7 @@ import pytest
 
 from stacklens.bpf import ProbeConfig, ProbeSession
 from stacklens.bpf.spec import load_specs, resolve_library
-from stacklens.daemon.join import Joiner
+from stacklens.daemon.join.joiner import Joiner
 
 from tests.bpf.conftest import poll_until
 from tests.bpf.test_fake_gpu import assert_sync_times, parse_slept

@@ -73,7 +73,7 @@ def _cpu_trace(tmp_path, steps):
 
 def test_profiler_side_spreads_cpu_thunk_time_over_dense_and_attention_lines(tmp_path):
     from tests.unit.test_jax import _check_jax
-    from stacklens.daemon.jaxjoin import sanitize
+    from stacklens.daemon.join.jaxjoin import sanitize
     from stacklens.inject.agent.jaxmeta import parse_hlo_text
     from stacklens.inject.records import HloKernel, HloMapRecord
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from stacklens.cct.window import DEFAULT_MAX_BYTES
-from stacklens.daemon.join import Joiner
+from stacklens.daemon.join.joiner import Joiner
 from stacklens.errors import AttachError
 from stacklens.inject import AgentServer, PySample, inject_agent
 from stacklens.inject.server import MAX_QUEUED_BYTES

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("jax")
 
-from stacklens.daemon.join import Joiner  # noqa: E402
+from stacklens.daemon.join.joiner import Joiner  # noqa: E402
 from stacklens.inject import AgentServer, Note, PySample, inject_agent  # noqa: E402
 from stacklens.inject.records import CompileRecord, HloMapRecord  # noqa: E402
 from tests.integration.test_inject import Target, threads  # noqa: E402  (skips without ptrace)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from stacklens.analyzer.view import View
 from stacklens.cct import Frame
-from stacklens.daemon.join import Joiner
+from stacklens.daemon.join.joiner import Joiner
 from tests.fakes.sources import FakeEvent, py
 
 LINE = (py("main", 1), py("step", 7))

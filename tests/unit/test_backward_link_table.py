@@ -1,12 +1,12 @@
-"""daemon/backward.py on fake events: what links, what is counted unlinked, what is bounded."""
+"""daemon/join/backward.py on fake events: what links, what is counted unlinked, what is bounded."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from stacklens.cct import Frame
-from stacklens.daemon.backward import NO_SEQUENCE, BackwardLink
-from stacklens.daemon.join import splice
+from stacklens.daemon.join.backward import NO_SEQUENCE, BackwardLink
+from stacklens.daemon.join.joiner import splice
 
 PY = (Frame.python("model.py", "Net.forward", 42),)
 OPS = ("aten::linear", "aten::addmm")

@@ -101,8 +101,8 @@ def _session(vendor, api_records):
 
 
 def test_the_session_picks_the_join_from_the_declaration(monkeypatch):
-    from stacklens.daemon.apijoin import ApiRecordJoin
-    from stacklens.daemon.orderjoin import LaunchOrderJoin
+    from stacklens.daemon.join.apijoin import ApiRecordJoin
+    from stacklens.daemon.join.orderjoin import LaunchOrderJoin
 
     s, kw = _session("cupti", False)
     assert s.gpu_join == "order" and type(s.joiner.gpu_join) is LaunchOrderJoin and "gpu_api_records" not in kw

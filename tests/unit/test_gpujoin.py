@@ -1,4 +1,4 @@
-"""The GPU join interface (daemon/gpujoin.py): both joins implement it, and on the same calls and
+"""The GPU join interface (daemon/join/gpujoin.py): both joins implement it, and on the same calls and
 records they reach the same verdicts through `Charges`, each by its own rule."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import inspect
 
 import pytest
 
-from stacklens.daemon.apijoin import ApiRecordJoin
-from stacklens.daemon.gpujoin import Charges, CopyCall, GpuJoin
-from stacklens.daemon.join import Joiner
-from stacklens.daemon.orderjoin import SETTLE_NS, LaunchOrderJoin
+from stacklens.daemon.join.apijoin import ApiRecordJoin
+from stacklens.daemon.join.gpujoin import Charges, CopyCall, GpuJoin
+from stacklens.daemon.join.joiner import Joiner
+from stacklens.daemon.join.orderjoin import SETTLE_NS, LaunchOrderJoin
 from stacklens.inject.records import ApiRecord, KernelRecord, MemcpyRecord
 from tests.fakes.sources import FakeEvent
 

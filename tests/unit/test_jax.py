@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from stacklens.cct import Frame
-from stacklens.daemon.jaxjoin import JaxIndex, sanitize, split_paths
-from stacklens.daemon.join import Joiner
+from stacklens.daemon.join.jaxjoin import JaxIndex, sanitize, split_paths
+from stacklens.daemon.join.joiner import Joiner
 from stacklens.inject.agent.jaxmeta import JaxWatcher, parse_hlo_text
 from stacklens.inject.records import ApiRecord, CompileRecord, HloKernel, HloMapRecord, KernelRecord
 from stacklens.inject.server import ProtocolError, parse_message

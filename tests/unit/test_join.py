@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stacklens.cct import Frame
-from stacklens.daemon.join import Joiner, trim_native
+from stacklens.daemon.join.joiner import Joiner, trim_native
 from stacklens.inject.records import ApiRecord as _Api, KernelRecord as _Kernel, Note, PySample
 from tests.fakes.sources import FakeEvent, py
 
@@ -264,7 +264,7 @@ def test_the_agent_samples_at_20_hz_only_where_bpf_reads_python_stacks():
 def test_an_interpreter_replaced_on_disk_is_still_the_interpreter():
     """A Python upgraded while the job runs is mapped as "... (deleted)"; its frames are still
     the interpreter's."""
-    from stacklens.daemon.join import _is_interp
+    from stacklens.daemon.join.joiner import _is_interp
 
     for f in ("libpython3.12.so.1.0 (deleted)", "python3.12 (deleted)", "/usr/bin/python3.11 (deleted)"):
         assert _is_interp(Frame.native(f, "_PyEval_EvalFrameDefault")), f

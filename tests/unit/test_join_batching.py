@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from stacklens.cct import Frame, WindowedCCT
 from stacklens.cct import window as window_mod
-from stacklens.daemon.join import Joiner
-from stacklens.daemon.orderjoin import SETTLE_NS, OrderJoin, launch_sig
+from stacklens.daemon.join.joiner import Joiner
+from stacklens.daemon.join.orderjoin import SETTLE_NS, OrderJoin, launch_sig
 from stacklens.inject.records import AgentStats, KernelRecord
 from tests.fakes.sources import FakeEvent, py
 

@@ -1,4 +1,4 @@
-"""CUPTI copy and memset records joined to the BPF call that issued them (daemon/join.py, copies
+"""CUPTI copy and memset records joined to the BPF call that issued them (daemon/join/joiner.py, copies
 section): by order (default, no API records) and exactly through API records; bytes counted once;
 what cannot be joined lands under `[copy call not seen]` or keeps its call's own bytes, counted."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from stacklens.cct import Frame
 from stacklens.cct.export import decode_profile, encode_profile
-from stacklens.daemon.apijoin import COPY_WAIT_MAX_NS
-from stacklens.daemon.join import Joiner
-from stacklens.daemon.orderjoin import SETTLE_NS
+from stacklens.daemon.join.apijoin import COPY_WAIT_MAX_NS
+from stacklens.daemon.join.joiner import Joiner
+from stacklens.daemon.join.orderjoin import SETTLE_NS
 from stacklens.inject.records import AgentStats, ApiRecord, MemcpyRecord
 from tests.fakes.sources import FakeEvent, py
 from tests.unit.test_orderjoin import SMALL, Clock, kernel, launch

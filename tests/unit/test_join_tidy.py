@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stacklens.cct import CCT, Frame
-from stacklens.daemon.join import Joiner
-from stacklens.daemon.orderjoin import OrderJoin, kernel_sig, launch_sig
+from stacklens.daemon.join.joiner import Joiner
+from stacklens.daemon.join.orderjoin import OrderJoin, kernel_sig, launch_sig
 from stacklens.inject.records import ApiRecord, KernelRecord
 from tests.fakes.sources import FakeEvent, py
 

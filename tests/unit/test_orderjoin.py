@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from stacklens.daemon.join import Joiner
-from stacklens.daemon.orderjoin import REORDER_NS, SETTLE_NS
+from stacklens.daemon.join.joiner import Joiner
+from stacklens.daemon.join.orderjoin import REORDER_NS, SETTLE_NS
 from stacklens.inject.records import AgentStats, KernelRecord as _Kernel
 from tests.fakes.sources import FakeEvent, py
 

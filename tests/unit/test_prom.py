@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from stacklens.cct import CCT, Frame, metrics
-from stacklens.daemon.join import DAEMON_METRICS
+from stacklens.daemon.join.joiner import DAEMON_METRICS
 from stacklens.daemon import prom
 from stacklens.daemon.prom import MetricsServer, Source, StacklensCollector, build_registry, context_label, line_label
 

@@ -45,7 +45,7 @@ def test_every_time_and_bytes_metric_reads_as_time_and_bytes():
 def test_the_metric_cycle_visits_every_metric_of_the_registry():
     from stacklens.cct import metrics
 
-    snap = CCT(metrics.ALL).snapshot()   # the daemon's tree holds them all (daemon/join.py)
+    snap = CCT(metrics.ALL).snapshot()   # the daemon's tree holds them all (daemon/join/joiner.py)
     seen, m = [], model.default_metric(snap)
     for _ in metrics.ALL:
         seen.append(m)

@@ -7,9 +7,9 @@ A `GpuJoin` takes the BPF launches and copy/memset calls (each already given its
 the `Charges` it was built with (the `Joiner`, which owns the tree). It never touches the tree.
 Two implementations, chosen once per session (`ProcessSession.gpu_join`) by `inject/gpu.pick_join`
 from the GPU vendor's declared joins (`inject/gpu.VENDORS`) and the agent's configuration:
-- `ApiRecordJoin` (daemon/apijoin.py, agent `gpu_api_records=True`): exact, through CUPTI API
+- `ApiRecordJoin` (daemon/join/apijoin.py, agent `gpu_api_records=True`): exact, through CUPTI API
   records (thread id + host interval, then the correlation id);
-- `LaunchOrderJoin` (daemon/orderjoin.py, the default): by launch order and grid/block, without
+- `LaunchOrderJoin` (daemon/join/orderjoin.py, the default): by launch order and grid/block, without
   API records.
 Both count what they could not join through `Charges` (kernel unseen, launch dropped, copy
 dropped), so the `Joiner`'s statistics mean the same under either.

@@ -6,9 +6,9 @@ Paths read  py frames → C extension → op frames → native frames → api:�
 first; `splice()` puts native frames between Python runs where the eval loop's frames allow).
 - CPU samples (BPF perf event): py + ops + native.
 - Launches: py + ops + native + api + kernel; `launch_count` at once. GPU time arrives later from
-  the agent (CUPTI): the session's `GpuJoin` (daemon/gpujoin.py) says which launch each kernel
-  record belongs to — by launch order (`LaunchOrderJoin`, daemon/orderjoin.py) or exactly through
-  CUPTI API records (`ApiRecordJoin`, daemon/apijoin.py) — and `gpu_time_ns` and `kernel_count`
+  the agent (CUPTI): the session's `GpuJoin` (daemon/join/gpujoin.py) says which launch each kernel
+  record belongs to — by launch order (`LaunchOrderJoin`, daemon/join/orderjoin.py) or exactly through
+  CUPTI API records (`ApiRecordJoin`, daemon/join/apijoin.py) — and `gpu_time_ns` and `kernel_count`
   are charged to that launching path. What cannot be joined is counted, never guessed.
 - Copies and memsets: `… → api:cuMemcpyAsync → memcpy:DtoH (Device -> Pinned)` / `… →
   memset:Device` with GPU time, bytes and counts from CUPTI (see `_on_copy_call`), joined by the
@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from stacklens.cct import Frame, Snapshot, WindowedCCT, metrics
-from stacklens.daemon.apijoin import ApiRecordJoin
-from stacklens.daemon.backward import BackwardLink
-from stacklens.daemon.gpujoin import CopyCall, GpuJoin, Path
-from stacklens.daemon.jaxjoin import SPLIT_NOTE, JaxIndex
-from stacklens.daemon.orderjoin import LaunchOrderJoin
+from stacklens.daemon.join.apijoin import ApiRecordJoin
+from stacklens.daemon.join.backward import BackwardLink
+from stacklens.daemon.join.gpujoin import CopyCall, GpuJoin, Path
+from stacklens.daemon.join.jaxjoin import SPLIT_NOTE, JaxIndex
+from stacklens.daemon.join.orderjoin import LaunchOrderJoin
 from stacklens.introspect.demangle import demangle
 from stacklens.inject.records import (AgentRecord, AgentStats, ApiRecord, CompileRecord, HloMapRecord, KernelRecord,
                                       MemcpyRecord, Note, PySample)
@@ -250,9 +250,9 @@ class Joiner:
     """Owns one process's tree. Feed it events in arrival order; take snapshots from any thread.
 
     The BPF side gives every event its path; GPU records find their call through the session's
-    `GpuJoin` (daemon/gpujoin.py: `LaunchOrderJoin`, or `ApiRecordJoin` with `api_records`),
+    `GpuJoin` (daemon/join/gpujoin.py: `LaunchOrderJoin`, or `ApiRecordJoin` with `api_records`),
     which hands its verdicts back through the `Charges` methods below (`kernel`, `copy`, …);
-    JAX kernels are split over their operators by a `JaxIndex` (daemon/jaxjoin.py)."""
+    JAX kernels are split over their operators by a `JaxIndex` (daemon/join/jaxjoin.py)."""
 
     def __init__(
         self,
@@ -364,7 +364,7 @@ class Joiner:
         """The memo entry of the event's stacks (`_Entry`: their splice() and launch paths),
         memoized on the identity of its parts: the probe session hands out the same tuples for
         the same stack ids, so most events are one lookup (on_bpf does that lookup inline).
-        An event under an autograd node (`bwd_node`) gets the node's head (daemon/backward.py)
+        An event under an autograd node (`bwd_node`) gets the node's head (daemon/join/backward.py)
         in place of its Python frames."""
         py, nat, ops = ev.py_stack, ev.native_stack, ev.op_path
         node = getattr(ev, "bwd_node", 0)

@@ -23,7 +23,7 @@ Copies and memsets use a second OrderJoin of their own: records claim the BPF co
 (sig_of = copy_sig: memcpy or memset, and the bytes), and a call no record claims goes to
 on_drop, which charges the bytes the call asked for. A copy or memset node of a CUDA graph shares
 its graph launch's correlation id and joins the kernel groups here (its sig () matches only a
-graph launch). `LaunchOrderJoin` holds the two queues: it is the `GpuJoin` (daemon/gpujoin.py)
+graph launch). `LaunchOrderJoin` holds the two queues: it is the `GpuJoin` (daemon/join/gpujoin.py)
 of sessions without API records.
 
 Cost (issue 9: ~25k launches/s on an H200 ViT job): a pending launch is one entry in each of
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 from stacklens.inject.records import ApiRecord, KernelRecord, MemcpyRecord
 
 if TYPE_CHECKING:
-    from stacklens.daemon.gpujoin import Charges, CopyCall, LaunchEvent, Path
+    from stacklens.daemon.join.gpujoin import Charges, CopyCall, LaunchEvent, Path
 
 # what a queue holds: kernel records, and (in the kernel queue) the copy/memset nodes of graphs
 GpuRecord = Union[KernelRecord, MemcpyRecord]

@@ -1,6 +1,6 @@
 """The exact GPU join: CUPTI API records say which BPF call each kernel, copy or memset came from.
 
-Pure (no privilege, no I/O); one of the two `GpuJoin`s (daemon/gpujoin.py), used when the agent
+Pure (no privilege, no I/O); one of the two `GpuJoin`s (daemon/join/gpujoin.py), used when the agent
 sends CUPTI RUNTIME/DRIVER API records (`gpu_api_records=True`).
 
 Rule: a launch's path waits in a per-thread queue until the CUPTI API record of the same thread
@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Deque
 
-from stacklens.daemon.gpujoin import Charges, CopyCall, LaunchEvent, Path
-from stacklens.daemon.orderjoin import sorted_pos_from_end
+from stacklens.daemon.join.gpujoin import Charges, CopyCall, LaunchEvent, Path
+from stacklens.daemon.join.orderjoin import sorted_pos_from_end
 from stacklens.inject.records import ApiRecord, KernelRecord, MemcpyRecord
 
 PENDING_MAX_AGE_NS = 30_000_000_000
