@@ -6,10 +6,22 @@
     srv.stop_agent(); srv.close()
 """
 
-from stacklens.inject.injector import AttachResult, inject_agent
-from stacklens.inject.records import (AgentHello, AgentRecord, AgentStats, ApiRecord, KernelRecord, MemcpyRecord,
-                      Note, PySample, SyncRecord)
-from stacklens.inject.server import AgentServer
+# Loaded on first use (PEP 562): the pure parts that need only the record types (the join) import
+# stacklens.inject.records without pulling in the injector and the socket server (ctypes, ptrace).
+_WHERE = {"inject_agent": "injector", "AttachResult": "injector", "AgentServer": "server",
+          **{n: "records" for n in ("AgentRecord", "AgentHello", "AgentStats", "PySample", "KernelRecord",
+                                    "ApiRecord", "MemcpyRecord", "SyncRecord", "Note")}}
 
 __all__ = ["AgentServer", "inject_agent", "AttachResult", "AgentRecord", "AgentHello", "AgentStats",
            "PySample", "KernelRecord", "ApiRecord", "MemcpyRecord", "SyncRecord", "Note"]
+
+
+def __getattr__(name: str):
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'stacklens.inject' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"stacklens.inject.{where}"), name)
+    globals()[name] = value
+    return value

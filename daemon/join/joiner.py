@@ -40,7 +40,6 @@ from stacklens.daemon.join.backward import BackwardLink
 from stacklens.daemon.join.gpujoin import CopyCall, GpuJoin, Path
 from stacklens.daemon.join.jaxjoin import SPLIT_NOTE, JaxIndex
 from stacklens.daemon.join.orderjoin import LaunchOrderJoin
-from stacklens.introspect.demangle import demangle
 from stacklens.inject.records import (AgentRecord, AgentStats, ApiRecord, CompileRecord, HloMapRecord, KernelRecord,
                                       MemcpyRecord, Note, PySample)
 
@@ -482,6 +481,9 @@ class Joiner:
     def _charge_new(self, path: Path, krec: KernelRecord) -> None:
         """`kernel`'s first time for this (path, kernel name), or any JAX kernel: the charged path
         (the launch's kernel frame named from CUPTI), split by JAX, memoized."""
+        # libstdc++'s demangler through ctypes: loaded at the first kernel, so the join imports pure
+        from stacklens.introspect.demangle import demangle
+
         kname = demangle(krec.name)
         charged, handle = path, None
         if path[-1].kind != "kernel":

@@ -46,3 +46,12 @@ def test_one_import_style_absolute_from_the_package():
              if not {".venv", "targets", "__pycache__"} & set(p.relative_to(root).parts)
              and p.name != "stacklens_pb2_grpc.py" and relative.search(p.read_text(errors="replace"))]
     assert not found, found
+
+
+def test_the_pure_parts_load_nothing_privileged():
+    """cct, analyzer and the join, imported in a fresh interpreter, load no bcc, grpc, textual,
+    prometheus_client or ctypes (the contracts check direct imports; this, everything they pull in)."""
+    code = ("import sys; import stacklens.cct, stacklens.analyzer, stacklens.daemon.join.joiner; "
+            "print(sorted(m for m in ('bcc', 'grpc', 'textual', 'prometheus_client', 'ctypes') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
