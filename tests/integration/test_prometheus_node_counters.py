@@ -74,14 +74,21 @@ def test_node_counters_do_not_decrease_across_a_detach(tmp_path):
     seen: list[dict[str, float]] = []
     texts: list[str] = []
     stop = threading.Event()
+    scraped = threading.Condition()
 
     def scraper():
         while not stop.is_set():
             text = scrape(port)
-            seen.append(node_values(text))
-            if len(texts) < 50:
-                texts.append(text)
+            with scraped:
+                seen.append(node_values(text))
+                if len(texts) < 50:
+                    texts.append(text)
+                scraped.notify_all()
             time.sleep(0.005)
+
+    def scrapes_reach(n: int) -> None:   # the scraper's progress, not a guessed time (a busy machine)
+        with scraped:
+            assert scraped.wait_for(lambda: len(seen) >= n, timeout=120), f"{len(seen)} scrapes"
 
     try:
         with DaemonClient(str(d.socket_path)) as c:
@@ -98,9 +105,9 @@ def test_node_counters_do_not_decrease_across_a_detach(tmp_path):
             assert before["stacklens_unwind_errors_total"] == 4
             th = threading.Thread(target=scraper, daemon=True)
             th.start()
-            time.sleep(0.2)
+            scrapes_reach(3)
             c.detach(targets[0].pid)            # its series go; the node totals keep what it counted
-            time.sleep(0.5)
+            scrapes_reach(len(seen) + 3)         # scrapes during and after the detach
             stop.set()
             th.join(10)
             after_text = scrape(port)
