@@ -151,7 +151,7 @@ def test_reflection_streams_are_capped(stacklensd):
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "reflection streams" in e.value.details()
     held.pop().cancel()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60   # a bound for a busy machine; the loop ends at the first success
     while True:  # the slot comes back once the server sees the cancellation
         try:
             assert STACKLENS in _list_services(ch)
