@@ -260,6 +260,10 @@ def test_main_thread_blocked_in_sleep(tmp_path):
     t = Target("inject_sleep.py")
     srv = AgentServer(t.pid, tmp_path / "agents")
     try:
+        # "ready" comes just before the sleep: on a loaded machine the interpreter may not be in it
+        # yet, and would run the pending call (x86-64: clock_nanosleep, nanosleep, select, pselect6)
+        wait_for(lambda: open(f"/proc/{t.pid}/syscall").read().split()[0] in ("230", "35", "23", "270"), 30,
+                 "the sleep")
         err = _blocked_attempts(t, srv, CYCLES, 0.3)
         assert "nanosleep" in str(err) or "select" in str(err), str(err)
     finally:
