@@ -87,14 +87,17 @@ try:
             except BaseException:
                 pass
             finally:
-                # the socket last: once the daemon sees it close, the interval is the program's
-                # again (this thread may then wait long for the GIL; it has nothing left to do)
+                # the program's interval last, after the socket's close (which drops the GIL):
+                # on the program's interval this thread, once it lets go of the GIL, may wait
+                # long to take it back from a main thread that releases it often (measured: an
+                # agent thread alive 5 s after its detach under load); from release() on it
+                # runs a few bytecodes and exits without letting go
                 for n in [n for n in list(sys.modules) if n.split('.')[0] == name]:
                     sys.modules.pop(n, None)
+                s.close()
                 if held:
                     held.clear()          # the fork hook stays registered: from now on it does nothing
                     release()
-                s.close()
         if sys.getswitchinterval() > gil.fast:
             sys.setswitchinterval(gil.fast)
         t = threading.Thread(target=run, name={name!r}, daemon=True)
