@@ -16,11 +16,15 @@ Text labels (used by folded output, the TUI, JSON-free tests and `find`):
     backward     backward:NAME          an autograd node the engine ran (AddmmBackward0): below it,
                                         the backward work; above it, the forward context that
                                         created the node
+    module       module:CLASS:PATH      a torch.nn.Module instance: its class and attribute path
+                                        from the outermost module (`transformer.h.3.attn`; "" for
+                                        that module itself or where the path is not known), as
+                                        the model view (cct/modelview.py) names module calls
     other        [NAME]
 
 So that every label parses back to its frame, the one field that sits left of a free-form
-field and may not contain ':' (FUNC of a python frame, LIB of a native frame) is escaped with
-'%3A' for ':' and '%25' for '%'; real function and library names never need it.
+field and may not contain ':' (FUNC of a python frame, LIB of a native frame, CLASS of a module) is escaped with
+'%3A' for ':' and '%25' for '%'; real function, library and class names never need it.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import re
 from typing import NamedTuple
 
 # appended kinds keep their index: the columnar profile stores a frame's kind as its index here
-KINDS = ("python", "op", "native", "gpu_api", "kernel", "instruction", "other", "backward", "memcpy", "memset")
+KINDS = ("python", "op", "native", "gpu_api", "kernel", "instruction", "other", "backward", "memcpy", "memset",
+         "module")
 
 _PREFIX_OF_KIND = {
     "op": "op:",
@@ -55,8 +60,8 @@ def _unescape(text: str) -> str:
 class Frame(NamedTuple):
     """One level of a calling context.
 
-    `file` is the source file of a python frame and the library of a native frame; `line` is
-    only meaningful for python frames. Other kinds carry just `name`.
+    `file` is the source file of a python frame, the library of a native frame and the class of a
+    module frame; `line` is only meaningful for python frames. Other kinds carry just `name`.
     """
 
     kind: str
@@ -101,6 +106,10 @@ class Frame(NamedTuple):
         return cls("backward", name)
 
     @classmethod
+    def module(cls, path: str, class_name: str) -> Frame:
+        return cls("module", path, class_name)
+
+    @classmethod
     def other(cls, name: str) -> Frame:
         """A synthetic frame such as `[truncated]` or `[other]`; surrounding brackets are optional."""
         if len(name) >= 2 and name[0] == "[" and name[-1] == "]":
@@ -113,6 +122,8 @@ class Frame(NamedTuple):
             return f"py:{self.file}:{_escape(self.name)}:{self.line}"
         if kind == "native":
             return f"native:{_escape(self.file)}:{self.name}"
+        if kind == "module":
+            return f"module:{_escape(self.file)}:{self.name}"
         prefix = _PREFIX_OF_KIND.get(kind)
         if prefix is not None:
             return prefix + self.name
@@ -131,14 +142,19 @@ class Frame(NamedTuple):
             if not sep:
                 raise ValueError(f"native frame label must be native:LIB:SYMBOL, got {label!r}")
             return cls("native", symbol, _unescape(lib))
+        if label.startswith("module:"):
+            class_name, sep, path = label[7:].partition(":")
+            if not sep:
+                raise ValueError(f"module frame label must be module:CLASS:PATH, got {label!r}")
+            return cls("module", path, _unescape(class_name))
         if len(label) >= 2 and label[0] == "[" and label[-1] == "]":
             return cls("other", label[1:-1])
         prefix, sep, _ = label.partition(":")
         kind = _KIND_OF_PREFIX.get(prefix + sep)
         if kind is None:
             raise ValueError(
-                f"unknown frame label {label!r}: expected a py:, op:, native:, api:, kernel:, "
-                "insn: or backward: prefix, or [name]"
+                f"unknown frame label {label!r}: expected a py:, op:, native:, module:, api:, "
+                "kernel:, insn:, backward:, memcpy: or memset: prefix, or [name]"
             )
         return cls(kind, label[len(prefix) + 1 :])
 

@@ -19,6 +19,7 @@ frames = st.one_of(
     st.builds(Frame.kernel, text),
     st.builds(Frame.instruction, text),
     st.builds(Frame.other, text),
+    st.builds(Frame.module, text, text),
 )
 
 
@@ -38,6 +39,9 @@ frames = st.one_of(
         (Frame.other("other"), "[other]"),
         (Frame.python("a.py", "odd:name%", 1), "py:a.py:odd%3Aname%25:1"),
         (Frame.native("weird:lib", "f"), "native:weird%3Alib:f"),
+        (Frame.module("transformer.h.3.attn", "GPT2Attention"), "module:GPT2Attention:transformer.h.3.attn"),
+        (Frame.module("", "GPT2LMHeadModel"), "module:GPT2LMHeadModel:"),
+        (Frame.module("blocks.a:b", "odd:Class"), "module:odd%3AClass:blocks.a:b"),
     ],
 )
 def test_label(frame: Frame, label: str) -> None:
@@ -57,7 +61,7 @@ def test_label_round_trip(frame: Frame) -> None:
     assert Frame.from_label(frame.label()) == frame
 
 
-@pytest.mark.parametrize("label", ["", "aten::addmm", "py:a.py:f", "py:a.py:f:x", "native:nolib", "[open", "zz:x"])
+@pytest.mark.parametrize("label", ["", "aten::addmm", "py:a.py:f", "py:a.py:f:x", "native:nolib", "module:nopath", "[open", "zz:x"])
 def test_from_label_rejects(label: str) -> None:
     with pytest.raises(ValueError):
         Frame.from_label(label)
