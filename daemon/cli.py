@@ -43,9 +43,20 @@ def _check_metric(snap, metric: str) -> None:
         )
 
 
-def write_output(snap, fmt: str, metric: str | None, out: str | None) -> None:
-    """Render `snap` as `fmt` (daemon/formats.py) to `out` (a path) or stdout; without a metric,
-    the one views open on (GPU time where measured, cct/metrics.py opening_metric)."""
+def view_of(snap, form, view: str) -> str:
+    """"model" or "full": `view` as asked; "auto" gives the model view to the formats that open on
+    it (text) where the profile has torch module calls."""
+    if view != "auto":
+        return view
+    from stacklens.cct.modelview import has_model
+
+    return "model" if form.model_view and has_model(snap) else "full"
+
+
+def write_output(snap, fmt: str, metric: str | None, out: str | None, view: str = "auto") -> None:
+    """Render `snap` as `fmt` (daemon/formats.py) in `view` (`view_of`) to `out` (a path) or
+    stdout; without a metric, the one views open on (GPU time where measured,
+    cct/metrics.py opening_metric)."""
     if metric is None:
         from stacklens.cct.metrics import opening_metric
 
@@ -54,6 +65,10 @@ def write_output(snap, fmt: str, metric: str | None, out: str | None) -> None:
     form = FORMATS.get(fmt)
     if form is None:  # argparse restricts choices; keep the error honest anyway
         raise InputError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if view_of(snap, form, view) == "model":
+        from stacklens.cct.modelview import model_view
+
+        snap = model_view(snap)
     if form.binary and out is None and sys.stdout.isatty():
         raise InputError(f"{fmt} is binary: give -o FILE (or redirect stdout)")
     data = form.render(snap, metric)
@@ -79,7 +94,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             snap = client.snapshot(args.pid, window_s=args.window)
     else:
         raise InputError("give a PID (through the daemon) or --input FILE (a saved profile)")
-    write_output(snap, args.format, args.metric, args.output)
+    write_output(snap, args.format, args.metric, args.output, args.view)
     return 0
 
 
@@ -100,7 +115,7 @@ def _oneshot_output(snap, args: argparse.Namespace) -> None:
             print(f"stacklens: {ln}", file=sys.stderr)
     if error is not None and not snap.meta.get("window", {}).get("cpu_samples"):
         raise error
-    write_output(snap, args.format, args.metric, args.output)
+    write_output(snap, args.format, args.metric, args.output, args.view)
     if error is not None:
         raise error
 
@@ -184,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="metric for " + "/".join(n for n, f in FORMATS.items() if f.per_metric)
                         + " (default: GPU time where it was measured, else CPU samples)")
         sp.add_argument("-o", "--output", help="write to FILE instead of stdout")
+        sp.add_argument("--view", choices=("auto", "model", "full"), default="auto",
+                        help="model: torch module calls named (transformer.h.3.attn · GPT2Attention), framework "
+                        "frames (module call wrappers, decorators, dynamo) collapsed; full: every frame; "
+                        "auto (default): model for "
+                        + "/".join(n for n, f in FORMATS.items() if f.model_view)
+                        + " where the profile has module calls, full for the other formats")
 
     r = sub.add_parser("report", help="render a profile: a saved file (--input) or a PID via the daemon")
     r.add_argument("pid", nargs="?", type=pid_arg)
@@ -228,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "attach":
             sp.add_argument("--agent", action="store_true", help="inject the in-process agent too")
         sp.set_defaults(func=cmd_daemon_call)
-    ps = sub.add_parser("ps", help="GPU processes on this node and what is attached")
+    ps = sub.add_parser("ps", help="processes with a GPU driver, torch or JAX loaded (GPU or not), "
+                                   "with their state: attached, not attached (never) or detached")
     ps.set_defaults(func=cmd_daemon_call)
 
     t = sub.add_parser("top", help="live terminal UI (through the daemon, or --input FILE)")

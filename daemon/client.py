@@ -161,7 +161,7 @@ def run_client_command(args, socket_path: str) -> int:
                     f"{p.launches_per_s:>9.1f} {100 * p.sync_wait_share:>6.1f}  {p.python}"
                 )
             if not rows:
-                print("(no GPU processes found and nothing attached)")
+                print("(no process with a GPU driver, torch or JAX loaded, and nothing attached)")
         elif args.command == "advise":
             findings = c.advice(args.pid)
             if not findings:

@@ -30,7 +30,7 @@ from typing import Callable
 from stacklens.cct import Snapshot
 from stacklens.cct.export import decode_profile, encode_profile
 from stacklens.daemon.discovery import ProcFS, ProcessInfo, describe_process, scan
-from stacklens.daemon.session import ProcessSession
+from stacklens.daemon.session import ProcessSession, process_start
 from stacklens.errors import (AlreadyAttached, DaemonUnavailable, InputError, NoSuchProcess, PermissionDenied,
                               StacklensError)
 from stacklens.textsafe import safe_text
@@ -51,6 +51,10 @@ def check_pid_range(pid: int) -> None:
         raise InputError(f"invalid PID {pid}: a process id is an integer in 1..{PID_MAX} (see `stacklens ps`)")
 
 
+# the state of a process worth profiling that no session of this daemon ever attached to
+NOT_ATTACHED = "not attached"
+
+
 class ClosedSession:
     """What stays of an ended session: final cumulative profile (encoded) and stats, nothing live.
 
@@ -62,6 +66,7 @@ class ClosedSession:
 
     def __init__(self, s: ProcessSession) -> None:
         self.pid = s.pid
+        self.proc_start = getattr(s, "proc_start", None)
         self.comm = s.comm
         self.state = s.state if s.state not in ("attached", "starting") else "detached"
         self.started = s.started
@@ -323,12 +328,16 @@ class Daemon:
         with self._lock:
             return [s for s in self.sessions.values() if s is not None]
 
-    def processes(self) -> list[tuple[ProcessInfo | None, ProcessSession | None]]:
-        """GPU processes on the node plus every attached one."""
-        found = {p.pid: p for p in scan(self.procfs)}
-        out: list[tuple[ProcessInfo | None, ProcessSession | None]] = []
+    def processes(self) -> list[tuple[ProcessInfo | None, ProcessSession | ClosedSession | None]]:
+        """Processes worth profiling on the node (GPU, torch or JAX loaded), every attached one,
+        and each with its true state: its live session, the closed session of this very process
+        (detached, or its attach failed), or None (never attached). A closed session whose PID
+        now names another process (another start time) is not that process's."""
+        found = {p.pid: p for p in scan(self.procfs, gpu_only=False)}
+        out: list[tuple[ProcessInfo | None, ProcessSession | ClosedSession | None]] = []
         with self._lock:
             sessions = {pid: s for pid, s in self.sessions.items() if s is not None}
+            closed = dict(self.closed)
         for pid in sorted(set(found) | set(sessions)):
             info = found.get(pid)
             if info is None:
@@ -336,7 +345,13 @@ class Daemon:
                     info = describe_process(pid, self.procfs)
                 except Exception:  # noqa: BLE001 — exited between scan and describe
                     info = None
-            out.append((info, sessions.get(pid)))
+            s = sessions.get(pid)
+            if s is None and pid in closed:
+                rec = closed[pid]
+                start = process_start(pid, self.procfs)
+                if start is not None and start == getattr(rec, "proc_start", None):
+                    s = rec
+            out.append((info, s))
         return out
 
     def auto_attach_scan(self) -> list[int]:

@@ -19,8 +19,11 @@ LIBRARY_PATTERNS = {
     "libamdhip64": re.compile(r"/libamdhip64\.so(\.\d+)*$"),
     "libtorch_cpu": re.compile(r"/libtorch_cpu\.so$"),
     "libpython": re.compile(r"/libpython3\.\d+t?\.so(\.[\d.]+)?$"),
+    # jaxlib's extension module: _jax.so since jaxlib 0.5, xla_extension.so before
+    "jaxlib": re.compile(r"/jaxlib/(_jax|xla_extension)(\.[\w-]+)?\.so$"),
 }
 GPU_LIBS = ("libcuda", "libamdhip64")
+FRAMEWORK_LIBS = {"libtorch_cpu": "torch", "jaxlib": "jax"}
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,11 @@ class ProcessInfo:
     @property
     def gpu(self) -> bool:
         return any(self.libraries.get(k) for k in GPU_LIBS)
+
+    @property
+    def frameworks(self) -> tuple[str, ...]:
+        """The ML frameworks it has loaded ("torch", "jax"), GPU or not."""
+        return tuple(name for lib, name in FRAMEWORK_LIBS.items() if self.libraries.get(lib))
 
 
 def mapped_files(maps_text: str) -> list[str]:
@@ -82,7 +90,8 @@ def describe_process(pid: int, procfs: ProcFS | None = None) -> ProcessInfo:
 
 
 def scan(procfs: ProcFS | None = None, *, gpu_only: bool = True) -> list[ProcessInfo]:
-    """Every process that maps a GPU driver library (or, with gpu_only=False, libtorch too)."""
+    """Every process that maps a GPU driver library (with gpu_only=False also every one with
+    torch or JAX loaded, GPU or not: a CPU job is worth a profile too)."""
     procfs = procfs or ProcFS()
     out = []
     for pid in procfs.pids():
@@ -92,6 +101,6 @@ def scan(procfs: ProcFS | None = None, *, gpu_only: bool = True) -> list[Process
             info = describe_process(pid, procfs)
         except (NoSuchProcess, PermissionDenied):
             continue
-        if info.gpu or (not gpu_only and info.libraries.get("libtorch_cpu")):
+        if info.gpu or (not gpu_only and info.frameworks):
             out.append(info)
     return out

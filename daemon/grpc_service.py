@@ -37,7 +37,7 @@ from stacklens.cct import CCT, Frame, Snapshot, diff
 from stacklens.cct.export import encode_profile
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon import stacklens_pb2_grpc as pbg
-from stacklens.daemon.core import Daemon, check_pid_range
+from stacklens.daemon.core import NOT_ATTACHED, Daemon, check_pid_range
 from stacklens.errors import DaemonUnavailable, InputError, StacklensError
 
 log = logging.getLogger(__name__)
@@ -272,15 +272,15 @@ class StacklensServicer(pbg.StacklensServicer):
             p = pb.ProcessInfo(
                 pid=(info.pid if info else s.pid),
                 comm=(info.comm if info else s.comm),
-                attached=s is not None,
+                attached=s is not None and s.state in ("attached", "starting"),
                 agent=bool(s and s.agent is not None),
-                state=(s.state if s else "detached"),
+                state=(s.state if s else NOT_ATTACHED),
                 gpu=bool(info and info.gpu),
                 python=(info.python or "") if info else "",
                 container=(info.container if info else ""),
                 gpu_time_share=float("nan"),
             )
-            if s is not None:
+            if p.attached:     # rates of the last 10 s: a closed session has none
                 try:
                     snap = s.snapshot(window_s=10.0)
                     span = min(10.0, max(1e-3, time.time() - s.started))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import os
 import queue
 import threading
@@ -52,6 +53,15 @@ class AgentSource(Protocol):
     def poll(self, max_n: int | None = None) -> list[Any]: ...
     def stop(self) -> bool: ...
     def close(self) -> None: ...
+
+
+def process_start(pid: int, procfs: ProcFS | None = None) -> int | None:
+    """The process's start time (clock ticks after boot): with the PID, it names one process
+    (a PID is reused, a start time with it is not); None once it is gone."""
+    try:
+        return (procfs or ProcFS()).starttime(pid)
+    except (StacklensError, OSError, ValueError, IndexError):
+        return None
 
 
 def pid_alive(pid: int) -> bool:
@@ -168,6 +178,16 @@ def _env_api_records() -> bool:
     return os.environ.get("STACKLENS_GPU_API_RECORDS", "0").strip() in ("1", "true", "yes", "on")
 
 
+def thread_name(procfs: ProcFS, pid: int, tid: int) -> str:
+    """/proc/PID/task/TID/comm, escaped (the target chose it); "" once the thread is gone.
+    The agent's tids are those of the target's PID namespace: in a container they may name
+    another thread or none."""
+    try:
+        return safe_text(procfs.thread_comm(pid, tid))
+    except (OSError, StacklensError):   # gone (NoSuchProcess), or not ours to read
+        return ""
+
+
 def detect_gpu_vendor(pid: int, procfs: ProcFS | None = None) -> Vendor | None:
     """The GPU vendor whose collector the agent will pick in the target (by the libraries it has
     mapped now: the agent's own rule), or None. One read of /proc/PID/maps."""
@@ -200,6 +220,7 @@ class ProcessSession:
         if not pid_alive(pid):
             raise NoSuchProcess(f"no process {pid}: check the PID with `stacklens ps` or `ps -p {pid}`")
         self.pid = pid
+        self.proc_start = process_start(pid)
         self.want_agent = agent
         self.cpu_hz = cpu_hz
         self.ops = ops
@@ -211,7 +232,8 @@ class ProcessSession:
         self._bpf_python = False        # the probes read Python stacks on CPU samples (attach report)
         self.gpu_vendor = VENDORS[gpu_vendor] if gpu_vendor is not None else detect_gpu_vendor(pid)
         self.gpu_join = pick_join(self.gpu_vendor, self.gpu_api_records)   # "order" | "api_records"
-        self.joiner = Joiner(pid, agent=agent, max_nodes=max_nodes, api_records=self.gpu_join == "api_records")
+        self.joiner = Joiner(pid, agent=agent, max_nodes=max_nodes, api_records=self.gpu_join == "api_records",
+                             thread_name=functools.partial(thread_name, ProcFS(), pid))
         self.probes: EventSource | None = None
         self.agent: AgentSource | None = None
         self.notes: list[str] = []

@@ -205,3 +205,27 @@ def test_pid_1_hidden_from_root_is_refused_with_the_reason_not_run_as_root():
         assert "refuses stacklensd (root)" in str(e.value) and "cannot be profiled" in str(e.value)
     else:  # not root: the advice to run as root is right
         assert "run stacklens as root" in str(e.value)
+
+
+def test_processes_have_their_true_state(monkeypatch):
+    """A process never attached has no session (the service says "not attached"); a detached
+    one keeps its closed session; once its PID names another process (another start time),
+    that closed session is not the new process's."""
+    t = subprocess.Popen(["sleep", "60"])
+    try:
+        d = Daemon(session_factory=filled_session)
+        monkeypatch.setattr(core, "scan", lambda procfs, gpu_only=True: [])
+        assert [(i.pid, s) for i, s in d.processes()] == []
+        d.attach(t.pid)
+        [(info, s)] = d.processes()
+        assert info.pid == t.pid and s.state == "attached"
+        d.detach(t.pid)
+        monkeypatch.setattr(core, "scan", lambda procfs, gpu_only=True: [core.describe_process(t.pid, procfs)])
+        [(info, s)] = d.processes()
+        assert isinstance(s, ClosedSession) and s.state == "detached"
+        monkeypatch.setattr(d.closed[t.pid], "proc_start", s.proc_start - 1)   # as after a PID reuse
+        [(info, s)] = d.processes()
+        assert info.pid == t.pid and s is None
+    finally:
+        t.kill()
+        t.wait()

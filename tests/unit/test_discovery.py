@@ -47,3 +47,23 @@ def test_missing_pid_is_a_clear_error(procfs):
         describe_process(999, procfs)
     with pytest.raises(NoSuchProcess):
         describe_process(0, procfs)
+
+
+def test_torch_and_jax_processes_are_found_gpu_or_not(tmp_path):
+    """`ps` lists a CPU torch job and a JAX job too: worth a profile before any GPU is involved."""
+    maps = {
+        201: ["7f20-7f30 r-xp 00000000 08:01 12 /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so"],
+        202: ["7f20-7f30 r-xp 00000000 08:01 13 /venv/lib/python3.11/site-packages/jaxlib/_jax.so"],
+        203: ["7f20-7f30 r-xp 00000000 08:01 14 /venv/lib/python3.10/site-packages/jaxlib/xla_extension.so"],
+        204: ["5500-5510 r-xp 00000000 08:01 21 /usr/bin/python3.11"],
+    }
+    for pid, lines in maps.items():
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "maps").write_text("\n".join(lines) + "\n")
+        (d / "comm").write_text("python3\n")
+        (d / "cgroup").write_text("0::/\n")
+    procfs = ProcFS(tmp_path)
+    assert scan(procfs) == []                                  # auto-attach keeps to GPU processes
+    found = {p.pid: p.frameworks for p in scan(procfs, gpu_only=False)}
+    assert found == {201: ("torch",), 202: ("jax",), 203: ("jax",)}
