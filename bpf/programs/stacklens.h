@@ -333,6 +333,14 @@ static __always_inline int sl_is_target(void)
  * An entry is live at a later event iff its saved SP is above the event's SP (the stack
  * grows down) and its return address is still stored there (an op that returned had its
  * slot reused by later frames). Dead entries are popped lazily, top first. */
+static __always_inline int sl_frame_live(u64 esp, u64 eret, u64 sp)
+{
+    if (esp <= sp)
+        return 0;
+    u64 ret = 0;
+    return bpf_probe_read_user(&ret, sizeof(ret), (void *)esp) != 0 || ret == eret;
+}
+
 static __always_inline u32 sl_shadow_live_depth(struct sl_shadow *s, u64 sp)
 {
     u32 d = s->depth;
@@ -343,11 +351,8 @@ static __always_inline u32 sl_shadow_live_depth(struct sl_shadow *s, u64 sp)
         if (d > SL_OP_DEPTH)
             d = SL_OP_DEPTH;
         struct sl_op_entry *e = &s->e[sl_op_idx(d - 1)];
-        if (e->sp > sp) {
-            u64 ret = 0;
-            if (bpf_probe_read_user(&ret, sizeof(ret), (void *)e->sp) != 0 || ret == e->ret)
-                break;
-        }
+        if (sl_frame_live(e->sp, e->ret, sp))
+            break;
         d--;
     }
     return d;
@@ -375,11 +380,8 @@ static __always_inline u32 sl_bwd_live_depth(struct sl_shadow *s, u64 sp)
         if (d > SL_BWD_DEPTH)
             d = SL_BWD_DEPTH;
         struct sl_bwd_entry *e = &s->bwd[sl_bwd_idx(d - 1)];
-        if (e->sp > sp) {
-            u64 ret = 0;
-            if (bpf_probe_read_user(&ret, sizeof(ret), (void *)e->sp) != 0 || ret == e->ret)
-                break;
-        }
+        if (sl_frame_live(e->sp, e->ret, sp))
+            break;
         d--;
     }
     return d;

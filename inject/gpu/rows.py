@@ -22,52 +22,53 @@ SYNC_TYPES = ("event", "stream", "context", "stream_wait_event", "other")
 API_DOMAINS = ("runtime", "driver", "hip")
 
 
+def _interval(s, e, what: str) -> tuple[int, int]:
+    s, e = _int(s), _int(e)
+    if e < s:
+        raise ProtocolError(f"{what} ends before it starts")
+    return s, e
+
+
+def _choice(value, allowed: tuple[str, ...], what: str) -> str:
+    if value not in allowed:
+        raise ProtocolError(f"bad {what}")
+    return value
+
+
+def _kernel(r, names: list[str]) -> KernelRecord:
+    name, s, e, dev, strm, corr, gx, gy, gz, bx, by, bz, graph = _row(r, 13)
+    if type(name) is int:
+        name = names[_int(name, 0, len(names) - 1)] if names else _str(name)
+    return KernelRecord(_str(name), *_interval(s, e, "kernel"), _int(dev, 0, 1 << 16), _int(strm), _int(corr),
+                        (_int(gx), _int(gy), _int(gz)), (_int(bx), _int(by), _int(bz)), _int(graph))
+
+
+def _api(r) -> ApiRecord:
+    dom, name, tid, s, e, corr, cbid = _row(r, 7)
+    return ApiRecord(_choice(dom, API_DOMAINS, "api domain"), _str(name, 256), _int(tid, 0, 1 << 31),
+                     *_interval(s, e, "api call"), _int(corr), _int(cbid, 0, 1 << 20))
+
+
+def _memcpy(r) -> MemcpyRecord:
+    kind, nbytes, s, e, dev, strm, corr = _row(r, 7)
+    return MemcpyRecord(_choice(kind, MEMCPY_KINDS, "memcpy kind"), _int(nbytes), *_interval(s, e, "memcpy"),
+                        _int(dev, 0, 1 << 16), _int(strm), _int(corr))
+
+
+def _sync(r) -> SyncRecord:
+    typ, s, e, strm, corr = _row(r, 5)
+    return SyncRecord(_choice(typ, SYNC_TYPES, "sync type"), *_interval(s, e, "sync"), _int(strm), _int(corr))
+
+
 def parse_rows(t: str, msg: dict) -> list:
     """One rows message of kind ``t`` (one of ROW_KINDS) -> records."""
     if t == "kernel":
-        out = []
         names = [_str(x) for x in _list(msg.get("n", []), 10_000)]  # rows may name a kernel by index
-        for r in _list(msg.get("r")):
-            name, s, e, dev, strm, corr, gx, gy, gz, bx, by, bz, graph = _row(r, 13)
-            s, e = _int(s), _int(e)
-            if e < s:
-                raise ProtocolError("kernel ends before it starts")
-            if type(name) is int:
-                name = names[_int(name, 0, len(names) - 1)] if names else _str(name)
-            out.append(KernelRecord(_str(name), s, e, _int(dev, 0, 1 << 16), _int(strm), _int(corr),
-                                    (_int(gx), _int(gy), _int(gz)), (_int(bx), _int(by), _int(bz)), _int(graph)))
-        return out
-    if t == "api":
-        out = []
-        for r in _list(msg.get("r")):
-            dom, name, tid, s, e, corr, cbid = _row(r, 7)
-            if dom not in API_DOMAINS:
-                raise ProtocolError("bad api domain")
-            s, e = _int(s), _int(e)
-            if e < s:
-                raise ProtocolError("api call ends before it starts")
-            out.append(ApiRecord(dom, _str(name, 256), _int(tid, 0, 1 << 31), s, e, _int(corr), _int(cbid, 0, 1 << 20)))
-        return out
-    if t == "memcpy":
-        out = []
-        for r in _list(msg.get("r")):
-            kind, nbytes, s, e, dev, strm, corr = _row(r, 7)
-            if kind not in MEMCPY_KINDS:
-                raise ProtocolError("bad memcpy kind")
-            s, e = _int(s), _int(e)
-            if e < s:
-                raise ProtocolError("memcpy ends before it starts")
-            out.append(MemcpyRecord(kind, _int(nbytes), s, e, _int(dev, 0, 1 << 16), _int(strm), _int(corr)))
-        return out
-    if t == "sync":
-        out = []
-        for r in _list(msg.get("r")):
-            typ, s, e, strm, corr = _row(r, 5)
-            if typ not in SYNC_TYPES:
-                raise ProtocolError("bad sync type")
-            s, e = _int(s), _int(e)
-            if e < s:
-                raise ProtocolError("sync ends before it starts")
-            out.append(SyncRecord(typ, s, e, _int(strm), _int(corr)))
-        return out
-    raise ProtocolError(f"not a rows message: {t!r}")
+        return [_kernel(r, names) for r in _list(msg.get("r"))]
+    parse = _PARSERS.get(t)
+    if parse is None:
+        raise ProtocolError(f"not a rows message: {t!r}")
+    return [parse(r) for r in _list(msg.get("r"))]
+
+
+_PARSERS = {"api": _api, "memcpy": _memcpy, "sync": _sync}
