@@ -21,6 +21,7 @@ import time
 DEFAULTS = {"sample_hz": 100.0, "max_depth": 128, "max_overhead": 0.02, "flush_ms": 200,
             "gpu": True, "max_outbox": 4 << 20, "max_gpu_queue": 100_000, "jax": True,
             "gpu_api_records": False, "gpu_raw": True, "gpu_ref": True, "max_raw_bytes": 64 << 20,
+            "gpu_finalize": True,
             "gpu_flush": True, "switch_s": 0.0}
 # gpu_flush: the collector asks CUPTI once a second for completed buffers. CUPTI's own periodic
 # flush is not the same: it may return only full buffers, so with False a partly filled buffer
@@ -28,6 +29,8 @@ DEFAULTS = {"sample_hz": 100.0, "max_depth": 128, "max_overhead": 0.02, "flush_m
 # (the bootstrap's 0.5 ms otherwise), restored at detach; 0 leaves it alone, and only
 # SWITCH_RANGE_S is accepted (a value outside it is ignored with a note). Both exist to measure
 # what each costs a job (benchmarks/gpu/bench_overhead.py variants).
+# gpu_finalize: the GPU collector tears CUPTI down at detach where that is safe (cuptiFinalize;
+# inject/agent/gpu/cupti.py says when); False leaves CUPTI initialised, its API hooks in place.
 SWITCH_RANGE_S = (1e-4, 0.05)   # below: forced switching nearly every bytecode; above: the agent
                                 # thread may again starve for the GIL (inject/bootstrap.py says why)
 
@@ -393,6 +396,8 @@ class Agent:
                 self.gpu.raw = bool(self.cfg["gpu_raw"])
             if self.gpu is not None and hasattr(self.gpu, "periodic_flush"):
                 self.gpu.periodic_flush = bool(self.cfg["gpu_flush"])
+            if self.gpu is not None and hasattr(self.gpu, "finalize"):
+                self.gpu.finalize = bool(self.cfg["gpu_finalize"])
             if self.gpu is not None and hasattr(self.gpu, "ref"):   # buffers read in place
                 self.gpu.ref = bool(self.cfg["gpu_ref"])
                 self.gpu.max_shipped = max(1, int(self.cfg["max_raw_bytes"]) >> 20)

@@ -101,10 +101,10 @@ class FakeCupti:
         return {(CallbackDomain.RUNTIME_API, 211): "cudaLaunchKernel_v7000"}.get((domain, cbid), f"fn{cbid}")
 
     def subscribe(self, *a):
-        raise AssertionError("the collector must never subscribe")
+        raise AssertionError("the teardown subscribes through ctypes (cupti._Finalizer), never here")
 
     def finalize(self):
-        raise AssertionError("the collector must never finalize CUPTI")
+        raise AssertionError("the teardown finalizes through ctypes (cupti._Finalizer), never here")
 
 
 def rec(kind, **kw):

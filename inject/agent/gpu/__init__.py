@@ -10,7 +10,8 @@ imports nothing of the daemon and reaches its siblings (``gpu``, ``wire``) throu
 A collector pushes rows into ``sink(kind, row)`` (kinds "kernel", "api", "memcpy", "sync"; row
 layouts are the daemon's wire format, times already CLOCK_MONOTONIC ns). ``sink`` never blocks.
 ``poll()`` runs on the agent thread between flushes; ``stop()`` disables activities and flushes,
-and never finalizes the vendor library (that poisons CUPTI for the rest of the process).
+then leaves the vendor library as it found it where it can (CUPTI: cuptiFinalize at detach, where
+``cupti.py`` says it is safe; a later attach initialises CUPTI again).
 
 How kernel / memcpy / memset records travel to the daemon (three ways, all in ``wire.py``):
 1. JSON rows: ``{"t": "kernel"|"memcpy"|"api"|"sync", "r": [rows]}``, built in the target from

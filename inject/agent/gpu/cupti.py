@@ -1,4 +1,4 @@
-"""CUPTI collector through cupti-python: activity API only (never a subscriber, never finalize).
+"""CUPTI collector through cupti-python: the activity API while attached, CUPTI torn down at detach.
 
 Runs in the target. Kinds: CONCURRENT_KERNEL, MEMCPY, MEMSET, and RUNTIME/DRIVER API records
 restricted to the launch, copy and memset calls (cbids whose name holds "Launch", "Memcpy" or
@@ -13,9 +13,25 @@ return only full buffers, so without periodic_flush a partly filled buffer waits
 or until detach. A forced flush happens only at detach (a forced flush returns in-flight kernels
 with end = 0, which are lost). Costs: CUPTI's own
 per-launch overhead plus one Python call per completed buffer that turns records into tuples. On CUDA <= 13.2 CUPTI has one subscriber and global
-buffer callbacks, so we never call ``cuptiSubscribe`` (measured: it breaks the user's
-torch.profiler for good) and we yield when a profiler of the user's own is active: activities
-disabled, a note sent, resumed when it has finished.
+buffer callbacks, so while attached we hold no subscriber (measured: holding one breaks the
+user's torch.profiler, whose cuptiSubscribe then fails) and we yield when a profiler of the user's
+own is active: activities disabled, a note sent, resumed when it has finished.
+
+Detach (``stop``): activities disabled and a forced flush, then the teardown (``_teardown``).
+Disabled and flushed, CUPTI still leaves its API hooks in the process (measured on the H200: the
+launch loop 1.13-1.15x and a batch-1 decode job 1.06-1.14x slower after detach; in a ctypes probe
+after cuptiFinalize 0.90-1.00x of its speed before). Only cuptiFinalize removes them, and it is
+safe only inside an API-exit callback (NVIDIA's cupti_finalize sample; Kineto's teardown): we
+subscribe for a moment, enable the exit callback of one runtime call the target practically
+never makes (cudaRuntimeGetVersion: no device, no context, so no other thread of the target waits
+in our Python callback for the GIL), make that call through the process's libcudart from the
+agent thread, and in its exit callback unsubscribe and finalize. The next CUPTI call (our next attach, the user's
+torch.profiler) initialises CUPTI again (measured: torch.profiler then records every kernel).
+Skipped, with a note, and CUPTI left as it is: below CUDA 12.6 (CUPTI API version 24 and driver
+12060; before it, finalize crashed CUDA graphs: pytorch#146604, #150957); while a profiler of the
+user's own is active; when cuptiSubscribe fails because someone holds the one subscriber (39,
+MULTIPLE_SUBSCRIBERS: Kineto keeps its own once torch.profiler has run); with gpu_finalize off.
+Costs one subscribe, one runtime call and the finalize, once per detach.
 Binding: cupti-python must resolve to the libcupti already mapped in the process; if importing
 it maps a second copy we stop and say so (two CUPTI instances fight over the driver's hooks).
 
@@ -27,7 +43,7 @@ it with the record layout taken from cupti-python's dtypes (inject/agent/wire.py
 inject/gpu/cupti.py). The first buffers are walked with cuptiActivityGetNextRecord to check that
 records follow each other by their layout size; if they do not, every buffer carries its record
 offsets. The ctypes trampolines are never freed (CUPTI may call them after we detach): one set per
-process, reused by later attaches.
+process, reused by later attaches; so is the teardown's callback (``_Finalizer``).
 
 Records leave this collector three ways (``gpu/__init__.py`` lists them; decoder:
 ``stacklens.inject.gpu.cupti``): JSON rows from cupti-python's objects (``convert``: API records
@@ -48,6 +64,13 @@ FLUSH_PERIOD_MS = 1000
 CALIBRATE_EVERY_NS = 10_000_000_000
 PROFILER_CHECK_EVERY_NS = 1_000_000_000
 MAX_CBID = 2048
+FINALIZE_MIN_CUPTI = 24          # CUPTI API version of CUDA 12.6 (cupti_version.h)
+FINALIZE_MIN_DRIVER = 12060      # cudaDriverGetVersion of CUDA 12.6
+FINALIZE_WAIT_S = 2.0            # for a finalize another thread's exit callback has begun
+RUNTIME_API = 2                  # CUPTI_CB_DOMAIN_RUNTIME_API
+API_EXIT = 1                     # CUpti_CallbackData.callbackSite, its first field
+TRIGGER_CBID = 2                 # CUPTI_RUNTIME_TRACE_CBID_cudaRuntimeGetVersion_v3020 (checked by name)
+MULTIPLE_SUBSCRIBERS = 39        # CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
 
 _MEMCPY = {"HTOD": "HtoD", "DTOH": "DtoH", "DTOD": "DtoD", "HTOH": "HtoH", "PTOP": "PtoP"}
 _SYNC = {"EVENT_SYNCHRONIZE": "event", "STREAM_WAIT_EVENT": "stream_wait_event",
@@ -96,6 +119,8 @@ class CuptiCollector:
         self._verified = 0               # buffers whose size walk matched CUPTI's own walk
         self._cupti_paths = ()           # the libcupti files mapped when start() looked
         self.enabled_at_ns = 0
+        self.finalize = True             # stop() finalizes CUPTI where allowed (the agent's gpu_finalize)
+        self.finalized = 0               # detaches that finalized CUPTI
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, sink):
@@ -263,6 +288,41 @@ class CuptiCollector:
         self.yielded_to = None
         if self.active:
             self._disable(flush=True)
+            self._teardown()
+
+    def _teardown(self):
+        """cuptiFinalize in the exit callback of our own runtime call (the module docstring says
+        why and when); a note says what happened. Never raises: activities are already off."""
+        if not self.finalize:
+            self.note("info", "CUPTI left initialised at detach (gpu_finalize off): its API hooks stay")
+            return
+        try:
+            skipped = self._finalize()
+        except Exception as e:
+            skipped = ("warning", f"{type(e).__name__}: {e}")
+        if skipped is None:
+            self.finalized += 1
+            self.note("info", "cupti finalized: CUPTI's API hooks are out of the process")
+        else:
+            level, why = skipped
+            self.note(level, f"CUPTI finalize skipped: {why}; activities are off, CUPTI's API hooks "
+                             "stay (launches may run a few % slower until the process exits)")
+
+    def _finalize(self):
+        """None once finalized, else (note level, why not)."""
+        gpu = self._gpu or _agent("gpu")
+        who = gpu.user_profiler_active(maps=False)
+        if who:
+            return "info", f"{who} is active in the target"
+        cudart = sorted(p for p in gpu.mapped_libraries() if os.path.basename(p).startswith("libcudart"))
+        if not self._cupti_paths or not cudart:
+            return "info", "no libcudart mapped (static CUDA runtime) to make the call it needs"
+        fin = _finalizer(self._cupti_paths[0], cudart[0])
+        cupti_v, driver_v = fin.versions()
+        if cupti_v < FINALIZE_MIN_CUPTI or driver_v < FINALIZE_MIN_DRIVER:
+            return "info", (f"CUDA < 12.6 (CUPTI API version {cupti_v}, driver {driver_v}), where "
+                            "finalize crashed CUDA graphs")
+        return fin.run(FINALIZE_WAIT_S)
 
     def stats(self):
         st = dict(self.counts)
@@ -271,6 +331,7 @@ class CuptiCollector:
         st["enabled_at_ns"] = self.enabled_at_ns
         st["raw"] = 1 if self._raw_cb is not None else 0
         st["raw_sizes_mode"] = 1 if self.raw_mode == "sizes" else 0
+        st["finalized"] = self.finalized
         if self.clock is not None:
             st["clock_offset_ns"] = self.clock.offset_ns
             st["clock_uncertainty_ns"] = self.clock.uncertainty_ns
@@ -651,6 +712,121 @@ class _RawCallbacks:
                 target(data, offsets)
             if b is not None and len(self._free) < 4:
                 self._free.append(b)
+        except BaseException:
+            pass
+
+
+_FINALIZERS = "_stacklens_cupti_finalizers"
+
+
+def _finalizer(cupti_path, cudart_path):
+    """The process's teardown callback for these libraries, kept in the ctypes module like the
+    buffer callbacks (CUPTI may call a trampoline it still knows of after we detach)."""
+    import ctypes
+    kept = getattr(ctypes, _FINALIZERS, None)
+    if kept is None:
+        kept = {}
+        setattr(ctypes, _FINALIZERS, kept)
+    fin = kept.get((cupti_path, cudart_path))
+    if fin is None:
+        fin = kept[(cupti_path, cudart_path)] = _Finalizer(cupti_path, cudart_path)
+    return fin
+
+
+class _Finalizer:
+    """cuptiSubscribe, one exit callback, and cuptiFinalize in it, through ctypes on the process's
+    libcupti; the trigger is cudaRuntimeGetVersion through its libcudart (the callback runs on the
+    calling thread, synchronously, so run() knows the outcome when the call returns unless
+    another thread's call of the same API came first)."""
+
+    def __init__(self, cupti_path, cudart_path):
+        import ctypes
+        self.ct = ctypes
+        u32, vp, i32p = ctypes.c_uint32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)
+        self.CB = ctypes.CFUNCTYPE(None, vp, u32, u32, vp)
+        self._cb = self.CB(self._callback)
+        cupti, cudart = ctypes.CDLL(cupti_path), ctypes.CDLL(cudart_path)
+
+        def fn(lib, name, *argtypes):
+            f = getattr(lib, name)
+            f.argtypes, f.restype = list(argtypes), ctypes.c_int
+            return f
+        self._version = fn(cupti, "cuptiGetVersion", ctypes.POINTER(u32))
+        self._name = fn(cupti, "cuptiGetCallbackName", u32, u32, ctypes.POINTER(ctypes.c_char_p))
+        self._subscribe = fn(cupti, "cuptiSubscribe", ctypes.POINTER(vp), self.CB, vp)
+        self._enable = fn(cupti, "cuptiEnableCallback", u32, vp, u32, u32)
+        self._unsubscribe = fn(cupti, "cuptiUnsubscribe", vp)
+        self._fini = fn(cupti, "cuptiFinalize")
+        self._driver_version = fn(cudart, "cudaDriverGetVersion", i32p)
+        self._trigger = fn(cudart, "cudaRuntimeGetVersion", i32p)
+        self._lock = threading.Lock()
+        self._armed = False          # the next exit callback finalizes (taken by exactly one)
+        self._sub = None
+        self.done = threading.Event()
+        self.rc = None               # cuptiFinalize's result
+
+    def versions(self):
+        """(CUPTI API version, driver version); 0 where the call failed."""
+        ct = self.ct
+        v, d = ct.c_uint32(0), ct.c_int(0)
+        if self._version(ct.byref(v)) != 0:
+            v.value = 0
+        if self._driver_version(ct.byref(d)) != 0:
+            d.value = 0
+        return v.value, d.value
+
+    def run(self, wait_s):
+        """None once finalized, else (note level, why not); our subscriber never outlives it."""
+        ct = self.ct
+        name = ct.c_char_p()
+        if self._name(RUNTIME_API, TRIGGER_CBID, ct.byref(name)) != 0 or \
+                not (name.value or b"").startswith(b"cudaRuntimeGetVersion"):
+            return "warning", f"runtime cbid {TRIGGER_CBID} is not cudaRuntimeGetVersion here ({name.value!r})"
+        sub = ct.c_void_p()
+        rc = self._subscribe(ct.byref(sub), self._cb, None)
+        if rc == MULTIPLE_SUBSCRIBERS:
+            return "info", "the user's profiler holds CUPTI's subscriber (Kineto keeps it once torch.profiler has run)"
+        if rc != 0:
+            return "warning", f"cuptiSubscribe returned {rc}"
+        self._sub = sub
+        self.done.clear()
+        self.rc = None
+        with self._lock:
+            self._armed = True
+        rc = self._enable(1, sub, RUNTIME_API, TRIGGER_CBID)
+        if rc == 0:
+            self._trigger(ct.byref(ct.c_int(0)))
+        with self._lock:
+            missed, self._armed = self._armed, False
+        if missed:                   # no exit callback took it: leave CUPTI as it was
+            self._enable(0, sub, RUNTIME_API, TRIGGER_CBID)
+            urc = self._unsubscribe(sub)
+            why = f"cuptiEnableCallback returned {rc}" if rc != 0 else "no exit callback of the runtime call"
+            return "warning", why + ("" if urc == 0 else f" (and cuptiUnsubscribe returned {urc})")
+        if not self.done.wait(wait_s):
+            return "warning", f"cuptiFinalize had not returned after {wait_s:.0f} s"
+        if self.rc != 0:
+            return "warning", f"cuptiFinalize returned {self.rc}"
+        return None
+
+    def _callback(self, userdata, domain, cbid, cbdata):
+        """CUPTI calls this at entry and exit of the enabled call, on the calling thread (GIL
+        taken by ctypes). The first exit unsubscribes and finalizes; the lock is not held across
+        the finalize, so a concurrent callback cannot wait on it from inside CUPTI."""
+        try:
+            if domain != RUNTIME_API or cbid != TRIGGER_CBID or not cbdata:
+                return
+            if self.ct.cast(cbdata, self.ct.POINTER(self.ct.c_uint32))[0] != API_EXIT:
+                return
+            with self._lock:
+                mine, self._armed = self._armed, False
+            if not mine:
+                return
+            try:
+                self._unsubscribe(self._sub)
+                self.rc = self._fini()
+            finally:
+                self.done.set()
         except BaseException:
             pass
 
