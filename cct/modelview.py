@@ -152,7 +152,7 @@ def model_view(snap: Snapshot, rules: tuple[Rule, ...] = PLUMBING) -> Snapshot:
         exclusive[m] = col
     meta = dict(snap.meta)
     meta["view"] = MODEL
-    meta["view_collapsed_frames"] = collapsed
+    meta["view_collapsed_nodes"] = collapsed
     return Snapshot(snap.metrics, frames, parents, exclusive, unavailable=snap.unavailable,
                     folded_nodes=snap.folded_nodes, meta=meta)
 

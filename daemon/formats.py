@@ -24,6 +24,9 @@ class Format:
     binary: bool = False        # never written to a terminal
     per_metric: bool = True     # renders the one metric asked for (else every metric)
     shows_notes: bool = False   # carries the snapshot's meta notes (a one-shot's account)
+    # `--view auto` renders the model view (cct/modelview.py) where the profile has module calls;
+    # formats other tools read stay complete unless `--view model` asks (docs/decisions.md)
+    model_view: bool = False
 
 
 def _text(snap: Snapshot, metric: str) -> str:
@@ -57,7 +60,7 @@ def _speedscope(snap: Snapshot, metric: str) -> str:
 
 
 FORMATS: dict[str, Format] = {f.name: f for f in (
-    Format("text", _text, "text/plain; charset=utf-8", ".txt", shows_notes=True),
+    Format("text", _text, "text/plain; charset=utf-8", ".txt", shows_notes=True, model_view=True),
     Format("json", _json, "application/json", ".json", per_metric=False, shows_notes=True),
     Format("folded", _folded, "text/plain; charset=utf-8", ".folded"),
     Format("pprof", _pprof, "application/vnd.google.protobuf+gzip", ".pb.gz", binary=True, per_metric=False),

@@ -7,13 +7,19 @@ report may render a snapshot file from anywhere.
 
 from __future__ import annotations
 
-from stacklens.cct import Snapshot, metrics
+from stacklens.cct import Frame, Snapshot, metrics
+from stacklens.cct.modelview import MODEL, module_text
 from stacklens.textsafe import safe_text
 
 
 def fmt_value(metric: str, value: int) -> str:
     """Human units from the registry (cct/metrics.py); counts as exact integers."""
     return metrics.fmt_value(metric, value, exact=True)
+
+
+def frame_text(frame: Frame) -> str:
+    """A frame's label; a module call as the model view names it (`transformer.h.3.attn · GPT2Attention`)."""
+    return module_text(frame) if frame.kind == "module" else frame.label()
 
 
 def render_tree(
@@ -48,7 +54,7 @@ def render_tree(
                 continue
             shown += 1
             excl = snap.exclusive(child, metric)
-            label = safe_text(snap.frame_of(child).label())
+            label = safe_text(frame_text(snap.frame_of(child)))
             row = (
                 f"{fmt_value(metric, incl):>10} {fmt_value(metric, excl):>10} "
                 f"{100.0 * incl / total:5.1f}% {'  ' * depth}{label}"
@@ -67,8 +73,13 @@ def render_report(snap: Snapshot, metric: str, **kw) -> str:
     head = []
     if meta:
         head.append(safe_text(
-            "  ".join(f"{k}={meta[k]}" for k in sorted(meta) if not isinstance(meta[k], (dict, list)))
+            "  ".join(f"{k}={meta[k]}" for k in sorted(meta)
+                      if not isinstance(meta[k], (dict, list)) and not k.startswith("view"))
         ))
+    if meta.get("view") == MODEL:
+        head.append(f"model view: module calls named, framework frames (module call wrappers, decorators, "
+                    f"dynamo: cct/modelview.py) collapsed in {meta.get('view_collapsed_nodes', 0)} contexts; "
+                    "--view full shows them")
     win = meta.get("window")
     if isinstance(win, dict) and win.get("end_ns"):   # a one-shot profile's account (daemon/oneshot.py)
         from stacklens.daemon.oneshot import window_line

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PyFrame = tuple[str, str, int]          # (file, function/qualname, line)
+# a sample's frame may also name a module call: (file, qualname, line, attribute path, class)
+SampleFrame = PyFrame | tuple[str, str, int, str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +27,7 @@ class AgentHello:
 class PySample:
     tid: int
     t_ns: int
-    frames: tuple[PyFrame, ...]          # outermost first
+    frames: tuple[SampleFrame, ...]      # outermost first
     truncated: bool = False              # deeper than the agent's max_depth: outermost cut
 
 

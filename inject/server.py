@@ -73,14 +73,24 @@ def _counts(v) -> dict:
     return {_str(k, 64): (_num(x) if type(x) is float else _int(x, -MAX_INT)) for k, x in v.items()}
 
 
-def _pyframes(v, maxlen=wire.MAX_STACK_DEPTH, counts=None) -> tuple:
+def _pyframes(v, maxlen=wire.MAX_STACK_DEPTH, counts=None, modules=False) -> tuple:
     """Python frames (file, name, line): strings cut and escaped (``clip_text``); ``counts``
-    (a Counter) gets the cuts and the frames' estimated bytes (``"bytes"``)."""
-    out = tuple((clip_text(f[0], MAX_FRAME_FILE, counts=counts), clip_text(f[1], MAX_FRAME_NAME, counts=counts),
-                 _int(f[2], 0, 1 << 31)) for f in (_row(x, 3) for x in _list(v, maxlen)))
+    (a Counter) gets the cuts and the frames' estimated bytes (``"bytes"``). With ``modules``
+    a frame may also be (file, name, line, attribute path, class): a module's forward
+    (``inject/agent/sampler.py``), its two names cut and escaped the same way."""
+    out = tuple(_pyframe(x, counts, modules) for x in _list(v, maxlen))
     if counts is not None:
-        counts["bytes"] += sum(len(f) + len(n) for f, n, _ in out) + FRAME_BYTES * len(out)
+        counts["bytes"] += sum(sum(len(s) for s in f if type(s) is str) for f in out) + FRAME_BYTES * len(out)
     return out
+
+
+def _pyframe(x, counts, modules: bool) -> tuple:
+    f = _row(x, 5) if modules and type(x) is list and len(x) == 5 else _row(x, 3)
+    frame = (clip_text(f[0], MAX_FRAME_FILE, counts=counts), clip_text(f[1], MAX_FRAME_NAME, counts=counts),
+             _int(f[2], 0, 1 << 31))
+    if len(f) == 5:
+        frame += (clip_text(f[3], MAX_FRAME_NAME, counts=counts), clip_text(f[4], MAX_FRAME_NAME, counts=counts))
+    return frame
 
 
 def _hlo(msg) -> HloMapRecord:
@@ -120,7 +130,7 @@ def parse_message(msg, counts=None) -> list:
     if t == "samples":
         stacks = []
         for st in _list(msg.get("stacks"), 5000):
-            stacks.append(_pyframes(st, counts=counts))
+            stacks.append(_pyframes(st, counts=counts, modules=True))
         out = []
         for s in _list(msg.get("s")):
             tid, t_ns, idx, trunc = _row(s, 4)

@@ -9,6 +9,7 @@ second (pausable); rendering cost is bounded by the visible rows, not the tree s
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import sys
@@ -56,8 +57,10 @@ _UNSET = object()
 
 
 class SnapshotFetched(Message):
-    def __init__(self, fetched: Fetched, generation: int) -> None:
+    def __init__(self, fetched: Fetched, generation: int, view: str = "", raw: Any = None) -> None:
         super().__init__()
+        self.view = view  # the view `fetched.snapshot` is in (tui.model.shown_snapshot)
+        self.raw = raw    # the snapshot as fetched (the full view): what the analyzer reads
         self.fetched = fetched
         self.generation = generation
 
@@ -79,6 +82,7 @@ class ProfileScreen(Screen):
         Binding("o,5", "view('source')", "source"),
         Binding("m", "metric(1)", "metric"),
         Binding("M", "metric(-1)", "metric back", show=False),
+        Binding("v", "model_view", "model/full"),
         Binding("s", "sort", "sort"),
         Binding("w", "window", "window"),
         Binding("d", "diff", "diff"),
@@ -108,9 +112,12 @@ class ProfileScreen(Screen):
         self.interval_s = interval_s
         self.processes = processes
         self.pid = pid
-        self.snap: Any = None
+        self.snap: Any = None  # what the views show: the model view of `raw`, or `raw`
+        self.raw: Any = None
         self.metric = ""
         self.sort = "inclusive"
+        # "auto" until the first snapshot says whether it has module calls; then "model" / "full"
+        self.view_mode = "auto"
         self.window_index = 0
         self.diff = False
         self.paused = False
@@ -198,13 +205,13 @@ class ProfileScreen(Screen):
         self._inflight = True
         self._again = False
         self.run_worker(
-            partial(self._fetch, self._generation, self.window_s, self.diff),
+            partial(self._fetch, self._generation, self.window_s, self.diff, self.view_mode),
             thread=True,
             group="fetch",
             exit_on_error=False,
         )
 
-    def _fetch(self, generation: int, window_s: float | None, diff: bool) -> None:
+    def _fetch(self, generation: int, window_s: float | None, diff: bool, view: str) -> None:
         t0 = time.monotonic()
         self._retired.clear()
         # Decoding a large profile allocates millions of acyclic objects; with the collector on,
@@ -213,9 +220,14 @@ class ProfileScreen(Screen):
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            fetched = self.source.fetch(window_s, diff)
-        except Exception as e:  # noqa: BLE001 - sources return errors as values; this is the backstop
-            fetched = Fetched(None, error=f"fetch failed: {type(e).__name__}: {e}")
+            try:
+                fetched = self.source.fetch(window_s, diff)
+            except Exception as e:  # noqa: BLE001 - sources return errors as values; this is the backstop
+                fetched = Fetched(None, error=f"fetch failed: {type(e).__name__}: {e}")
+            raw = fetched.snapshot
+            if raw is not None:                 # the view's transform off the UI thread too
+                shown, view = model.shown_snapshot(raw, view)
+                fetched = dataclasses.replace(fetched, snapshot=shown)
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -224,12 +236,14 @@ class ProfileScreen(Screen):
         if snap is not None and metric in snap.metrics:
             # off the UI thread: the hotspots table then opens without a scan
             self._hot_cache = ((id(snap), metric, diff), model.hotspots(snap, metric, k=HOTSPOTS, signed=diff), snap)
-        self.post_message(SnapshotFetched(fetched, generation))
+        self.post_message(SnapshotFetched(fetched, generation, view, raw))
 
     def on_snapshot_fetched(self, message: SnapshotFetched) -> None:
         self._inflight = False
         self._fetched_at = time.monotonic()
         if message.generation == self._generation:
+            if message.fetched.snapshot is not None:
+                self.view_mode, self.raw = message.view, message.raw
             self.fetched = message.fetched
         if self._again or message.generation != self._generation:
             self.fetch_now()
@@ -420,6 +434,7 @@ class ProfileScreen(Screen):
             stats=self.stats,
             unavailable=unavailable,
             message=self.note,
+            view=self.view_mode,
         )
         self._put("#status", model.status_text(status))
         self._put("#banner", self.error, layout=True, display=bool(self.error))
@@ -455,6 +470,14 @@ class ProfileScreen(Screen):
         if self.snap is not None and not (self.expanded & model.hot_path_keys(self.snap, self.metric, max_depth=1)):
             self.expanded |= model.hot_path_keys(self.snap, self.metric)
         self.refresh_views()
+
+    def action_model_view(self) -> None:
+        """Model view <-> full view: the next fetch comes in the other one; frames differ between
+        the two, so the hot path is expanded afresh."""
+        self.view_mode = model.other_view(self.view_mode)
+        self.expanded = set()
+        self._auto_expand = True
+        self._refetch_view()
 
     def action_sort(self) -> None:
         self.sort = model.SORTS[(model.SORTS.index(self.sort) + 1) % len(model.SORTS)]
@@ -598,7 +621,8 @@ class ProfileScreen(Screen):
             return
         node = self.snap.find(list(self._advice_paths[event.option_index]))
         if node is None:
-            self.note = "that path is not in the current profile"
+            self.note = ("that path is in the full view: press v" if self.view_mode == model.MODEL
+                         else "that path is not in the current profile")
             self._update_status()
             return
         self.action_view("tree")
@@ -609,7 +633,7 @@ class ProfileScreen(Screen):
         self._advice_at = time.monotonic()
         if isinstance(self._advice, str):
             self._show_advice("loading advice …")
-        self.run_worker(partial(self._advice_worker, self.window_s, self.snap), thread=True, group="advice", exclusive=True, exit_on_error=False)
+        self.run_worker(partial(self._advice_worker, self.window_s, self.raw), thread=True, group="advice", exclusive=True, exit_on_error=False)
 
     def _advice_worker(self, window_s: float | None, snap: Any) -> None:
         try:

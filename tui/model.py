@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from stacklens.cct import Frame, metrics
+from stacklens.cct.modelview import FULL, MODEL, has_model, model_view, module_text
 
 # The snapshot type is duck-typed (cct.Snapshot or anything with the same reading API).
 Snap = Any
@@ -34,6 +35,7 @@ _KIND_TAG = {
     "kernel": "krn",
     "instruction": "ins",
     "backward": "bwd",
+    "module": "mod",
     "other": "",
 }
 KIND_STYLE = {
@@ -44,6 +46,7 @@ KIND_STYLE = {
     "kernel": "magenta",
     "instruction": "blue",
     "backward": "red",
+    "module": "bright_green",
     "other": "bright_black",
 }
 
@@ -94,6 +97,8 @@ def frame_text(frame: Frame) -> str:
         return f"{frame.name} [{lib}]" if lib else frame.name
     if kind == "other":
         return f"[{frame.name}]"
+    if kind == "module":
+        return module_text(frame)
     return frame.name
 
 
@@ -113,6 +118,21 @@ def next_metric(snap: Snap | None, current: str, step: int = 1) -> str:
     if current not in names:
         return names[0]
     return names[(names.index(current) + step) % len(names)]
+
+
+# ---- model view / full view -----------------------------------------------------------------
+
+
+def shown_snapshot(raw: Snap, view: str) -> tuple[Snap, str]:
+    """The snapshot the views show and the view it is in: `view` "model" or "full", or "auto"
+    (the model view where the profile has torch module calls, cct/modelview.py)."""
+    if view not in (MODEL, FULL):
+        view = MODEL if has_model(raw) else FULL
+    return (model_view(raw) if view == MODEL else raw), view
+
+
+def other_view(view: str) -> str:
+    return FULL if view == MODEL else MODEL
 
 
 # ---- the tree ------------------------------------------------------------------------------
@@ -535,6 +555,7 @@ class Status:
     stats: dict[str, int] = field(default_factory=dict)
     unavailable: tuple[str, ...] = ()
     message: str = ""
+    view: str = ""  # "model": the model view (said in the line); "full" or "" say nothing
 
 
 def status_text(s: Status) -> str:
@@ -547,6 +568,8 @@ def status_text(s: Status) -> str:
     parts.append(view)
     if s.metric:
         parts.append(f"metric {metric_label(s.metric)}")
+    if s.view == MODEL:
+        parts.append("model view (v: full)")
     drop_keys = [k for k in s.stats if "drop" in k or "lost" in k]
     if drop_keys:  # a saved file has no drop counters: say nothing rather than "0"
         parts.append(f"drops {sum(s.stats[k] for k in drop_keys):,}")
@@ -561,8 +584,8 @@ def status_text(s: Status) -> str:
 
 
 # Dropped first when a chain does not fit: plumbing (native, API) before the user's own code.
-_DROP_ORDER = {"native": 0, "other": 1, "instruction": 2, "gpu_api": 3, "kernel": 4, "python": 5, "op": 6,
-               "backward": 7}
+_DROP_ORDER = {"native": 0, "other": 1, "instruction": 2, "gpu_api": 3, "kernel": 4, "python": 5, "module": 5,
+               "op": 6, "backward": 7}
 SEP = " › "
 
 
@@ -574,8 +597,8 @@ def chain_item_text(frame: Frame, tags: bool = True) -> str:
 def fit_chain(frames: Sequence[Frame], width: int, *, tags: bool = True) -> list[Frame | None]:
     """The frames of a collapsed chain that fit in `width` cells; None marks an elided run.
 
-    Always kept: the first and last frames, the innermost Python frame and the operator it
-    called (the "which line, which op" answer). Dropped first: native and API frames, then
+    Always kept: the first and last frames, the innermost Python or module frame and the
+    operator it called (the "which line, which op" answer). Dropped first: native and API frames, then
     kernels, then outer Python frames, then inner operators. What still does not fit is left
     for the caller to truncate.
     """
@@ -587,7 +610,7 @@ def fit_chain(frames: Sequence[Frame], width: int, *, tags: bool = True) -> list
     if length(frames) <= width or len(frames) <= 2:
         return frames
     must = {0, len(frames) - 1}
-    py = [i for i, f in enumerate(frames) if f.kind == "python"]
+    py = [i for i, f in enumerate(frames) if f.kind in ("python", "module")]
     if py:
         must.add(py[-1])
         op = next((i for i in range(py[-1] + 1, len(frames)) if frames[i].kind == "op"), None)
@@ -596,7 +619,7 @@ def fit_chain(frames: Sequence[Frame], width: int, *, tags: bool = True) -> list
     order = sorted(
         (i for i in range(len(frames)) if i not in must),
         # outer Python frames go before inner ones; inner operators before outer ones
-        key=lambda i: (_DROP_ORDER.get(frames[i].kind, 0), i if frames[i].kind == "python" else -i),
+        key=lambda i: (_DROP_ORDER.get(frames[i].kind, 0), i if frames[i].kind in ("python", "module") else -i),
     )
     keep = set(range(len(frames)))
     out: list[Frame | None] = frames

@@ -46,6 +46,49 @@ def sample_snapshot(scale: int = 1, *, gpu: bool = True) -> Any:
     return snap
 
 
+SITE = "/opt/venv/lib/python3.12/site-packages"
+
+
+def gpt2_snapshot() -> Any:
+    """SYNTHETIC (hand-built, invented values): one GPT-2 training step on a GPU as the daemon
+    records it with the agent: module calls through torch's wrappers and transformers' decorators,
+    each forward under the `module` frame the sampler names, ops, launches and kernels with GPU
+    time. For the model view's looks; the recorded CPU run is tests/data/cpu_gpt2_train/."""
+    t = CCT(METRICS, max_nodes=None)
+    mod = f"{SITE}/torch/nn/modules/module.py"
+    gpt2 = f"{SITE}/transformers/models/gpt2/modeling_gpt2.py"
+    call = (Frame.python(mod, "Module._wrapped_call_impl", 1778), Frame.python(mod, "Module._call_impl", 1789))
+    wrapper = Frame.python(f"{SITE}/transformers/utils/generic.py", "can_return_tuple.<locals>.wrapper", 1036)
+
+    def module(path: str, cls: str, file: str, line: int, *, decorated: bool = False) -> tuple[Frame, ...]:
+        return (*call, *((wrapper,) if decorated else ()), Frame.module(path, cls),
+                Frame.python(file, f"{cls}.forward", line))
+
+    step = (Frame.python(PY_TRAIN, "<module>", 120), Frame.python(PY_TRAIN, "train_step", 42))
+    lm = step + module("", "GPT2LMHeadModel", gpt2, 1080, decorated=True)
+    body = lm + module("transformer", "GPT2Model", gpt2, 920, decorated=True)
+    launch = (Frame.api("cuLaunchKernel"),)
+    for layer in range(2):
+        block = body + module(f"transformer.h.{layer}", "GPT2Block", gpt2, 400)
+        attn = block + module(f"transformer.h.{layer}.attn", "GPT2Attention", gpt2, 320)
+        c_attn = attn + module(f"transformer.h.{layer}.attn.c_attn", "Conv1D", f"{SITE}/transformers/pytorch_utils.py", 120)
+        t.add_many(c_attn + (Frame.op("aten::addmm"), *launch, Frame.kernel("sm90_xmma_gemm_f32f32_tn")),
+                   {"gpu_time_ns": 2_400_000 + 100_000 * layer, "kernel_count": 1, "launch_count": 1, "cpu_samples": 1})
+        t.add_many(attn + (Frame.op("aten::scaled_dot_product_attention"), *launch,
+                           Frame.kernel("pytorch_flash::flash_fwd_kernel")),
+                   {"gpu_time_ns": 1_800_000, "kernel_count": 1, "launch_count": 1, "cpu_samples": 2})
+        mlp = block + module(f"transformer.h.{layer}.mlp", "GPT2MLP", gpt2, 280)
+        c_fc = mlp + module(f"transformer.h.{layer}.mlp.c_fc", "Conv1D", f"{SITE}/transformers/pytorch_utils.py", 120)
+        t.add_many(c_fc + (Frame.op("aten::addmm"), *launch, Frame.kernel("sm90_xmma_gemm_f32f32_tn")),
+                   {"gpu_time_ns": 4_100_000, "kernel_count": 1, "launch_count": 1, "cpu_samples": 1})
+    head = lm + module("lm_head", "Linear", f"{SITE}/torch/nn/modules/linear.py", 134)
+    t.add_many(head + (Frame.op("aten::linear"), Frame.op("aten::mm"), *launch, Frame.kernel("sm90_xmma_gemm_f32f32_nn")),
+               {"gpu_time_ns": 3_300_000, "kernel_count": 1, "launch_count": 1, "cpu_samples": 1})
+    t.add_many(step[:-1] + (Frame.python(PY_TRAIN, "train_step", 44), Frame.op("aten::item"),
+                            Frame.api("cuStreamSynchronize")), {"sync_wait_ns": 9_000_000, "cpu_samples": 3})
+    return t.snapshot(meta={"pid": 4343, "comm": "python", "synthetic": True})
+
+
 def synthetic_snapshot(n_nodes: int, *, seed: int = 0, fanout: int = 6, max_nodes: int | None = None) -> Any:
     """A random tree of about `n_nodes` nodes, Python frames over ops over kernels, all metrics set."""
     rng = random.Random(seed)

@@ -82,6 +82,17 @@ def trim_native(frames: Iterable[Frame]) -> tuple[Frame, ...]:
     return tuple(out)
 
 
+def sample_frames(frames) -> tuple[Frame, ...]:
+    """An agent sample's frames; a module's forward, (file, qualname, line, path, class), is its
+    `module` frame (the attribute path and class the sampler read) over its Python frame."""
+    out: list[Frame] = []
+    for f in frames:
+        if len(f) == 5:
+            out.append(Frame.module(f[3], f[4]))
+        out.append(Frame.python(f[0], f[1], f[2]))
+    return tuple(out)
+
+
 EVAL_LOOP = "_PyEval_EvalFrameDefault"
 _OP_LIBS = ("libtorch_cpu", "libtorch_cuda", "libtorch_hip")
 
@@ -414,7 +425,7 @@ class Joiner:
             handle(rec)
 
     def _on_py_sample(self, rec: PySample) -> None:
-        frames = tuple(Frame.python(f, fn, ln) for (f, fn, ln) in rec.frames)
+        frames = sample_frames(rec.frames)
         if frames:
             self.tree.add_many(frames, {"py_samples": 1})
 

@@ -334,3 +334,68 @@ def test_config_with_huge_infinite_or_nan_numbers_keeps_the_defaults():
     finally:
         a.close()
         d.close()
+
+
+def test_module_forwards_carry_their_attribute_path_and_class():
+    torch = __import__("pytest").importorskip("torch")
+
+    class Attn(torch.nn.Module):
+        def forward(self, ready, stop):
+            ready.set()
+            stop.wait()
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = Attn()
+
+        def forward(self, ready, stop):
+            return self.attn(ready, stop)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.h = torch.nn.ModuleList([Block(), Block()])
+
+        def forward(self, ready, stop):
+            return self.h[1](ready, stop)
+
+    model, ready, stop = Model(), threading.Event(), threading.Event()
+    t = threading.Thread(target=model, args=(ready, stop))
+    t.start()
+    try:
+        ready.wait(30)
+        s = Sampler(skip_idents={threading.get_ident()})
+        first, again = (next(r for r in s.sample() if r[0] == t.native_id)[2] for _ in range(2))
+    finally:
+        stop.set()
+        t.join()
+    named = [f[3:] for f in first if len(f) == 5]
+    assert named == [("", "Model"), ("h.1", "Block"), ("h.1.attn", "Attn")]
+    assert [f[1] for f in first if len(f) == 5][-1].endswith("Attn.forward")
+    assert all(a is b for a, b in zip(first, again))      # shared tuples: the batch's fast path
+    # one walk per root, weakly held: the model goes when the program drops it
+    ref = weakref.ref(model)
+    del model, t
+    gc.collect()
+    assert ref() is None
+
+
+def test_module_naming_never_raises_and_skips_what_is_not_a_module():
+    class Odd:
+        def forward(self, ready, stop):
+            ready.set()
+            stop.wait()
+
+    ready, stop = threading.Event(), threading.Event()
+    t = threading.Thread(target=Odd().forward, args=(ready, stop))
+    t.start()
+    try:
+        ready.wait(30)
+        s = Sampler(skip_idents={threading.get_ident()})
+        stack = next(r for r in s.sample() if r[0] == t.native_id)[2]
+        s._walk(object())                  # no __dict__ of modules: an empty walk, no error
+    finally:
+        stop.set()
+        t.join()
+    assert all(len(f) == 3 for f in stack)

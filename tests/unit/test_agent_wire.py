@@ -13,6 +13,22 @@ def test_samples_share_stacks():
                     PySample(11, 101, (("a.py", "main", 1), ("a.py", "f", 7)), True)]
 
 
+def test_sample_frames_may_name_a_module_call():
+    stack = [["a.py", "main", 1], ["gpt2.py", "GPT2Attention.forward", 7, "transformer.h.3.attn", "GPT2Attention"]]
+    [rec] = parse_message({"t": "samples", "stacks": [stack], "s": [[10, 100, 0, 0]]})
+    assert rec.frames == (("a.py", "main", 1), ("gpt2.py", "GPT2Attention.forward", 7, "transformer.h.3.attn",
+                                                  "GPT2Attention"))
+    # the names are cut and escaped like every string from the target
+    [rec] = parse_message({"t": "samples", "stacks": [[["a.py", "f", 1, "x" * 5000, "C\x1b[2J"]]], "s": [[1, 2, 0, 0]]})
+    assert len(rec.frames[0][3]) <= 512 and "\x1b" not in rec.frames[0][4]
+    for bad in (["a.py", "f", 1, "p"], ["a.py", "f", 1, "p", 7], ["a.py", "f", 1, "p", "C", "x"]):
+        with pytest.raises(ProtocolError):
+            parse_message({"t": "samples", "stacks": [[bad]], "s": []})
+    # only samples name modules: a compile record's call site stays (file, name, line)
+    with pytest.raises(ProtocolError):
+        parse_message({"t": "compile", "r": [["/jax/x", "jit(f)", 1, 2, 3, [["a.py", "f", 1, "p", "C"]]]]})
+
+
 def test_gpu_rows():
     assert parse_message({"t": "kernel", "r": [["k", 1, 5, 0, 7, 3, 1, 2, 3, 4, 5, 6, 0]]}) == [
         KernelRecord("k", 1, 5, 0, 7, 3, (1, 2, 3), (4, 5, 6), 0)]

@@ -86,6 +86,15 @@ def test_sync_copy_alloc_and_cpu_samples():
     assert snap.total("py_samples") == 1
 
 
+def test_agent_samples_name_module_calls():
+    j = Joiner(1, agent=True)
+    j.on_agent(PySample(tid=1, t_ns=0, frames=(("train.py", "main", 10),
+                                               ("gpt2.py", "GPT2Attention.forward", 7, "h.3.attn", "GPT2Attention"))))
+    snap = j.snapshot()
+    leaf = snap.find(["py:train.py:main:10", "module:GPT2Attention:h.3.attn", "py:gpt2.py:GPT2Attention.forward:7"])
+    assert leaf is not None and snap.exclusive(leaf, "py_samples") == 1
+
+
 def test_trim_native_drops_interpreter_frames_and_marks_cuts():
     # the Symbolizer names a frame by the mapped file's basename: a statically linked interpreter
     # (Debian/Ubuntu system Pythons) is "python3.11", a shared one "libpython3.11.so.1.0"

@@ -49,7 +49,7 @@ def test_wrappers_collapse_and_forwards_are_named_by_class() -> None:
     # the two lines of one forward merge into the module's node, by summing
     assert view.inclusive(node, "cpu_samples") == 7 and view.inclusive(node, "gpu_time_ns") == 130
     assert not any("_call_impl" in f.label() or "wrapper" in f.label() for f in view.path(node))
-    assert view.meta["view"] == "model" and view.meta["view_collapsed_frames"] == 7 and view.meta["pid"] == 7
+    assert view.meta["view"] == "model" and view.meta["view_collapsed_nodes"] == 7 and view.meta["pid"] == 7
     assert raw.find([f.label() for f in (*USER, WRAPPED)]) is not None   # the full view is untouched
 
 

@@ -531,3 +531,46 @@ async def test_hotspots_click_selects_and_second_click_jumps():
         await pilot.pause()
         assert app.screen.query_one(TabbedContent).active == "tree"
         assert app.screen.query_one(CCTView).current.frames[-1].name == "vectorized_elementwise_kernel"
+
+
+@pilot_test
+async def test_model_view_of_the_recorded_training_run_and_v_for_the_full_view():
+    from stacklens.cct import export
+
+    recorded = export.load(__import__("pathlib").Path(__file__).resolve().parents[1] / "data" / "cpu_gpt2_train" / "problem.json")
+    app = StacklensApp(source=FileSource(recorded, "problem.json"))
+    async with app.run_test(size=(200, 50)) as pilot:
+        await settle(app, pilot)
+        # a CPU recording: GPU time was not measured, so it opens on CPU samples, in the model view
+        assert "metric cpu samples" in status(app) and "model view" in status(app)
+        for _ in range(3):              # to py samples: the agent's, which name module paths
+            await pilot.press("m")
+        await settle(app, pilot)
+        assert "metric py samples" in status(app)
+        await pilot.press("e")          # expand the hot path below the cursor
+        await settle(app, pilot)
+        text = tree_text(app)
+        assert "GPT2LMHeadModel" in text and "transformer · GPT2Model" in text
+        assert "_call_impl" not in text and "wrapper" not in text
+        assert app.screen.raw is recorded and app.screen.snap is not recorded
+        await pilot.press("v")
+        await settle(app, pilot)
+        assert "model view" not in status(app) and app.screen.snap is recorded
+        for key in ("down", "down", "e"):   # the forward's line (the hot path is loss.backward())
+            await pilot.press(key)
+        await settle(app, pilot)
+        assert "_call_impl" in tree_text(app)
+        await pilot.press("v")
+        await settle(app, pilot)
+        assert "model view" in status(app) and "_call_impl" not in tree_text(app)
+
+
+@pilot_test
+async def test_a_profile_without_module_calls_opens_in_the_full_view():
+    app = make_app()
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(app, pilot)
+        assert app.screen.view_mode == "full" and "model view" not in status(app)
+        await pilot.press("v")
+        await settle(app, pilot)
+        assert app.screen.view_mode == "model" and "model view" in status(app)

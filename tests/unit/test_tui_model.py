@@ -304,3 +304,19 @@ def test_run_top_errors_before_the_ui(tmp_path):
         run_top(None, str(tmp_path / "missing.json.gz"), "/nonexistent/s.sock")
     with pytest.raises(DaemonUnavailable, match="not running"):
         run_top(None, None, str(tmp_path / "s.sock"))
+
+
+def test_shown_snapshot_picks_the_model_view_where_there_are_module_calls():
+    from stacklens.tui.testing import gpt2_snapshot
+
+    gpu = gpt2_snapshot()
+    shown, view = model.shown_snapshot(gpu, "auto")
+    assert view == "model" and shown.meta["view"] == "model"
+    assert model.shown_snapshot(gpu, "full") == (gpu, "full")
+    plain = sample_snapshot()
+    assert model.shown_snapshot(plain, "auto") == (plain, "full")
+    assert model.other_view("model") == "full" and model.other_view("auto") == "model"
+    assert model.frame_text(Frame.module("transformer.h.3.attn", "GPT2Attention")) == "transformer.h.3.attn · GPT2Attention"
+    assert model.kind_tag(Frame.module("", "GPT2Model")) == "mod"
+    assert "model view (v: full)" in model.status_text(model.Status(metric="gpu_time_ns", view="model"))
+    assert "view" not in model.status_text(model.Status(metric="gpu_time_ns", view="full"))

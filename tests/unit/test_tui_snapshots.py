@@ -11,7 +11,7 @@ import pytest
 
 from stacklens.cct import CCT, METRICS
 from stacklens.tui.app import StacklensApp
-from stacklens.tui.testing import FakeProcesses, FakeSource, sample_snapshot
+from stacklens.tui.testing import FakeProcesses, FakeSource, gpt2_snapshot, sample_snapshot
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 50), id="160x50")]
 
@@ -45,6 +45,17 @@ def test_tree(snap_compare, size):
 def test_tree_cpu_samples_cursor_moved(snap_compare, size):
     keys = ("m",) * 5 + ("down", "down")
     assert snap_compare(profile_app(), terminal_size=size, run_before=keys_then_settle(*keys))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_model_view_gpu(snap_compare, size):
+    # a GPU training step (synthetic): opens on GPU time, modules named, no wrapper frames
+    assert snap_compare(profile_app(gpt2_snapshot()), terminal_size=size, run_before=keys_then_settle())
+
+
+def test_model_view_toggled_to_full(snap_compare):
+    app = profile_app(gpt2_snapshot())
+    assert snap_compare(app, terminal_size=(160, 50), run_before=keys_then_settle("v"))
 
 
 @pytest.mark.parametrize("size", SIZES)
