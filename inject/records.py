@@ -135,5 +135,18 @@ class CompileRecord:
     frames: tuple[PyFrame, ...]          # user call site, outermost first (JAX frames cut)
 
 
+@dataclass(frozen=True, slots=True)
+class InductorRecord:
+    """One part of what ties a torch.compile (Inductor) wrapper module to the model's source
+    (``inject/agent/inductor.py``); the parts of a module are joined by ``daemon/join/compiled.py``."""
+    path: str                            # the generated wrapper's file, as the target names it
+    part: int
+    parts: int
+    traces: tuple[str, ...]              # distinct FX stack_trace strings
+    regions: tuple[tuple[int, int], ...]  # (first wrapper line, index into the module's traces)
+    nodes: tuple[tuple[str, str, int, str], ...]   # post-grad FX node -> (file, line, function)
+    lines: tuple[tuple[int, str], ...]   # (line number, text) of the wrapper's comments and call body
+
+
 AgentRecord = (PySample | KernelRecord | ApiRecord | MemcpyRecord | SyncRecord | Note | AgentStats | AgentHello
-               | HloMapRecord | CompileRecord)
+               | HloMapRecord | CompileRecord | InductorRecord)

@@ -31,6 +31,7 @@ from stacklens.introspect.procfs import ProcFS
 from stacklens.inject.agent import wire
 from stacklens.inject.gpu.cupti import MAX_BLOCK, NameReader, parse_layout, parse_raw
 from stacklens.inject.gpu.rows import API_DOMAINS, MEMCPY_KINDS, ROW_KINDS, SYNC_TYPES, parse_rows
+from stacklens.inject.inductor import parse_inductor
 from stacklens.inject.rootpath import open_in_root, private_subdir, remove_tree, writable_by
 from stacklens.inject.records import AgentHello, AgentStats, CompileRecord, HloKernel, HloMapRecord, Note, PySample
 from stacklens.textsafe import safe_text
@@ -48,7 +49,7 @@ HLO_LIMITS = {"id": 128, "module": 512, "platform": 32, "instr": 1024, "opcode":
               "file": MAX_STR, "func": 1024, "event": 128, "fun_name": 256}
 
 KNOWN_KINDS = ("samples", "kernel", "api", "memcpy", "sync", "note", "stats", "hlo", "compile", "bye",
-               "cupti_layout", "cupti_raw", "cupti_ref")
+               "cupti_layout", "cupti_raw", "cupti_ref", "inductor")
 MAX_FREE = 256              # addresses per "free" message back to the agent
 MAX_RAW_HEADER = 4096       # bytes of a raw frame's JSON header
 # Bytes the records waiting for poll() may hold (estimated: a message's length, plus RECORD_BYTES
@@ -160,6 +161,8 @@ def parse_message(msg, counts=None) -> list:
                                      _int(dur), _int(tid, 0, 1 << 31),
                                      _pyframes(frames)))
         return out
+    if t == "inductor":                 # torch.compile's generated modules (inject/inductor.py)
+        return [parse_inductor(msg)]
     if t == "bye":
         return []
     raise ProtocolError(f"unknown message kind {str(t)[:32]!r}")

@@ -37,11 +37,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from stacklens.cct import Frame, Snapshot, WindowedCCT, metrics
 from stacklens.daemon.join.apijoin import ApiRecordJoin
 from stacklens.daemon.join.backward import BackwardLink
+from stacklens.daemon.join.compiled import COMPILED_NOTE, InductorIndex
 from stacklens.daemon.join.gpujoin import CopyCall, GpuJoin, Path
 from stacklens.daemon.join.jaxjoin import SPLIT_NOTE, JaxIndex
 from stacklens.daemon.join.orderjoin import LaunchOrderJoin
-from stacklens.inject.records import (AgentRecord, AgentStats, ApiRecord, CompileRecord, HloMapRecord, KernelRecord,
-                                      MemcpyRecord, Note, PySample)
+from stacklens.inject.records import (AgentRecord, AgentStats, ApiRecord, CompileRecord, HloMapRecord, InductorRecord,
+                                      KernelRecord, MemcpyRecord, Note, PySample)
 
 if TYPE_CHECKING:
     from stacklens.bpf.events import Event
@@ -190,7 +191,7 @@ def splice(py: tuple[Frame, ...], entries: tuple[bool, ...], ops: tuple[str, ...
     return head + ext + op_frames + rest
 
 
-AGENT_DROP_KINDS = ("samples", "gpu", "gpu_buffers", "messages", "jax")
+AGENT_DROP_KINDS = ("samples", "gpu", "gpu_buffers", "messages", "jax", "inductor")
 AGENT_STAT_MAX = 1 << 53
 
 
@@ -307,7 +308,9 @@ class Joiner:
             KernelRecord: j.on_kernel, MemcpyRecord: self._on_copy_record, ApiRecord: j.on_api,
             PySample: self._on_py_sample, AgentStats: self._on_agent_stats, Note: self._on_note,
             HloMapRecord: self._on_jax_record, CompileRecord: self._on_jax_record,
+            InductorRecord: self._on_inductor,
         }
+        self.compiled: InductorIndex | None = None   # once the agent sends torch.compile's modules
 
     # ---- BPF side -------------------------------------------------------------------------
     def on_bpf(self, ev: Event) -> None:
@@ -393,7 +396,9 @@ class Joiner:
         node's own operators and native frames below the engine's evaluate_function. An
         unlinked node's head follows the thread's own Python frames (where backward() ran)."""
         py, nat, ops = ev.py_stack, ev.native_stack, ev.op_path
-        if linked:
+        # a compiled backward's wrapper line: its model lines follow the head (daemon/join/compiled.py)
+        tail = self.compiled.tail(py) if linked and self.compiled is not None else None
+        if linked and tail is None:
             py = ()
         key = (id(head), id(py), id(nat), id(ops))
         m = self._backward_memo.get(key)
@@ -401,8 +406,10 @@ class Joiner:
             return m
         native = tuple(nat)
         below = next((i for i in range(len(native) - 1, -1, -1) if "evaluate_function" in native[i].name), -1)
-        own = splice(tuple(py), tuple(getattr(ev, "py_entries", ()) or ()), (), ()) if py else ()
-        path = own + head + splice((), (), tuple(ops), native[below + 1:] if below >= 0 else native)
+        own = splice(tuple(py), tuple(getattr(ev, "py_entries", ()) or ()), (), ()) if py and tail is None else ()
+        if own and self.compiled is not None:
+            own = self.compiled.rewrite(own)
+        path = own + head + (tail or ()) + splice((), (), tuple(ops), native[below + 1:] if below >= 0 else native)
         if len(self._backward_memo) >= 65_536:
             self._backward_memo.clear()
         m = self._backward_memo[key] = _Entry(py, nat, ops, path, head)
@@ -412,6 +419,8 @@ class Joiner:
         """A memo miss: splice the event's stacks and remember them under `key` (their ids)."""
         py, nat, ops = ev.py_stack, ev.native_stack, ev.op_path
         path = splice(tuple(py), tuple(getattr(ev, "py_entries", ()) or ()), tuple(ops), tuple(nat))
+        if self.compiled is not None:
+            path = self.compiled.rewrite(path)
         if len(self._splice_memo) >= 65_536:
             self._splice_memo.clear()
         m = self._splice_memo[key] = _Entry(py, nat, ops, path)  # keeps the parts alive: ids stay unique
@@ -426,6 +435,8 @@ class Joiner:
 
     def _on_py_sample(self, rec: PySample) -> None:
         frames = sample_frames(rec.frames)
+        if self.compiled is not None:
+            frames = self.compiled.rewrite(frames)
         if frames:
             self.tree.add_many(frames, {"py_samples": 1})
 
@@ -458,6 +469,19 @@ class Joiner:
         for c in self.jax.on_record(rec):
             self.tree.add_many(c.path, c.metrics)
         self.meta["jax"] = self.jax.meta()
+
+    def _on_inductor(self, rec: InductorRecord) -> None:
+        """A part of a torch.compile wrapper module's map; once complete, paths spliced before
+        are spliced again (the memos cleared) so they go through it."""
+        if self.compiled is None:
+            self.compiled = InductorIndex()
+            notes = self.meta.setdefault("notes", [])
+            if COMPILED_NOTE not in notes:
+                notes.append(COMPILED_NOTE)
+        if self.compiled.add(rec):
+            self._splice_memo.clear()
+            self._backward_memo.clear()
+        self.meta["inductor"] = self.compiled.meta()
 
     # ---- Charges: what the GpuJoin decided ---------------------------------------------------
     def kernel(self, path: Path, rec: KernelRecord) -> None:

@@ -22,7 +22,7 @@ DEFAULTS = {"sample_hz": 100.0, "max_depth": 128, "max_overhead": 0.02, "flush_m
             "gpu": True, "max_outbox": 4 << 20, "max_gpu_queue": 100_000, "jax": True,
             "gpu_api_records": False, "gpu_raw": True, "gpu_ref": True, "max_raw_bytes": 64 << 20,
             "gpu_finalize": True,
-            "gpu_flush": True, "switch_s": 0.0}
+            "gpu_flush": True, "switch_s": 0.0, "inductor": True}
 # gpu_flush: the collector asks CUPTI once a second for completed buffers. CUPTI's own periodic
 # flush is not the same: it may return only full buffers, so with False a partly filled buffer
 # waits until it fills or until detach. switch_s: the GIL switch interval while the agent runs
@@ -216,6 +216,7 @@ class Agent:
         self.detaching = False
         self.gpu = None
         self.jax = None                 # jaxmeta.JaxWatcher once the target has imported jax
+        self.inductor = None            # inductor.InductorWatcher once torch.compile has compiled
         self.gpu_queue = collections.deque()
         self.gpu_dropped = 0
         self.raw_queue = collections.deque()    # ("json", msg) | ("raw", (header, body)), in order
@@ -426,6 +427,19 @@ class Agent:
                 self.note("warning", f"GPU collector poll failed: {e}")
         self._send_gpu_records()
         self._poll_jax()
+        self._poll_inductor()
+
+    def _poll_inductor(self):
+        # torch._inductor.codecache is imported when torch.compile first compiles a graph
+        if not self.cfg["inductor"] or "torch._inductor.codecache" not in sys.modules:
+            return
+        try:
+            if self.inductor is None:
+                self.inductor = _sub("inductor").InductorWatcher(self.ch.send, self.note)
+            self.inductor.poll()
+        except BaseException as e:
+            self.cfg["inductor"] = False
+            self.note("warning", f"torch.compile support stopped: {type(e).__name__}: {e}")
 
     def _poll_jax(self):
         if not self.cfg["jax"] or "jax" not in sys.modules:
@@ -491,6 +505,8 @@ class Agent:
                           "messages": self.ch.dropped_msgs}}
         if self.jax is not None:
             st["dropped"]["jax"] = self.jax.dropped
+        if self.inductor is not None:
+            st["dropped"]["inductor"] = self.inductor.dropped
         if self.gpu is not None:
             try:
                 st["gpu"] = self.gpu.stats()

@@ -1,0 +1,206 @@
+"""torch.compile (Inductor) support of the agent: what ties generated code to the model's lines.
+
+Stdlib only; never imports torch: it reads ``torch._inductor.codecache.PyCodeCache`` from
+``sys.modules`` once the target has imported it (i.e. compiled something). Runs on the agent
+thread. Cost: a length check per flush; per new generated module one read of its file (at most
+MAX_FILE bytes) and, at most every GC_SCAN_S, one ``gc.get_objects()`` scan for its graph.
+
+What it sends (wire kind ``inductor``, validated by ``stacklens.inject.server``; the mapping is
+built by the daemon, ``daemon/join/compiled.py``), per generated wrapper module, as rows:
+- ``["T", stack_trace]``: the distinct FX ``stack_trace`` strings of Inductor's line map
+  (``PyCodeCache.linemaps[path]``, kept by default for every module it loads: for each region of
+  the wrapper, the stack trace of the last FX node of the scheduler node generated there);
+- ``["M", first_line, trace index]``: the regions;
+- ``["N", node, file, line, function]``: the post-grad FX nodes' source lines, from
+  ``CompiledFxGraph.inductor_post_grad_graph_str`` (its ``# File:`` comments), when found;
+- ``["S", line number, text]``: the wrapper's comment lines, kernel definition lines and the
+  lines from the first region on (the ``call`` body), where the daemon finds which kernel each line calls and the
+  ``Source Nodes`` comments Inductor wrote for it.
+Rows of one module travel in parts of at most MSG_BUDGET bytes.
+"""
+
+import gc
+import json
+import os
+import sys
+import time
+
+CODECACHE = "torch._inductor.codecache"
+MAX_FILE = 32 << 20          # larger wrapper files are not read (a note says so)
+MAX_MODULES = 4096           # modules remembered as sent
+MAX_TEXT = 4096              # characters of one row's string (the daemon takes no more)
+MAX_TRACE = 8192
+MSG_BUDGET = 400_000         # bytes of rows per message (wire.MAX_FRAME is 1 MiB)
+MAX_PARTS = 256
+GC_SCAN_S = 10.0
+
+
+def codecache_ready():
+    """PyCodeCache, if the target imported torch._inductor.codecache completely; else None."""
+    mod = sys.modules.get(CODECACHE)
+    if mod is None:
+        return None
+    spec = getattr(mod, "__spec__", None)
+    if spec is not None and getattr(spec, "_initializing", False):
+        return None
+    return getattr(mod, "PyCodeCache", None)
+
+
+def _key(path):
+    """The PyCodeCache key of a wrapper module: its file's stem (CompiledFxGraph.cache_key)."""
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def post_grad_nodes(graph_str):
+    """``# File: F:L in FUNC, code: …`` comments of a printed FX graph and the node lines under
+    each -> [(node, file, line, func)]."""
+    out = []
+    loc = None
+    for raw in graph_str.splitlines():
+        s = raw.strip()
+        if s.startswith("# File: "):
+            head = s[8:].split(", code: ", 1)[0]
+            where, _, func = head.rpartition(" in ")
+            file, _, line = where.rpartition(":")
+            loc = (file, int(line), func) if line.isdigit() and file else None
+        elif loc is not None and s and not s.startswith("#"):
+            name = s.split(":", 1)[0].split("=", 1)[0].strip()
+            if name.isidentifier():
+                out.append((name, loc[0], loc[1], loc[2]))
+        elif not s:
+            loc = None
+    return out
+
+
+def wrapper_rows(text, starts):
+    """The ``S`` rows of a wrapper's source: comment lines, kernel definitions (``NAME =
+    async_compile.…``) and every non-blank line from the first region start on."""
+    first = min(starts) if starts else 1
+    rows = []
+    for i, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if s and (i >= first or s.startswith("#") or (line[0] != " " and " = async_compile." in line)):
+            rows.append(["S", i, line[:MAX_TEXT]])
+    return rows
+
+
+def module_rows(text, lines, traces, nodes):
+    """All rows of one module (see the module docstring)."""
+    index = {}
+    rows = []
+    for t in traces:
+        if t not in index:
+            index[t] = len(index)
+            rows.append(["T", str(t)[:MAX_TRACE]])
+    for ln, t in zip(lines, traces):
+        if type(ln) is int and ln > 0:
+            rows.append(["M", ln, index[t]])
+    for n, f, ln, fn in nodes:
+        rows.append(["N", n[:256], f[:MAX_TEXT], ln, fn[:256]])
+    rows.extend(wrapper_rows(text, [ln for ln in lines if type(ln) is int]))
+    return rows
+
+
+def chunks(rows, budget=MSG_BUDGET):
+    """Rows in lists of at most `budget` encoded bytes (a row is far smaller than a frame)."""
+    out, cur, size = [], [], 0
+    for r in rows:
+        n = len(json.dumps(r, ensure_ascii=False).encode("utf-8", "replace")) + 1
+        if cur and size + n > budget:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(r)
+        size += n
+    out.append(cur)
+    return out
+
+
+class InductorWatcher:
+    """Started by the agent once the target has imported Inductor's code cache; polled on the
+    agent thread. Sends each generated module once; a part the outbox refuses is retried."""
+
+    def __init__(self, send, note, clock=time.monotonic):
+        self.send = send
+        self.note = note
+        self.clock = clock
+        self.sent = set()
+        self.pending = []              # messages the outbox refused, in order
+        self.todo = []                 # modules seen, not yet sent
+        self.graphs = {}               # cache key -> post-grad graph string
+        self.last_scan = None
+        self.seen = 0
+        self.modules_sent = 0
+        self.dropped = 0
+
+    def poll(self):
+        while self.pending and self.send(self.pending[0]):
+            self.pending.pop(0)
+        if self.pending:
+            return
+        cache = codecache_ready()
+        linemaps = getattr(cache, "linemaps", None) if cache is not None else None
+        if type(linemaps) is not dict:
+            return
+        if len(linemaps) != self.seen:
+            self.seen = len(linemaps)
+            self.todo.extend(p for p in list(linemaps) if type(p) is str and p not in self.sent and p not in self.todo)
+        if not self.todo:
+            return
+        # a module's graph is looked for by a scan after it appeared (rate-limited: retried later)
+        if any(_key(p) not in self.graphs for p in self.todo) and not self._scan_graphs():
+            return
+        todo, self.todo = self.todo, []
+        for path in todo:
+            if len(self.sent) >= MAX_MODULES:
+                return
+            self.sent.add(path)
+            try:
+                self._module(path, linemaps.get(path))
+            except BaseException as e:
+                self.dropped += 1
+                self.note("warning", f"inductor: generated module {path[:200]} unreadable: {type(e).__name__}: {e}")
+
+    def _scan_graphs(self):
+        """The post-grad graphs of CompiledFxGraph objects, by the key of their wrapper module;
+        one gc scan at most every GC_SCAN_S. True if it scanned."""
+        now = self.clock()
+        if self.last_scan is not None and now - self.last_scan < GC_SCAN_S:
+            return False
+        self.last_scan = now
+        for o in gc.get_objects():
+            t = type(o)
+            if t.__name__ == "CompiledFxGraph" and t.__module__ == "torch._inductor.output_code":
+                key, s = getattr(o, "cache_key", None), getattr(o, "inductor_post_grad_graph_str", None)
+                if type(key) is str and type(s) is str and len(self.graphs) < MAX_MODULES:
+                    self.graphs[key] = s
+        return True
+
+    def _module(self, path, linemap):
+        lines, traces = (), ()
+        if linemap and len(linemap) == 2:
+            lines, traces = tuple(linemap[0]), tuple(str(t) if t else "" for t in linemap[1])
+        if not lines:
+            return
+        if os.path.getsize(path) > MAX_FILE:
+            self.note("warning", f"inductor: generated module {path[:200]} over {MAX_FILE} bytes not read")
+            return
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+        key = _key(path)
+        nodes = post_grad_nodes(self.graphs[key]) if key in self.graphs else []
+        parts = chunks(module_rows(text, lines, traces, nodes))
+        if len(parts) > MAX_PARTS:
+            self.dropped += 1
+            self.note("warning", f"inductor: generated module {path[:200]} too large to send ({len(parts)} parts)")
+            return
+        for i, rows in enumerate(parts):
+            msg = {"t": "inductor", "path": path[:MAX_TEXT], "part": i, "parts": len(parts), "r": rows}
+            if self.pending or not self.send(msg):
+                if len(self.pending) >= MAX_PARTS:
+                    self.dropped += 1
+                    continue
+                self.pending.append(msg)
+        self.modules_sent += 1
+
+    def stats(self):
+        return {"inductor_modules": self.modules_sent, "inductor_dropped": self.dropped}
