@@ -168,3 +168,10 @@ def test_gpu_finalize_from_the_daemons_config_reaches_the_collector(monkeypatch)
     finally:
         a.close()
         d.close()
+
+
+def test_a_static_cuda_runtime_has_no_call_to_trigger_it_and_says_so(libs, fake):
+    c, notes, _ = attach(libs[:1])                          # libcupti mapped, no libcudart
+    c.stop()
+    (lvl, msg), = teardown_notes(notes)
+    assert lvl == "info" and "no libcudart mapped" in msg and fake.fake_cupti_subscribed() == 0

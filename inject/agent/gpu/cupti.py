@@ -314,10 +314,13 @@ class CuptiCollector:
         who = gpu.user_profiler_active(maps=False)
         if who:
             return "info", f"{who} is active in the target"
-        cudart = sorted(p for p in gpu.mapped_libraries() if os.path.basename(p).startswith("libcudart"))
-        if not self._cupti_paths or not cudart:
-            return "info", "no libcudart mapped (static CUDA runtime) to make the call it needs"
-        fin = _finalizer(self._cupti_paths[0], cudart[0])
+        maps = gpu.mapped_libraries()
+        cupti = self._cupti_paths or sorted(p for p in maps if "libcupti" in os.path.basename(p))
+        cudart = sorted(p for p in maps if os.path.basename(p).startswith("libcudart"))
+        if not cupti or not cudart:
+            return "info", ("no libcudart mapped (a static CUDA runtime) to make the call it needs"
+                            if cupti else "libcupti is not mapped")
+        fin = _finalizer(cupti[0], cudart[0])
         cupti_v, driver_v = fin.versions()
         if cupti_v < FINALIZE_MIN_CUPTI or driver_v < FINALIZE_MIN_DRIVER:
             return "info", (f"CUDA < 12.6 (CUPTI API version {cupti_v}, driver {driver_v}), where "
