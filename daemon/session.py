@@ -179,7 +179,8 @@ def _env_api_records() -> bool:
 
 
 def thread_name(procfs: ProcFS, pid: int, tid: int) -> str:
-    """/proc/PID/task/TID/comm, escaped (the target chose it); "" once the thread is gone.
+    """The thread's name (its comm, `ProcFS.thread_comm`), escaped (the target chose it); ""
+    once the thread is gone.
     The agent's tids are those of the target's PID namespace: in a container they may name
     another thread or none."""
     try:
