@@ -20,7 +20,7 @@ import sys
 import zlib
 from array import array
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import chain, islice, repeat
 from pathlib import Path
 from typing import Any
@@ -159,8 +159,15 @@ def to_pprof(snap: Snapshot) -> bytes:
 
     One Function and one Location per distinct frame: Function.name is the function
     (pprof_function_name), system_name the frame's full label, filename its file (Python) or
-    library (native); the Location's line its line. One Sample per node with a non-zero exclusive
-    value. The default sample type is GPU time where it was measured, else CPU.
+    library (native); the Location's line its line. The default sample type is GPU time where it
+    was measured, else CPU.
+
+    Samples: per node, one for each thread of its breakdown (`Snapshot.threads`: CPU and Python
+    samples), labelled `pid`, `tid` (numeric) and `thread` (its name, meta["threads"], when
+    known), so `-tagfocus=thread=NAME` keeps that thread's samples; one labelled
+    `thread=[other threads]` for what the listed threads leave of those metrics; one with only
+    `pid` for the metrics not counted by thread (GPU time, launches, bytes...). Values add up to
+    the node's exclusive values.
     """
     strings: dict[str, int] = {"": 0}
 
@@ -186,21 +193,55 @@ def to_pprof(snap: Snapshot) -> bytes:
     for name, unit, _col, _scale in types:
         out += _bytes_field(1, _int_field(1, s(name)) + _int_field(2, s(unit)))
 
+    meta = snap.meta if isinstance(snap.meta, dict) else {}
+
+    def label(key: str, *, text: str = "", num: int = 0) -> bytes:
+        return _bytes_field(3, _int_field(1, s(key)) + _int_field(2, s(text) if text else 0) + _int_field(3, num))
+
+    pid = meta.get("pid")
+    pid_label = label("pid", num=pid) if _is_int(pid) and pid > 0 else b""
+    names = meta.get("threads") if isinstance(meta.get("threads"), dict) else {}
+    thread_labels: dict[int, bytes] = {}
+    by_thread = [c for c, m in enumerate(metrics) if m in snap.threaded]
+    other_threads = pid_label + label("thread", text="[other threads]") if by_thread else b""
+
     paths = _node_paths(snap)
     location_of: dict[Frame, int] = {}
     columns = [snap._excl[m] for m in metrics]  # one tuple per metric, not a call per value
+
+    def sample(node: int, stack: bytes, values: Sequence[int], labels: bytes) -> bytes:
+        row = [values[c] * scale for (_n, _u, c, scale) in types]
+        if not any(row):
+            return b""
+        if not all(_INT64_MIN <= v <= _INT64_MAX for v in row):
+            raise InputError(f"a value at {snap.path(node)} does not fit pprof's 64-bit integers")
+        return _bytes_field(2, stack + _packed_field(2, row) + labels)
+
     for node, values in enumerate(zip(*columns)):
         if any(values):
-            if not all(_INT64_MIN <= v * scale <= _INT64_MAX for (_n, _u, c, scale) in types for v in (values[c],)):
-                raise InputError(f"a value at {snap.path(node)} does not fit pprof's 64-bit integers")
-            stack = []
+            ids = []
             for frame in reversed(paths[node]):  # pprof wants the leaf first
                 loc = location_of.get(frame)
                 if loc is None:
                     loc = location_of[frame] = len(location_of) + 1
-                stack.append(loc)
-            row = [values[c] * scale for (_n, _u, c, scale) in types]
-            out += _bytes_field(2, _packed_field(1, stack) + _packed_field(2, row))
+                ids.append(loc)
+            stack = _packed_field(1, ids)
+            rest = list(values)
+            threads: dict[int, list[int]] = {}
+            for c in by_thread:
+                for tid, count in snap.threads(node, metrics[c]):
+                    threads.setdefault(tid, [0] * len(metrics))[c] = count
+                    rest[c] -= count
+            for tid, row in threads.items():
+                labels = thread_labels.get(tid)
+                if labels is None:
+                    name = names.get(str(tid))
+                    labels = thread_labels[tid] = (pid_label + label("tid", num=tid)
+                                                   + (label("thread", text=name) if isinstance(name, str) and name else b""))
+                out += sample(node, stack, row, labels)
+            counted = set(by_thread)
+            out += sample(node, stack, [v if c in counted else 0 for c, v in enumerate(rest)], other_threads)
+            out += sample(node, stack, [0 if c in counted else v for c, v in enumerate(rest)], pid_label)
 
     functions = bytearray()
     locations = bytearray()
@@ -227,7 +268,6 @@ def to_pprof(snap: Snapshot) -> bytes:
     opening = opening_metric(snap) if metrics else ""
     of_opening = [t[0] for t in types if metrics[t[2]] == opening]
     default = s(of_opening[-1] if of_opening else "")
-    meta = snap.meta if isinstance(snap.meta, dict) else {}
     window = meta.get("window") or {}
     start_unix = meta.get("start_unix_ns")
     period_type = _bytes_field(11, _int_field(1, s("cpu")) + _int_field(2, s("nanoseconds"))) if period else b""
@@ -313,7 +353,7 @@ def to_json(snap: Snapshot) -> dict[str, Any]:
             idx = frame_index[frame] = len(frames)
             frames.append(list(frame))
         nodes.append([snap.parent(node), idx, values])
-    return {
+    out = {
         "format": JSON_FORMAT,
         "version": JSON_VERSION,
         "metrics": list(snap.metrics),
@@ -323,6 +363,34 @@ def to_json(snap: Snapshot) -> dict[str, Any]:
         "frames": frames,
         "nodes": nodes,
     }
+    if snap.threaded:
+        out["threads"] = _threads_out(snap, range(snap.node_count))
+    return out
+
+
+def _threads_out(snap: Snapshot, new_id: Sequence[int]) -> dict[str, list[list[int]]]:
+    """The thread breakdowns as {metric: [[node, tid, count], ...]}, nodes numbered by `new_id`
+    (an optional key of both forms: readers that do not know it ignore it)."""
+    return {m: [[new_id[n], tid, count] for n, t in sorted(snap._threads[m].items()) for tid, count in t]
+            for m in sorted(snap.threaded)}
+
+
+def _threads_in(raw: Any, n_nodes: int, metrics: list[str]) -> dict[str, dict[int, dict[int, int]]]:
+    """Read `_threads_out`'s form back (absent in files from before it: no breakdown)."""
+    if raw is None:
+        return {}
+    what = "\"threads\" must map metrics to lists of [node, tid, count]"
+    if not isinstance(raw, dict) or not all(m in metrics and isinstance(v, list) for m, v in raw.items()):
+        raise _bad(what)
+    out: dict[str, dict[int, dict[int, int]]] = {}
+    for m, rows in raw.items():
+        by_node = out[m] = {}
+        for row in rows:
+            if not (isinstance(row, list) and len(row) == 3 and all(map(_is_int, row))
+                    and 0 <= row[0] < n_nodes and row[1] > 0):
+                raise _bad(f"{what}, each an integer with node < {n_nodes} and tid > 0; got {row!r}")
+            by_node.setdefault(row[0], {})[row[1]] = row[2]
+    return out
 
 
 def _is_int(value: object) -> bool:
@@ -500,9 +568,9 @@ def from_json(obj: Any) -> Snapshot:
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise _bad("\"nodes\" must be a non-empty list")
     node_frames, parents, columns = _json_nodes(raw_nodes, frames, metrics)
-    return Snapshot(
-        metrics, node_frames, parents, columns, unavailable=unavailable, folded_nodes=folded, meta=meta
-    )
+    threads = _threads_in(obj.get("threads"), len(parents), metrics)
+    return Snapshot(metrics, node_frames, parents, columns, unavailable=unavailable, folded_nodes=folded,
+                    meta=meta, threads=threads)
 
 
 # -- columnar (binary) form: what stacklensd sends ------------------------------------------
@@ -565,22 +633,22 @@ def to_columnar(snap: Snapshot) -> bytes:
         ]
     except OverflowError as e:
         raise ValueError(f"a value does not fit the columnar form's 64-bit integers ({e})") from None
-    header = json.dumps(
-        {
-            "format": COLUMNAR_FORMAT,
-            "version": COLUMNAR_VERSION,
-            "metrics": list(snap.metrics),
-            "unavailable": sorted(snap.unavailable),
-            "folded_nodes": snap.folded_nodes,
-            "meta": snap.meta,
-            "nodes": n,
-            "frames": len(distinct),
-            "strings": len(strings),
-            "string_bytes": len(blob),
-            "columns": columns,
-        },
-        separators=(",", ":"),
-    ).encode()
+    head = {
+        "format": COLUMNAR_FORMAT,
+        "version": COLUMNAR_VERSION,
+        "metrics": list(snap.metrics),
+        "unavailable": sorted(snap.unavailable),
+        "folded_nodes": snap.folded_nodes,
+        "meta": snap.meta,
+        "nodes": n,
+        "frames": len(distinct),
+        "strings": len(strings),
+        "string_bytes": len(blob),
+        "columns": columns,
+    }
+    if snap.threaded:   # at most MAX_THREADS rows per node and metric (cct/tree.py): in the header
+        head["threads"] = _threads_out(snap, new_id)
+    header = json.dumps(head, separators=(",", ":")).encode()
     return b"".join([COLUMNAR_MAGIC, len(header).to_bytes(4, "little"), header, *sections])
 
 
@@ -680,7 +748,9 @@ def from_columnar(data: bytes | bytearray | memoryview) -> Snapshot:
     node_frames += map(frames.__getitem__, islice(frame_ids, 1, None))
     zeros = (0,) * n  # one shared column for every metric with no data
     excl = {m: values.get(m, zeros) for m in metrics}
-    return Snapshot(metrics, node_frames, parents, excl, unavailable=unavailable, folded_nodes=folded, meta=meta)
+    threads = _threads_in(header.get("threads"), n, metrics)
+    return Snapshot(metrics, node_frames, parents, excl, unavailable=unavailable, folded_nodes=folded, meta=meta,
+                    threads=threads)
 
 
 def encode_profile(snap: Snapshot) -> bytes:

@@ -21,6 +21,10 @@ from typing import Any
 from stacklens.cct.frames import Frame
 
 
+def _by_count(item: tuple[int, int]) -> tuple[int, int]:
+    return -item[1], item[0]
+
+
 class Snapshot:
     """A frozen CCT: per-node frame, parent, exclusive and inclusive metric values.
 
@@ -41,6 +45,7 @@ class Snapshot:
         "_child_start",
         "_excl",
         "_incl",
+        "_threads",
     )
 
     root = 0
@@ -55,7 +60,10 @@ class Snapshot:
         unavailable: frozenset[str] | set[str] | Sequence[str] = (),
         folded_nodes: int = 0,
         meta: Mapping[str, Any] | None = None,
+        threads: Mapping[str, Mapping[int, Mapping[int, int]]] | None = None,
     ) -> None:
+        """`threads`: metric -> node -> {tid: count}, the part of a node's exclusive value each
+        thread had (CCT.add_sample); what they leave of it is "[other threads]"."""
         metrics = tuple(metrics)
         n_nodes = len(parents)
         if len(frames) != n_nodes or any(len(exclusive[m]) != n_nodes for m in metrics):
@@ -101,6 +109,11 @@ class Snapshot:
         setattr_(self, "_child_start", tuple(accumulate(counts)))
         setattr_(self, "_excl", excl)
         setattr_(self, "_incl", incl)
+        # largest first, then by tid: the same content reads the same whatever the insertion order
+        setattr_(self, "_threads", {
+            m: {n: tuple(sorted(t.items(), key=_by_count)) for n, t in by_node.items() if t}
+            for m, by_node in (threads or {}).items() if m in excl and by_node
+        })
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Snapshot is immutable")
@@ -155,6 +168,16 @@ class Snapshot:
     def total(self, metric: str) -> int:
         return self._column(self._incl, metric)[0]
 
+    @property
+    def threaded(self) -> frozenset[str]:
+        """The metrics with a breakdown by thread."""
+        return frozenset(self._threads)
+
+    def threads(self, node: int, metric: str) -> tuple[tuple[int, int], ...]:
+        """(tid, count) of the threads that had part of `node`'s exclusive `metric`, largest
+        first; the rest of the value is "[other threads]" (all of it without a breakdown)."""
+        return self._threads.get(metric, {}).get(node, ())
+
     def iter_paths(self) -> Iterator[tuple[tuple[Frame, ...], dict[str, int]]]:
         """(path, {metric: exclusive value}) for every node with a non-zero exclusive value."""
         metrics = self.metrics
@@ -181,7 +204,8 @@ class Snapshot:
         # Node numbering and zero-valued structure depend on insertion order; what a profile
         # says is which paths carry which values.
         paths = {path: {m: v for m, v in values.items() if v} for path, values in self.iter_paths()}
-        return (frozenset(self.metrics), self.unavailable, self.folded_nodes, self.meta, paths)
+        threads = {(m, self.path(n)): t for m, by_node in self._threads.items() for n, t in by_node.items()}
+        return (frozenset(self.metrics), self.unavailable, self.folded_nodes, self.meta, paths, threads)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Snapshot):

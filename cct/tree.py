@@ -43,6 +43,13 @@ tracemalloc by tests/unit/test_cct_budget.py). Past `max_bytes` the coldest cont
 the same fold as the node cap, until the estimate is back to 90% of it; `budget_folded` counts the
 nodes that went. Totals are conserved as with the node cap. Frame objects shared between trees
 are counted in each, so the estimate errs high.
+
+Threads (issue 22: pprof's thread labels): `add_sample(path, metric, tid)` also counts the value
+by thread, per node: {tid: count} for at most MAX_THREADS threads per node and metric, the first
+ones seen there. A later thread's values, and those of tid 0 (not known), are in the node's value
+only: what the listed threads leave of it is "[other threads]", so every total stays exact and
+the breakdown costs at most MAX_THREADS entries per node and metric (THREAD_NODE_BYTES plus
+THREAD_BYTES each, in `estimated_bytes`). Folds and merges carry the counts with the values.
 """
 
 from __future__ import annotations
@@ -65,6 +72,10 @@ NODE_BYTES = 200    # parents/node_frame slots, a _child entry with its int key 
 CELL_BYTES = 8      # a node's slot in each metric column
 FRAME_BYTES = 190   # a Frame tuple, its _frames slot and _frame_ids entry (its strings apart)
 PATH_BYTES = 150    # a _leaf_of entry: dict slot, tuple header, value; 8 more per frame of the path
+THREAD_NODE_BYTES = 230  # a node's {tid: count} dict and its slot in the metric's node dict
+THREAD_BYTES = 90        # one thread's entry in it (an int key and value)
+
+MAX_THREADS = 8  # threads counted apart per node and metric; the rest is "[other threads]"
 
 
 def frame_bytes(frame: Frame) -> int:
@@ -108,6 +119,8 @@ class CCT:
         self._leaf_of: dict[tuple[Frame, ...], int] = {}
         self._folded = 0
         self._turned_away = 0  # distinct contexts charged to [other] since the last fold
+        # metric -> node -> {tid: count}: the values of add_sample by thread (module docstring)
+        self._threads: dict[str, dict[int, dict[int, int]]] = {}
 
     @property
     def node_count(self) -> int:
@@ -168,6 +181,56 @@ class CCT:
         for col, v in zip(self._cols, values):
             if v:
                 col[leaf] += v
+
+    def add_sample(self, path: tuple[Frame, ...], metric: str, tid: int, value: int = 1) -> None:
+        """`add(path, metric, value)`, also counted for thread `tid` (0: not known); see the
+        module docstring."""
+        leaf = self._leaf_of.get(path)
+        if leaf is None:
+            self._add_new(path, {metric: value})
+            leaf = self._leaf_of.get(path)
+            if leaf is None:    # folded away by the byte cap just now: counted, not by thread
+                return
+        else:
+            try:
+                self._excl[metric][leaf] += value
+            except KeyError:
+                raise self._unknown_metric(metric) from None
+        if tid <= 0:
+            return
+        by_node = self._threads.get(metric)
+        if by_node is None:
+            by_node = self._threads[metric] = {}
+        threads = by_node.get(leaf)
+        if threads is not None and tid in threads:
+            threads[tid] += value
+        else:
+            self._count_threads(by_node, leaf, ((tid, value),))
+
+    def _count_threads(self, by_node: dict[int, dict[int, int]], node: int,
+                       counts: Iterable[tuple[int, int]], sign: int = 1) -> None:
+        """Add (tid, count) pairs to `node`'s breakdown, at most MAX_THREADS threads (a later
+        one's count stays in the node's value only); a count that reaches 0 goes."""
+        threads = by_node.get(node)
+        if threads is None:
+            threads = by_node[node] = {}
+            self._bytes += THREAD_NODE_BYTES
+        for tid, count in counts:
+            n = threads.get(tid)
+            if n is None:
+                if len(threads) >= MAX_THREADS:
+                    continue
+                n = 0
+                self._bytes += THREAD_BYTES
+            n += sign * count
+            if n:
+                threads[tid] = n
+            else:
+                del threads[tid]
+                self._bytes -= THREAD_BYTES
+        if not threads:
+            del by_node[node]
+            self._bytes -= THREAD_NODE_BYTES
 
     def _add_new(self, path: tuple[Frame, ...], deltas: Mapping[str, int]) -> None:
         for metric in deltas:
@@ -254,11 +317,13 @@ class CCT:
         frames: Sequence[Frame],
         parents: Sequence[int],
         exclusive: Mapping[str, Sequence[int]],
+        threads: Mapping[str, Mapping[int, Mapping[int, int] | Iterable[tuple[int, int]]]],
         *,
         sign: int = 1,
         folded_nodes: int = 0,
     ) -> None:
-        """Add another tree, given as per-node frames, parents and exclusive columns, by path.
+        """Add another tree, given as per-node frames, parents, exclusive columns and thread
+        breakdowns (metric -> node -> {tid: count} or (tid, count) pairs), by path.
 
         Metrics this tree does not record are ignored. Used to merge buckets and snapshots.
         """
@@ -279,6 +344,11 @@ class CCT:
             for node, value in enumerate(theirs):
                 if value:
                     mine[remap[node]] += sign * value
+        for metric, by_node in threads.items():
+            if metric in self._excl:
+                to = self._threads.setdefault(metric, {})
+                for node, counts in by_node.items():
+                    self._count_threads(to, remap[node], counts.items() if isinstance(counts, dict) else counts, sign)
         self._folded += sign * folded_nodes
         if self.max_nodes is not None and len(self._parents) > self.max_nodes:
             self._fold()
@@ -291,6 +361,7 @@ class CCT:
             [frames[f] for f in other._node_frame],
             other._parents,
             other._excl,
+            other._threads,
             sign=sign,
             folded_nodes=other._folded,
         )
@@ -298,7 +369,8 @@ class CCT:
     def _absorb_snapshot(self, snap: Snapshot, sign: int = 1) -> None:
         # Reads the snapshot's tuples directly: going through frame_of()/exclusive() per node
         # would cost a method call per node and metric.
-        self._absorb(snap._frames, snap._parents, snap._excl, sign=sign, folded_nodes=snap.folded_nodes)
+        self._absorb(snap._frames, snap._parents, snap._excl, snap._threads, sign=sign,
+                     folded_nodes=snap.folded_nodes)
 
     # -- output --------------------------------------------------------------------------
 
@@ -313,6 +385,7 @@ class CCT:
             unavailable=frozenset(unavailable),
             folded_nodes=self._folded,
             meta=meta,
+            threads=self._threads,
         )
 
     def copy(self) -> CCT:
@@ -325,6 +398,7 @@ class CCT:
         new._child = self._child.copy()
         new._excl = {m: col.copy() for m, col in self._excl.items()}
         new._cols = list(new._excl.values())
+        new._threads = {m: {n: t.copy() for n, t in by_node.items()} for m, by_node in self._threads.items()}
         new._folded = self._folded
         new._bytes = self._bytes
         new.budget_folded = self.budget_folded
@@ -382,6 +456,7 @@ class CCT:
         order = sorted(range(n_nodes - 1, 0, -1), key=weight.__getitem__)
         gone = bytearray(n_nodes)
         live = n_nodes
+        thread_counts = list(self._threads.values())
 
         def fold(node: int) -> int:
             """Fold node's subtree into its parent's [other]; returns how many nodes that saves."""
@@ -404,6 +479,10 @@ class CCT:
                     if col[n]:
                         col[other] += col[n]
                         col[n] = 0
+                for by_node in thread_counts:
+                    counts = by_node.pop(n, None)
+                    if counts:
+                        self._count_threads(by_node, other, counts.items())
                 if n < n_nodes:
                     stack.extend(by_parent[start[n] : start[n + 1]])
                     if n in new_other:
@@ -449,5 +528,9 @@ class CCT:
             if node in new_id and old_node_frame[node] != other_fid
         }
         self._turned_away = 0
-        self._bytes = self._node_bytes * len(keep) + sum(map(frame_bytes, frames))
+        # folded nodes handed their thread counts to an [other]: every node left is kept
+        self._threads = {m: {new_id[n]: t for n, t in by_node.items()} for m, by_node in self._threads.items()}
+        self._bytes = (self._node_bytes * len(keep) + sum(map(frame_bytes, frames))
+                       + sum(THREAD_NODE_BYTES * len(b) + THREAD_BYTES * sum(map(len, b.values()))
+                             for b in self._threads.values()))
         self._path_bytes = PATH_BYTES * len(self._leaf_of) + 8 * sum(map(len, self._leaf_of))

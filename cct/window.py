@@ -141,6 +141,14 @@ class WindowedCCT:
             self._advance(t)
         self._open.add(path, metric, value)
 
+    def add_sample(self, path: tuple[Frame, ...], metric: str, tid: int, value: int = 1,
+                   now: float | None = None) -> None:
+        """`add`, also counted by thread (`CCT.add_sample`)."""
+        t = self._clock() if now is None else now
+        if t >= self._open_end:
+            self._advance(t)
+        self._open.add_sample(path, metric, tid, value)
+
     def add_many(self, path: tuple[Frame, ...], deltas: Mapping[str, int], now: float | None = None) -> None:
         t = self._clock() if now is None else now
         if t >= self._open_end:

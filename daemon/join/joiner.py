@@ -4,7 +4,9 @@ Runs on the process's aggregation thread only (no locks in here). No privilege.
 
 Paths read  py frames → C extension → op frames → native frames → api:… → kernel:…  (outermost
 first; `splice()` puts native frames between Python runs where the eval loop's frames allow).
-- CPU samples (BPF perf event): py + ops + native.
+- CPU samples (BPF perf event): py + ops + native; counted by thread too (the event's tid, as are
+  the agent's Python samples: `CCT.add_sample`), the threads named once, when first seen, by the
+  `thread_name` the session gives (the comm: `ProcFS.thread_comm`), for pprof's thread labels.
 - Launches: py + ops + native + api + kernel; `launch_count` at once. GPU time arrives later from
   the agent (CUPTI): the session's `GpuJoin` (daemon/join/gpujoin.py) says which launch each kernel
   record belongs to — by launch order (`LaunchOrderJoin`, daemon/join/orderjoin.py) or exactly through
@@ -59,6 +61,7 @@ GPU_MEASURED = tuple(m.name for m in metrics.REGISTRY if m.needs == "gpu")  # un
 _INTERPRETER_FILE = re.compile(r"^(lib)?python(3(\.\d+)?[a-z]*)?(\.so(\.[\d.]*)?)?$")
 MAX_NATIVE_FRAMES = 16
 HANDLE_NAMES_MAX = 65_536
+THREAD_NAMES_MAX = 4096   # threads named per process; later ones keep their tid only
 _UNSEEN = (Frame.other("[launch not seen]"),)  # one tuple: its charges are staged together
 # GPU copies and memsets (CUPTI MEMCPY / MEMSET activity), see `_on_copy_call`
 _COPY_UNSEEN = (Frame.other("[copy call not seen]"),)
@@ -275,7 +278,9 @@ class Joiner:
         horizon_s: float = 120.0,
         clock=time.monotonic,
         api_records: bool = True,
+        thread_name: Callable[[int], str] | None = None,
     ) -> None:
+        """`thread_name(tid)`: the thread's name ("" if unknown), asked once per thread."""
         self.pid = pid
         self.agent = agent
         self._clock = clock
@@ -301,6 +306,8 @@ class Joiner:
         self._i_gpu = t.metric_index("gpu_time_ns")
         self._i_kernels = t.metric_index("kernel_count")
         self.jax: JaxIndex | None = None   # once the agent sends JAX records
+        self._thread_name = thread_name
+        self._thread_names: dict[int, str] = {}
         self._handle_names: dict[str, str] = {}  # "unresolved:0x…" (a CUfunction) → CUPTI's kernel name
         j = self.gpu_join
         self._on_launch = j.on_launch if agent else None   # without an agent no GPU record comes
@@ -343,7 +350,10 @@ class Joiner:
         add = self.tree.add_many
         if kind == "cpu_sample":
             stats.cpu_samples += 1
-            add(base, {"cpu_samples": 1})
+            tid = ev.tid
+            if tid not in self._thread_names:
+                self._name_thread(tid)
+            self.tree.add_sample(base, "cpu_samples", tid)
             return
         api = Frame.api(ev.api)
         if kind == "sync":
@@ -438,7 +448,13 @@ class Joiner:
         if self.compiled is not None:
             frames = self.compiled.rewrite(frames)
         if frames:
-            self.tree.add_many(frames, {"py_samples": 1})
+            if rec.tid not in self._thread_names:
+                self._name_thread(rec.tid)
+            self.tree.add_sample(frames, "py_samples", rec.tid)
+
+    def _name_thread(self, tid: int) -> None:
+        if tid > 0 and len(self._thread_names) < THREAD_NAMES_MAX:
+            self._thread_names[tid] = self._thread_name(tid) if self._thread_name is not None else ""
 
     def _on_agent_stats(self, rec: AgentStats) -> None:
         self.gpu_collector_active = bool(rec.gpu.get("active")) or self.gpu_collector_active
@@ -659,6 +675,9 @@ class Joiner:
 
     def snapshot(self, window_s: float | None = None) -> Snapshot:
         meta = dict(self.meta)
+        named = {str(tid): name for tid, name in self._thread_names.items() if name}
+        if named:                 # tid -> name, pprof's thread labels
+            meta["threads"] = named
         if self.backward.stats:   # how much backward work found its forward context
             meta["backward_link"] = dict(self.backward.stats)
         return self.tree.snapshot(window_s=window_s, meta=meta, unavailable=self.unavailable())

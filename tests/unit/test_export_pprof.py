@@ -215,3 +215,47 @@ def test_the_python_module_of_a_file() -> None:
     assert python_module_of("/usr/lib/python3/dist-packages/torch/nn/modules/linear.py") == "torch.nn.modules.linear"
     assert python_module_of("/v/lib/python3.11/site-packages/transformers/__init__.py") == "transformers"
     assert python_module_of("/srv/app/prep.py") == "prep" and python_module_of("<string>") == "<string>"
+
+
+def threaded() -> Snapshot:
+    main = (Frame.python("/srv/app/main.py", "main", 20),)
+    tree = CCT()
+    tree.add_sample(main + (Frame.python("/srv/app/prep.py", "preprocess", 5),), "cpu_samples", 41, 30)
+    tree.add_sample(main + (Frame.python("/srv/app/model.py", "encoder", 11),), "cpu_samples", 42, 50)
+    tree.add_sample(main + (Frame.python("/srv/app/model.py", "encoder", 11),), "cpu_samples", 43, 3)
+    tree.add_sample(main + (Frame.python("/srv/app/model.py", "encoder", 11),), "cpu_samples", 0, 2)
+    tree.add(main + (Frame.python("/srv/app/model.py", "encoder", 11),), "gpu_time_ns", 5_000)
+    meta = {"pid": 4242, "cpu_hz": 100, "threads": {"41": "loader", "42": "trainer"}}
+    return tree.snapshot(meta=meta)
+
+
+def test_samples_carry_pid_and_thread_labels(profile_pb2) -> None:
+    snap = threaded()
+    profile = profile_pb2.Profile()
+    profile.ParseFromString(gzip.decompress(to_pprof(snap)))
+    strings = list(profile.string_table)
+    assert parsed_totals(profile)[0] == {"cpu_samples": 85, "cpu": 85 * 10_000_000, "gpu_time_ns": 5_000}
+    seen = set()
+    for sample_ in profile.sample:
+        labels = {strings[lb.key]: strings[lb.str] if lb.str else lb.num for lb in sample_.label}
+        assert labels.pop("pid") == 4242
+        seen.add(tuple(sorted(labels.items())))
+    # one sample per (node, thread); the unnamed thread by tid, the unknown one as [other threads];
+    # GPU time is not counted by thread
+    assert seen == {(("thread", "loader"), ("tid", 41)), (("thread", "trainer"), ("tid", 42)), (("tid", 43),),
+                    (("thread", "[other threads]"),), ()}
+
+
+def test_go_tool_pprof_focuses_on_a_thread(tmp_path: Path) -> None:
+    path = tmp_path / "threads.pb.gz"
+    path.write_bytes(to_pprof(threaded()))
+
+    def top(*args: str) -> list[tuple[str, str]]:
+        out = _go_pprof(tmp_path, "-top", "-sample_index=samples", *args, str(path))
+        return [(r[0], r[-1]) for r in (ln.split() for ln in out.splitlines()) if r and r[0].isdigit() and r[0] != "0"]   # flat > 0
+
+    assert top("-tagfocus=thread=loader") == [("30", "prep.preprocess")]
+    assert top("-tagfocus=thread=trainer") == [("50", "model.encoder")]
+    assert top("-tagfocus=tid=43") == [("3", "model.encoder")]
+    assert top("-tagfocus=thread=other threads") == [("2", "model.encoder")]
+    assert top() == [("55", "model.encoder"), ("30", "prep.preprocess")]    # every thread, all of it
