@@ -40,6 +40,8 @@ echo "$(pwd)/.venv/debian-bcc" > "$site/debian_bcc.pth"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q torch==2.13.0 numpy  # numpy: torch warns without it
 .venv/bin/python -m pip install -q -e '.[test]'
+# py-spy: the profiler tests/bpf/test_pprof_pyspy.py compares stacklens' pprof with.
+.venv/bin/python -m pip install -q py-spy==0.4.3
 # speedscope's published file-format schema (from its npm package) for the export tests.
 ss=.venv/share/speedscope/file-format-schema.json
 if [ ! -s "$ss" ] && command -v npm >/dev/null; then
