@@ -2,9 +2,9 @@
 # Issue 17 acceptance 1, by hand (docs/benchmarks/soak.md "Concurrent attaches"). Run as root from the
 # repository root: bash benchmarks/concurrent_attaches.sh
 # 20 runs of: fresh stacklensd, 8 idle Python targets, 8 concurrent `stacklens attach`, 8 concurrent detach
-cd /work/main
+cd "$(dirname "$0")/.."
 B=.venv/bin
-for run in $(seq 1 20); do
+for run in $(seq 1 "${RUNS:-20}"); do
   D=$(mktemp -d); S=$D/run/s.sock
   $B/stacklensd --socket $S --metrics-address off >$D/out 2>$D/log & DP=$!
   for i in $(seq 50); do grep -q ready $D/out && break; sleep 0.2; done

@@ -25,6 +25,7 @@ COUNTERS = (
     "pending_miss", "samples", "no_user_regs", "py_stack_errors", "lost_samples", "reserve_retry_ok",
     "ring_fallback", "native_stacks_reused", "stacks_in_map2",
 )
+SL_NCOUNTERS = 16         # counters per target: counters[slot * SL_NCOUNTERS + i] (stacklens.h)
 SL_STACK_IN_2 = 1 << 30   # a native stack id with this bit set is in `stacks2` (stacklens.h)
 SL_STACK_INLINE = -4096   # the stack's addresses follow the event; `out` = their size in bytes
 
@@ -67,6 +68,8 @@ class SlNameEvent(ct.Structure):
     _fields_ = [
         ("kind", ct.c_uint32),
         ("spec", ct.c_uint32),
+        ("pid", ct.c_uint32),
+        ("tid", ct.c_uint32),
         ("handle", ct.c_uint64),
         ("ref", ct.c_uint64),
         ("name", ct.c_char * SL_NAME),
@@ -98,11 +101,16 @@ class SlShadow(ct.Structure):
 
 
 class SlOpPath(ct.Structure):
-    _fields_ = [("depth", ct.c_uint32), ("ops", ct.c_uint32 * SL_OP_DEPTH)]
+    _fields_ = [("depth", ct.c_uint32), ("tgid", ct.c_uint32), ("ops", ct.c_uint32 * SL_OP_DEPTH)]
 
 
 class SlOpSlot(ct.Structure):
     _fields_ = [("hash", ct.c_uint64), ("count", ct.c_uint64)]
+
+
+class SlTarget(ct.Structure):
+    _fields_ = [("slot", ct.c_uint32), ("pad", ct.c_uint32), ("py_interp", ct.c_uint64),
+                ("py_tls_off", ct.c_uint64)]
 
 
 ABI_STRUCTS = {
@@ -114,4 +122,5 @@ ABI_STRUCTS = {
     "sl_bwd_entry": SlBwdEntry,
     "sl_op_path": SlOpPath,
     "sl_op_slot": SlOpSlot,
+    "sl_target": SlTarget,
 }

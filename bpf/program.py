@@ -54,11 +54,16 @@ def _expand(name: str, seen: set[str], pystack: bool = False) -> str:
     return _INCLUDE.sub(sub, text)
 
 
-def build_source(pid: int, *, gpu: bool, ops: bool, cpu: bool, native_stacks: bool = True,
+MAX_TARGETS = 64   # processes one compiled program serves at once (stacklens.h SL_MAX_TARGETS)
+
+
+def build_source(*, gpu: bool, ops: bool, cpu: bool, native_stacks: bool = True,
                  python_stacks: bool = False, pystack_cflags: tuple[str, ...] = (), max_specs: int = 64, ringbuf_pages: int = 4096,
                  api_stubs: int = 0, op_stubs: int = 0, autograd: bool = False) -> ProgramSource:
-    """api_stubs/op_stubs > 0 selects the per-probe fallback (kernels without uprobe_multi).
-    autograd: the forward→backward link's probes (autograd.bpf.c), with the operator probes."""
+    """The program for every process with these settings (nothing in it names a process: the
+    targets it serves are entries of its `targets` map, bpf/shared.py). api_stubs/op_stubs > 0
+    selects the per-probe fallback (kernels without uprobe_multi). autograd: the
+    forward→backward link's probes (autograd.bpf.c), with the operator probes."""
     parts = [p for p, on in (("gpu.bpf.c", gpu), ("ops.bpf.c", ops), ("cpu.bpf.c", cpu),
                              ("autograd.bpf.c", ops and autograd)) if on]
     seen: set[str] = set()
@@ -68,7 +73,7 @@ def build_source(pid: int, *, gpu: bool, ops: bool, cpu: bool, native_stacks: bo
         lines += [f"SL_OP_STUBS({i})" for i in range(op_stubs) if ops]
         text += "\n/* per-probe fallback stubs */\n" + "\n".join(lines) + "\n"
     cflags = [
-        f"-DSL_TGID={int(pid)}",
+        f"-DSL_MAX_TARGETS={MAX_TARGETS}",
         f"-DSL_MAX_SPECS={int(max_specs)}",
         f"-DSL_RINGBUF_PAGES={int(ringbuf_pages)}",
         f"-DSL_NATIVE_STACKS={1 if native_stacks else 0}",

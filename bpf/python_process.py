@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from stacklens.bpf import python_layouts as pl
-from stacklens.errors import AttachError, MemoryReadError, NotApplicable, UnsupportedVersion
+from stacklens.errors import AttachError, MemoryReadError, NotApplicable, StacklensError, UnsupportedVersion
 from stacklens.introspect.cpython import find_python
 from stacklens.introspect.memory import ProcessMemory, ProcMem, read_u64
 from stacklens.introspect.procfs import ProcFS
@@ -315,9 +315,23 @@ class PythonStackReader:
                  SL_PY_MAX_DEPTH=self.max_depth)
         return d
 
-    def cflags(self) -> list[str]:
+    # per process: from the targets map (struct sl_target) in a program that serves several
+    PER_TARGET = ("SL_PY_TGID", "SL_PY_INTERP", "SL_PY_TLS_OFF")
+
+    def target_params(self) -> tuple[int, int]:
+        """(interpreter address, TLS offset or 0) for this process's `targets` entry."""
+        return self.interpreter.main_interp, self.tls_offset or 0
+
+    def program_cflags(self) -> list[str]:
+        """`cflags()` without what names this process: the layout of its CPython build, which
+        every process of that build shares (stacklens.h takes the rest from `targets`)."""
+        return self.cflags(per_target=False)
+
+    def cflags(self, per_target: bool = True) -> list[str]:
         flags = [f"-I{self.include_dir()}"]
         for k, v in self.defines().items():
+            if not per_target and k in self.PER_TARGET:
+                continue
             flags.append(f"-D{k}={v:#x}ULL" if v > 0x7FFFFFFF else f"-D{k}={v}")
         if not self.tag:
             flags.append("-DSL_PY_NO_TAG")
@@ -342,6 +356,25 @@ class PythonStackReader:
                 tab[tab.Key(tid)] = tab.Leaf(t.tstate)
                 n += 1
         return n
+
+    def forget_threads(self, bpf, table: str = "sl_py_threads") -> None:
+        """Removes this process's entries from the tid -> tstate map (a map the program shares
+        with other processes): at detach."""
+        try:
+            tab = bpf.get_table(table.encode())
+        except KeyError:
+            return
+        try:
+            tids = self.procfs.host_tids(self.pid).values()
+        except (StacklensError, OSError):
+            # exited: its entries stay until reused; a reused tid's tstate then fails the
+            # interpreter check of pystack.h (another process's interpreter address)
+            return
+        for tid in tids:
+            try:
+                del tab[tab.Key(tid)]
+            except KeyError:
+                pass
 
     def refresh_threads(self) -> list[PyThread]:
         """Re-walk the interpreter's thread list (new threads) and refresh the BPF map."""

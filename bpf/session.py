@@ -23,6 +23,7 @@ from stacklens.cct import Frame
 from stacklens.introspect.procfs import ProcFS
 
 from stacklens.bpf import autograd, program
+from stacklens.bpf.shared import POOL, SharedProgram
 from stacklens.bpf.events import AttachReport, Event, LibraryAttach, make_event
 from stacklens.bpf.events_abi import (COUNTERS, SL_BLOB, SL_EV_NAME, SL_EV_NODE_NEW, SL_EV_SAMPLE, SL_NAME, SL_NARGS,
                          SL_STACK_IN_2, SL_STACK_INLINE, SlEvent, SlSpec)
@@ -38,13 +39,12 @@ _ARGS = struct.Struct(f"<{SL_NARGS}Q")
 _ARGS_OFF = SlEvent.args.offset
 _BLOB_OFF = SlEvent.blob.offset
 assert _HEAD.size == _ARGS_OFF and _ARGS_OFF + _ARGS.size == _BLOB_OFF
-_NAME_HEAD = struct.Struct("<IIQQ")
+_NAME_HEAD = struct.Struct("<IIIIQQ")
 # ring record header (length | BUSY | DISCARD, page offset) + the sl_event head: one unpack per record
 _REC = struct.Struct("<II" + _HEAD.format[1:])
 _ARGS_REC = 8 + _ARGS_OFF
 _BLOB_REC = 8 + _BLOB_OFF
 COMMIT_BYTES = 1 << 20  # consumer position handed back to the producers at least this often
-FALLBACK_PAGES = 16     # per-CPU perf buffer for events the ring refused (sl_emit)
 _EVENT_SIZE = ct.sizeof(SlEvent)
 _RING_HDR = struct.Struct("<II")
 _tuple_new = tuple.__new__  # Event is a tuple subclass (bpf/events.py)
@@ -63,8 +63,6 @@ PY_CACHE_MAX = 65536  # symbolized Python stacks kept by id (ids are content has
 _STACK_ROOTS = ("_start", "__libc_start_main", "__libc_start_call_main", "clone", "clone3",
                 "__clone", "__clone3", "start_thread", "__GI___clone3", "__GI___clone")
 _ROLE = {"libcuda": "cuda", "libamdhip64": "hip"}
-PERF_TYPE_SOFTWARE = 1
-PERF_COUNT_SW_CPU_CLOCK = 0
 # ops attached when uprobe_multi is unavailable (one perf event each: slow to attach and detach)
 FALLBACK_OPS = ("aten::linear", "aten::addmm", "aten::matmul", "aten::mm", "aten::bmm", "aten::conv2d",
                 "aten::convolution", "aten::relu", "aten::softmax_int", "aten::layer_norm",
@@ -164,9 +162,9 @@ def dump_bpf(pid: int, config: ProbeConfig = ProbeConfig()) -> str:
     if config.python_stacks and program.pystack_available():
         reader, _ = python_reader(pid)
         if reader is not None:
-            py_flags = tuple(reader.cflags()) + tuple(config.pystack_cflags)
+            py_flags = tuple(reader.program_cflags()) + tuple(config.pystack_cflags)
     return program.build_source(
-        pid, gpu=config.gpu, ops=config.ops, cpu=config.cpu_sample_hz > 0,
+        gpu=config.gpu, ops=config.ops, cpu=config.cpu_sample_hz > 0,
         native_stacks=config.native_stacks, python_stacks=bool(py_flags),
         pystack_cflags=py_flags, max_specs=max(64, len(specs)), ringbuf_pages=config.ringbuf_pages).render()
 
@@ -195,15 +193,16 @@ class ProbeSession:
         self.pid = pid
         self.config = config
         self._bpf = None
+        self._shared: SharedProgram | None = None   # the compiled program, shared (bpf/shared.py)
+        self._key: tuple = ()
+        self._slot = -1            # this process's counter slot in it
         self._links: list[int] = []
-        self._perf_attached = False
         self._reader: RingBufReader | None = None
         self._attached_files: set[tuple[str, int]] = set()
         self._specs: list[ProbeSpec] = []
         self._decoders: list = []
         self._shapes: dict[int, tuple] = {}
-        self._fb_records: list[bytes] = []
-        self._op_slots = None      # (mmap, memoryview as u64) of the op_slots array, when read
+        self._op_own: dict[int, bool] = {}   # op-path hash -> it is this process's (shared maps)
         self._op_names: list[str] = []
         self._vtables = autograd.VtableNames()   # autograd node classes by vtable pointer
         self._names: dict[int, str] = {}
@@ -218,8 +217,7 @@ class ProbeSession:
         self._fallback = False
         self._last_scan = 0.0
         self._user = {"decoded": 0, "truncated_stacks": 0, "stack_lookup_failures": 0, "rescans": 0,
-                      "py_unsupported": 0, "py_stacks_symbolized": 0, "py_stacks_lost": 0,
-                      "fallback_full": 0}
+                      "py_unsupported": 0, "py_stacks_symbolized": 0, "py_stacks_lost": 0}
         self._libraries: list[LibraryAttach] = []
         self._notes: list[str] = []
         self.attached = False
@@ -244,15 +242,10 @@ class ProbeSession:
             self._scan(initial=True)
             if cfg.cpu_sample_hz > 0:
                 self._phase("starting CPU sampling")
-                self._bpf.attach_perf_event(ev_type=PERF_TYPE_SOFTWARE, ev_config=PERF_COUNT_SW_CPU_CLOCK,
-                                            fn_name=b"sl_cpu_sample", sample_freq=int(cfg.cpu_sample_hz))
-                self._perf_attached = True
-            table = self._bpf[b"events"]
-            self._reader = RingBufReader(table.map_fd, cfg.ringbuf_pages * os.sysconf("SC_PAGE_SIZE"))
-            self._fb_records = []
-            # lost_cb: a full fallback buffer is already counted as a drop in BPF (perf_submit fails)
-            self._bpf[b"events_fb"].open_perf_buffer(self._on_fallback, page_cnt=FALLBACK_PAGES,
-                                                     lost_cb=self._on_fallback_full)
+            interp, tls = self._py.target_params() if self._py is not None else (0, 0)
+            # from here the program serves this process (and the CPU sampler runs for it)
+            self._slot = self._shared.add_target(self.pid, interp, tls)
+            self._reader = self._shared.reader
             self._symbolizer = Symbolizer(self.pid)
             # the process may have exited while we attached: then nothing must stay attached
             _check_pid(self.pid)
@@ -272,8 +265,8 @@ class ProbeSession:
                             "perf_event" if self._fallback else "uprobe_multi", self._py is not None)
 
     def _compile_and_load(self) -> None:
-        from bcc import BPF  # imported here: no import-time side effects, tests without bcc still import
-
+        """The program this process needs: reused from POOL when one with the same settings is
+        compiled already (bpf/shared.py), else compiled (one BCC compile at a time per process)."""
         cfg = self.config
         py_flags: tuple[str, ...] = ()
         self._py = None
@@ -283,43 +276,66 @@ class ProbeSession:
             if self._py is None:
                 self._user["py_unsupported"] += 1
             else:
-                py_flags = tuple(self._py.cflags()) + tuple(cfg.pystack_cflags)
+                py_flags = tuple(self._py.program_cflags()) + tuple(cfg.pystack_cflags)
         self._fallback = cfg.force_fallback or not _uprobe_multi_supported()
         if self._fallback:
             self._notes.append("uprobe_multi unavailable: per-probe uprobes with a short op list "
                                f"({len(FALLBACK_OPS)} ops); detach takes ~0.1 s per probe")
         src = program.build_source(
-            self.pid, gpu=cfg.gpu, ops=cfg.ops, cpu=cfg.cpu_sample_hz > 0, native_stacks=cfg.native_stacks,
+            gpu=cfg.gpu, ops=cfg.ops, cpu=cfg.cpu_sample_hz > 0, native_stacks=cfg.native_stacks,
             python_stacks=bool(py_flags), pystack_cflags=py_flags, max_specs=max(64, len(self._specs)), ringbuf_pages=cfg.ringbuf_pages,
             api_stubs=len(self._specs) if self._fallback else 0,
             op_stubs=len(FALLBACK_OPS) if self._fallback else 0, autograd=cfg.ops and cfg.autograd)
         if cfg.extra_cflags:
             src = program.ProgramSource(src.text, src.cflags + tuple(cfg.extra_cflags))
         self._source = src
-        self._phase("compiling BPF")
-        try:
-            self._bpf = program.compile_bpf(src)  # one BCC compile at a time per process (LLVM)
-        except Exception as e:
-            raise AttachError(f"BPF compile failed: {e}; check kernel headers with `stacklens doctor`") from e
+        # per-probe uprobes (the fallback) belong to the module they were attached through: not shared
+        self._key = (src.text, src.cflags, tuple(bytes(s.bpf_spec()) for s in self._specs),
+                     cfg.cpu_sample_hz, cfg.ringbuf_pages, id(self) if self._fallback else 0)
+        compiled = []
+
+        def build() -> SharedProgram:
+            self._phase("compiling BPF")
+            compiled.append(True)
+            try:
+                return SharedProgram(src, setup=self._setup_program, cpu_sample_hz=cfg.cpu_sample_hz,
+                                     ringbuf_pages=cfg.ringbuf_pages)
+            except Exception as e:
+                raise AttachError(f"BPF compile failed: {e}; check kernel headers with `stacklens doctor`") from e
+
+        self._shared = POOL.acquire(self._key, build)
+        if not compiled:
+            self._notes.append(f"BPF program: compiled before, shared with {self._shared.users - 1} other "
+                               "attached process(es) or kept from an earlier attach")
+        self._bpf = self._shared.bpf
+        loaded = self._shared.loaded
+        self._api_entry, self._api_return = loaded.get("api_entry"), loaded.get("api_return")
+        self._op_entry, self._ag_entry = loaded.get("op_entry"), loaded.get("autograd")
         if self._py is not None:
             self._py.populate(self._bpf)  # fills the tid -> tstate map in "map" mode only
             self._py_table = self._bpf[b"sl_py_stacks"]
+
+    def _setup_program(self, bpf) -> dict:
+        """Once per compiled program: the probe specs and the uprobe_multi programs loaded."""
+        from bcc import BPF  # imported here: no import-time side effects, tests without bcc still import
+
+        cfg = self.config
         if cfg.gpu:
-            table = self._bpf.get_table(b"specs", keytype=ct.c_int, leaftype=SlSpec)
+            table = bpf.get_table(b"specs", keytype=ct.c_int, leaftype=SlSpec)
             for s in self._specs:
                 table[table.Key(s.index)] = s.bpf_spec()
+        loaded = {}
         if not self._fallback:
+            names = []
             if cfg.gpu:
-                self._api_entry = self._bpf.load_func(b"sl_api_entry_multi", BPF.KPROBE,
-                                                      attach_type=BPF_TRACE_UPROBE_MULTI)
-                self._api_return = self._bpf.load_func(b"sl_api_return_multi", BPF.KPROBE,
-                                                       attach_type=BPF_TRACE_UPROBE_MULTI)
+                names += [("api_entry", b"sl_api_entry_multi"), ("api_return", b"sl_api_return_multi")]
             if cfg.ops:
-                self._op_entry = self._bpf.load_func(b"sl_op_entry_multi", BPF.KPROBE,
-                                                     attach_type=BPF_TRACE_UPROBE_MULTI)
+                names.append(("op_entry", b"sl_op_entry_multi"))
             if cfg.ops and cfg.autograd:
-                self._ag_entry = self._bpf.load_func(b"sl_autograd_multi", BPF.KPROBE,
-                                                     attach_type=BPF_TRACE_UPROBE_MULTI)
+                names.append(("autograd", b"sl_autograd_multi"))
+            for key, fn in names:
+                loaded[key] = bpf.load_func(fn, BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI)
+        return loaded
 
     def preload_symbols(self) -> int:
         """Read the symbol table of every file the process maps executable now rather than at
@@ -507,8 +523,11 @@ class ProbeSession:
 
     # ------------------------------------------------------------------ events
     def poll(self, timeout_ms: int = 100, max_events: int = 1 << 20) -> list[Event]:
-        """Decoded events since the last poll (waits up to timeout_ms when none are ready)."""
-        if self._reader is None:
+        """Decoded events since the last poll (waits up to timeout_ms when none are ready).
+        While this process is the program's only target its records are decoded straight from
+        the mapped ring; otherwise the ring is sorted into per-process queues first."""
+        shared = self._shared
+        if self._reader is None or shared is None:
             return []
         if self.config.rescan_interval_s and time.monotonic() - self._last_scan > self.config.rescan_interval_s:
             try:
@@ -518,16 +537,21 @@ class ProbeSession:
         reader = self._reader
         if timeout_ms and not reader.available():
             reader.wait(timeout_ms)
-        # events the ring refused (sl_emit in stacklens.h): rare; one epoll_wait(0) per poll
-        self._bpf.perf_buffer_poll(0)
         # the loop allocates only acyclic objects: pausing the cyclic GC saves ~25% per event
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            out = self._decode_ring(reader, max_events)
-            if self._fb_records:
-                out += self._decode_ring(_RecordList(self._fb_records), 1 << 30)
-                self._fb_records = []
+            with shared.lock:
+                # events the ring refused (sl_emit in stacklens.h): rare; one epoll_wait(0) per poll
+                shared.poll_fallback()
+                if shared.sole(self.pid):
+                    out = self._decode_ring(reader, max_events)
+                else:
+                    shared.sort_ring()
+                    out = []
+                queued = shared.take(self.pid)
+            if queued:
+                out += self._decode_ring(_RecordList(queued), 1 << 30)
             return out
         finally:
             if was_enabled:
@@ -541,18 +565,11 @@ class ProbeSession:
         records = []
         try:
             for _key, val in self._bpf["pending"].items():
-                records.append(ct.string_at(ct.addressof(val), ct.sizeof(val)))
+                if val.pid == self.pid:       # the pending map is the shared program's
+                    records.append(ct.string_at(ct.addressof(val), ct.sizeof(val)))
         except (KeyError, OSError):
             return []
         return self._decode_ring(_RecordList(records), 1 << 30) if records else []
-
-    def _on_fallback(self, _cpu, data, size) -> None:
-        # an event, and for a CPU sample the addresses after it (SL_STACK_INLINE); the perf
-        # record's size includes padding, which the decode's bounds ignore
-        self._fb_records.append(ct.string_at(data, min(size, _EVENT_SIZE + 8 * STACK_DEPTH)))
-
-    def _on_fallback_full(self, lost: int) -> None:
-        self._user["fallback_full"] += lost
 
     def _shape(self, si: int) -> tuple:
         """Per probe spec, what the hot loop needs: (spec, kind, symbol, slot of the kernel
@@ -578,6 +595,7 @@ class ProbeSession:
         stack_cache, op_cache, py_cache = self._stack_cache, self._op_cache, self._py_cache
         names = self._names
         new = _tuple_new
+        me = self.pid
         commit_at = cons + COMMIT_BYTES
         while cons < prod:
             off = cons & mask
@@ -590,7 +608,7 @@ class ProbeSession:
                 commit_at = cons + COMMIT_BYTES
                 if len(out) >= max_events:
                     break
-            if ln & DISCARD:
+            if ln & DISCARD or pid != me:
                 continue
             if kind == SL_EV_NAME:
                 self._name_event(data, off + 8)
@@ -666,7 +684,7 @@ class ProbeSession:
         return name
 
     def _name_event(self, data, off: int) -> None:
-        _, _, handle, ref = _NAME_HEAD.unpack_from(data, off)
+        _, _, _, _, handle, ref = _NAME_HEAD.unpack_from(data, off)
         raw = bytes(data[off + _NAME_HEAD.size:off + _NAME_HEAD.size + SL_NAME])
         name = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
         if not name and ref:
@@ -759,22 +777,24 @@ class ProbeSession:
         return out
 
     def _op_hash_counts(self) -> list[tuple[int, int]]:
-        """(path hash, calls): the mmapped op_slots array, then the op_counts overflow map."""
-        slots = self._op_slots_view()
+        """(path hash, calls) of this process's paths: the mmapped op_slots array, then the
+        op_counts overflow map (both the shared program's: paths are told apart by owner)."""
+        slots = self._shared.op_slots_view()
         hashes, counts = slots[0::2], slots[1::2]
         out = [(h, n) for h, n in zip(hashes, counts) if h and n]
         out += [(k.value, v.value) for k, v in self._bpf[b"op_counts"].items()]
-        return out
+        return [(h, n) for h, n in out if self._own_path(h)]
 
-    def _op_slots_view(self) -> memoryview:
-        if self._op_slots is None:
-            import mmap
-
-            table = self._bpf[b"op_slots"]
-            size = table.max_entries * ct.sizeof(table.Leaf)
-            mm = mmap.mmap(table.map_fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
-            self._op_slots = (mm, memoryview(mm).cast("Q"))
-        return self._op_slots[1]
+    def _own_path(self, h: int) -> bool:
+        own = self._op_own.get(h)
+        if own is None:
+            table = self._bpf[b"op_paths"]
+            try:
+                own = table[table.Key(h)].tgid == self.pid
+            except KeyError:
+                return False          # not named yet (or the map was full): asked again later
+            self._op_own[h] = own
+        return own
 
     @property
     def libraries(self) -> tuple[LibraryAttach, ...]:
@@ -786,17 +806,17 @@ class ProbeSession:
 
     def stats(self) -> dict[str, int]:
         out = {name: 0 for name in COUNTERS}
-        if self._bpf is not None:
-            table = self._bpf[b"counters"]
-            for i, name in enumerate(COUNTERS):
-                out[name] = int(sum(table[table.Key(i)]))
+        if self._shared is not None and self._slot >= 0:
+            out.update(self._shared.counters(self._slot))
         if self._bpf is not None and self.config.ops:
             # counted per op path (the op probe keeps no separate per-hit counter)
-            out["op_calls"] = sum(self._op_slots_view()[1::2]) + int(
-                sum(v.value for v in self._bpf[b"op_counts"].values()))
+            out["op_calls"] = sum(n for _, n in self._op_hash_counts())
         out["unwind_errors"] = out["stack_errors"] + self._user["stack_lookup_failures"]
         out.update(self._user)
         out["links"] = len(self._links)
+        if self._shared is not None:
+            out["fallback_full"] = self._shared.fallback_full   # the program's (not told apart by process)
+            out["unpolled_drops"] = self._shared.dropped.get(self.pid, 0)
         if self._py is not None:
             st = self._py.symbolizer.stats
             out.update(py_code_hits=st.hits, py_code_misses=st.misses, py_code_stale=st.stale,
@@ -814,30 +834,27 @@ class ProbeSession:
 
     # ------------------------------------------------------------------ detach
     def detach(self) -> None:
-        """Remove every probe; safe to call twice and after a failed attach."""
+        """Remove every probe; safe to call twice and after a failed attach. The compiled
+        program goes back to POOL for the next attach."""
         links, self._links = self._links, []
         for fd in links:
             try:
                 os.close(fd)
             except OSError:
                 pass
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-        slots, self._op_slots = self._op_slots, None
-        if slots is not None:
+        shared, self._shared = self._shared, None
+        if shared is not None:
             try:
-                slots[1].release()
-                slots[0].close()
-            except (BufferError, ValueError):
-                pass
-        bpf, self._bpf = self._bpf, None
-        if bpf is not None:
-            try:
-                bpf.cleanup()
-            except Exception:
-                pass
-        self._perf_attached = False
+                if self._py is not None and self._py.mode == "map":
+                    self._py.forget_threads(shared.bpf)
+                shared.remove_target(self.pid)
+            except Exception:  # noqa: BLE001 — an unusable program is closed, not reused
+                POOL.discard(self._key, shared)
+            else:
+                POOL.release(self._key, shared)
+        self._reader = None
+        self._bpf = None
+        self._slot = -1
         self.attached = False
         py, self._py = self._py, None
         if py is not None:

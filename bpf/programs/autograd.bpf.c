@@ -24,7 +24,7 @@ BPF_PERCPU_ARRAY(node_scratch, struct sl_event, 1);
 
 static __always_inline int sl_autograd(struct pt_regs *ctx, u32 which)
 {
-    if (!sl_is_target())
+    if (!sl_enter())
         return 0;
     u64 node = 0;
     if (which == SL_AG_NEW) {

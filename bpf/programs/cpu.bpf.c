@@ -17,7 +17,7 @@ BPF_PERCPU_ARRAY(sample_scratch, struct sl_sample, 1);
 
 int sl_cpu_sample(struct bpf_perf_event_data *ctx)
 {
-    if (!sl_is_target())
+    if (!sl_enter())
         return 0;
     sl_count(SL_C_SAMPLES);
     u32 zero = 0;

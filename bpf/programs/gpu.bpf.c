@@ -114,7 +114,7 @@ static __always_inline void sl_fill_entry(struct pt_regs *ctx, struct sl_spec *s
 
 static __always_inline int sl_api_entry(struct pt_regs *ctx, u32 idx)
 {
-    if (!sl_is_target())
+    if (!sl_enter())
         return 0;
     struct sl_spec *sp = specs.lookup(&idx);
     if (!sp)
@@ -144,7 +144,7 @@ static __always_inline int sl_api_entry(struct pt_regs *ctx, u32 idx)
 
 static __always_inline int sl_api_return(struct pt_regs *ctx, u32 idx)
 {
-    if (!sl_is_target())
+    if (!sl_enter())
         return 0;
     struct sl_spec *sp = specs.lookup(&idx);
     if (!sp)
@@ -164,8 +164,11 @@ static __always_inline int sl_api_return(struct pt_regs *ctx, u32 idx)
         if (!ne) {
             sl_count(SL_C_DROPS);
         } else {
+            u64 id = bpf_get_current_pid_tgid();
             ne->kind = SL_EV_NAME;
             ne->spec = idx;
+            ne->pid = id >> 32;
+            ne->tid = (u32)id;
             ne->handle = out;
             ne->ref = 0;
             ne->name[0] = 0;

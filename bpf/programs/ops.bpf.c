@@ -27,6 +27,7 @@ static __always_inline int sl_op_count_slow(struct sl_shadow *s, u32 d, u64 h,
         return 0;
     if (!op_paths.lookup(&h)) {
         p->depth = d + 1;
+        p->tgid = bpf_get_current_pid_tgid() >> 32;
 #pragma unroll
         for (int i = 0; i < SL_OP_DEPTH; i++)
             p->ops[i] = i <= d ? s->e[i].op : 0;
@@ -63,7 +64,7 @@ static __always_inline int sl_op_entry(struct pt_regs *ctx, u32 op)
 #ifdef SL_BENCH_OP_EMPTY
     return 0;  /* benchmarks only: the uprobe's own cost on libtorch's op entries */
 #endif
-    if (!sl_is_target())
+    if (!sl_enter())
         return 0;
     /* no per-hit counter: op calls are the sum of the op counts (user space, stats()) */
     struct sl_shadow *s = sl_shadow_get(BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -76,7 +77,8 @@ static __always_inline int sl_op_entry(struct pt_regs *ctx, u32 op)
         sl_count(SL_C_OP_OVERFLOW);
         return 0;
     }
-    u64 parent = 0xcbf29ce484222325ULL;
+    /* seeded with the process: one program serves several, and a path is one process's */
+    u64 parent = 0xcbf29ce484222325ULL ^ (bpf_get_current_pid_tgid() >> 32);
     if (d > 0)
         parent = s->e[sl_op_idx(d - 1)].hash;
     else

@@ -8,6 +8,8 @@
  *   SL_PY_INTERP          address of the main PyInterpreterState (validates the tstate)
  *   SL_PY_TLS_OFF         fsbase + this = glibc TSS slot holding the thread's PyThreadState
  *                         (0: no TLS lookup; pass the tstate yourself, e.g. from a tid map)
+ *   SL_PY_TARGET_PARAMS   (stacklens.h) the three above are per process, read from the
+ *                         current target (sl_cur(): one program serves several processes)
  *   SL_TASK_FSBASE_OFF    offsetof(struct task_struct, thread.fsbase) from the kernel's BTF
  *   SL_PY_MAX_DEPTH       frames kept (default 48); deeper stacks set `truncated`
  *   SL_PY_NO_TAG          do not read the per-frame code tag (one read less per frame)
@@ -33,12 +35,11 @@
 #ifndef SL_PY_TLS_OFF
 #define SL_PY_TLS_OFF 0
 #endif
-#ifndef SL_PY_TGID
-#ifdef SL_TGID
-#define SL_PY_TGID SL_TGID
-#else
-#error "SL_PY_TGID must be set (PythonStackReader.cflags())"
+#ifndef SL_TASK_FSBASE_OFF
+#define SL_TASK_FSBASE_OFF 0
 #endif
+#if !defined(SL_PY_TGID) && !defined(SL_PY_TARGET_PARAMS)
+#error "SL_PY_TGID must be set (PythonStackReader.cflags())"
 #endif
 #ifndef SL_PY_FRAME_STYLE
 #error "Python layout -D flags missing (PythonStackReader.cflags())"
@@ -71,20 +72,37 @@ struct sl_pystack {
     struct sl_pyframe frames[SL_PY_MAX_DEPTH];
 };
 
+/* ---- per-process parameters: -D flags, or the current target's (SL_PY_TARGET_PARAMS) ---- */
+#ifdef SL_PY_TARGET_PARAMS
+static __always_inline u64 sl_py_interp(void)
+{
+    struct sl_target *t = sl_cur();
+    return t ? t->py_interp : 0;
+}
+
+static __always_inline u64 sl_py_tls_off(void)
+{
+    struct sl_target *t = sl_cur();
+    return t ? t->py_tls_off : 0;
+}
+#else
+static __always_inline u64 sl_py_interp(void) { return SL_PY_INTERP; }
+static __always_inline u64 sl_py_tls_off(void) { return SL_PY_TLS_OFF; }
+#endif
+
 /* The current thread's PyThreadState from glibc's TSS slot, or 0. */
 static __always_inline u64 sl_py_tstate_tls(void)
 {
-#if SL_PY_TLS_OFF
+    u64 off = sl_py_tls_off();
+    if (!off || !SL_TASK_FSBASE_OFF)
+        return 0;
     u64 fsbase = 0, ts = 0;
     struct task_struct *task = (struct task_struct *)bpf_get_current_task();
     if (bpf_probe_read_kernel(&fsbase, sizeof(fsbase), (char *)task + SL_TASK_FSBASE_OFF) || !fsbase)
         return 0;
-    if (bpf_probe_read_user(&ts, sizeof(ts), (void *)(fsbase + SL_PY_TLS_OFF)))
+    if (bpf_probe_read_user(&ts, sizeof(ts), (void *)(fsbase + off)))
         return 0;
     return ts;
-#else
-    return 0;
-#endif
 }
 
 /* Walk from `tstate` (0 = no Python on this thread). Always fills out->status/depth. */
@@ -99,7 +117,7 @@ static __always_inline int sl_walk_pystack(u64 tstate, struct sl_pystack *out)
     }
     u64 interp = 0, frame = 0;
     if (bpf_probe_read_user(&interp, sizeof(interp), (void *)(tstate + SL_PY_TS_INTERP)) ||
-        interp != SL_PY_INTERP) {
+        interp != sl_py_interp()) {
         out->status = SL_PY_BAD_TSTATE;
         return -1;
     }
@@ -171,6 +189,7 @@ static __always_inline int sl_walk_pystack(u64 tstate, struct sl_pystack *out)
     return 0;
 }
 
+#ifdef SL_PY_TGID
 /* Read the calling thread's Python stack (TLS lookup). 0 = read (maybe empty), <0 = failed. */
 static __always_inline int sl_read_pystack(struct pt_regs *ctx, struct sl_pystack *out)
 {
@@ -183,6 +202,7 @@ static __always_inline int sl_read_pystack(struct pt_regs *ctx, struct sl_pystac
     }
     return sl_walk_pystack(sl_py_tstate_tls(), out);
 }
+#endif
 
 /* ---- optional maps + the stacklens.h hook (main-file text only, see above) ------------- */
 #ifdef SL_PYSTACK_MAPS
@@ -212,7 +232,8 @@ static __always_inline u64 sl_pystack_id(void *ctx, int *err)
         *err = 1;
     if (s->depth == 0)
         return 0;
-    u64 h = 1469598103934665603ULL ^ s->truncated;
+    /* seeded with the process: one map holds the stacks of every process the program serves */
+    u64 h = (1469598103934665603ULL ^ s->truncated) + ((bpf_get_current_pid_tgid() >> 32) << 8);
 #pragma clang loop unroll(disable)
     for (int i = 0; i < SL_PY_MAX_DEPTH; i++) {
         if (i >= s->depth)

@@ -1,7 +1,8 @@
 /* stacklens.h — shared types, maps and helpers for the stacklens BPF programs.
  *
  * Compiled by BCC with -D parameters (see bpf/program.py):
- *   SL_TGID              target process id (tgid); every program filters on it
+ *   SL_MAX_TARGETS       processes one program serves (`targets`, bpf/shared.py): a program
+ *                        is compiled once per daemon and program key, not once per attach
  *   SL_MAX_SPECS         size of the probe-spec array (entries of bpf/probes.toml)
  *   SL_RINGBUF_PAGES     ring buffer size in pages (power of two)
  *   SL_STACK_ENTRIES     entries of the native stack-trace map
@@ -38,7 +39,6 @@ typedef int8_t s8;
 typedef uint32_t u32;
 typedef int32_t s32;
 typedef uint64_t u64;
-#define SL_TGID 0
 #else
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf.h>
@@ -46,8 +46,8 @@ typedef uint64_t u64;
 #include <linux/sched.h>
 #endif
 
-#ifndef SL_TGID
-#error "SL_TGID must be set with -DSL_TGID=<pid>"
+#ifndef SL_MAX_TARGETS
+#define SL_MAX_TARGETS 64
 #endif
 #ifndef SL_MAX_SPECS
 #define SL_MAX_SPECS 64
@@ -173,6 +173,8 @@ struct sl_event {
 struct sl_name_event {
     u32 kind;          /* SL_EV_NAME */
     u32 spec;
+    u32 pid;           /* at the offset of sl_event.pid: user space routes records by it */
+    u32 tid;
     u64 handle;        /* CUfunction / CUkernel written by the call */
     u64 ref;           /* handle it was derived from (cuKernelGetFunction), 0 if a name is given */
     char name[SL_NAME];
@@ -212,7 +214,17 @@ struct sl_shadow {
 
 struct sl_op_path {
     u32 depth;
+    u32 tgid;          /* the process whose path it is (op-path hashes are seeded with it) */
     u32 ops[SL_OP_DEPTH];
+};
+
+/* A process this program serves (targets[tgid], written by user space at attach): its counter
+ * block and what pystack.h needs of it. */
+struct sl_target {
+    u32 slot;          /* counters[slot * SL_NCOUNTERS + i] */
+    u32 pad;
+    u64 py_interp;     /* main PyInterpreterState (validates a tstate); 0: no Python stacks */
+    u64 py_tls_off;    /* fsbase + this = the TSS slot of the thread's tstate; 0: tid map */
 };
 
 /* op_slots[top bits of the path hash]: calls of that path, claimed by the first path that lands
@@ -228,7 +240,12 @@ BPF_RINGBUF_OUTPUT(events, SL_RINGBUF_PAGES);
 BPF_PERF_OUTPUT(events_fb);
 BPF_STACK_TRACE(stacks, SL_STACK_ENTRIES);
 BPF_STACK_TRACE(stacks2, SL_STACK_ENTRIES_2);
-BPF_PERCPU_ARRAY(counters, u64, SL_NCOUNTERS);
+BPF_PERCPU_ARRAY(counters, u64, SL_NCOUNTERS * SL_MAX_TARGETS);
+BPF_HASH(targets, u32, struct sl_target, SL_MAX_TARGETS);
+/* the target of the program running on this CPU (sl_enter): every program runs in its task's
+ * context, and one that interrupts another on this CPU (a sample in a probe) interrupts the same
+ * task, so the same target */
+BPF_PERCPU_ARRAY(cur_target, struct sl_target, 1);
 /* the operator shadow stack lives in the thread's task storage: one pointer chase from the
  * task (no hash, no LRU list), created at the thread's first op, freed with the thread */
 BPF_TASK_STORAGE(shadow, struct sl_shadow);
@@ -239,9 +256,22 @@ BPF_HASH(op_counts, u64, u64, SL_OP_PATHS);
 BPF_F_TABLE("array", u32, struct sl_op_slot, op_slots, SL_OP_SLOTS, BPF_F_MMAPABLE);
 BPF_PERCPU_ARRAY(path_scratch, struct sl_op_path, 1);
 
+static __always_inline struct sl_target *sl_cur(void)
+{
+    u32 zero = 0;
+    return cur_target.lookup(&zero);
+}
+
+static __always_inline u32 sl_counter_idx(u32 idx)
+{
+    struct sl_target *t = sl_cur();
+    return (t ? t->slot : 0) * SL_NCOUNTERS + idx;
+}
+
 static __always_inline void sl_count(u32 idx)
 {
-    u64 *c = counters.lookup(&idx);
+    u32 k = sl_counter_idx(idx);
+    u64 *c = counters.lookup(&k);
     if (c)
         (*c)++;
 }
@@ -316,7 +346,7 @@ static __always_inline int sl_emit(void *ctx, struct sl_event *ev)
 static __always_inline u64 sl_wake_flags(void)
 {
     /* counts the event (SL_C_EVENTS) and wakes on every SL_WAKEUP_EVERY-th one per CPU */
-    u32 idx = SL_C_EVENTS;
+    u32 idx = sl_counter_idx(SL_C_EVENTS);
     u64 *c = counters.lookup(&idx);
     if (!c)
         return 0;
@@ -324,9 +354,18 @@ static __always_inline u64 sl_wake_flags(void)
     return (n & (SL_WAKEUP_EVERY - 1)) == 0 ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 }
 
-static __always_inline int sl_is_target(void)
+/* Every program starts here: 1 when the current process is one of the targets, which then is
+ * the CPU's current target (counters, Python parameters). Uprobe links are per process already;
+ * the perf-event sampler runs for every process. */
+static __always_inline int sl_enter(void)
 {
-    return (bpf_get_current_pid_tgid() >> 32) == SL_TGID;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct sl_target *t = targets.lookup(&tgid);
+    struct sl_target *cur = sl_cur();
+    if (!t || !cur)
+        return 0;
+    *cur = *t;
+    return 1;
 }
 
 /* ---- operator shadow stack (kept without uretprobes) ----------------------------------
@@ -415,6 +454,7 @@ static __always_inline void sl_op_context(u64 sp, u32 *depth, u64 *hash, u64 *bw
  *   SL_CAPTURE_PYSTACK(ctx, ev)  -> sets ev->py_stack_id, counts SL_C_PY_ERR on failure.
  * Without it events carry py_stack_id = 0 and user space reports an empty py_stack. */
 #ifdef STACKLENS_PYSTACK
+#define SL_PY_TARGET_PARAMS 1
 #include "pystack.h"
 #endif
 #ifndef SL_CAPTURE_PYSTACK

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from stacklens.bpf import ProbeConfig, ProbeSession
+from stacklens.bpf.shared import POOL
 from stacklens.errors import InputError, NoSuchProcess
 
 from tests.bpf.conftest import TARGETS, poll_until
@@ -17,7 +18,10 @@ pytestmark = pytest.mark.bpf
 
 
 def _bpf_fds() -> dict[str, int]:
-    """Our own BPF objects: uprobe_multi links, programs, perf events (for leak checks)."""
+    """Our own BPF objects: uprobe_multi links, programs, perf events (for leak checks), once
+    the compiled programs no process uses are closed (bpf/shared.py keeps them for the next
+    attach: loaded, attached to nothing)."""
+    POOL.close_idle()
     out = {"links": 0, "progs": 0, "perf": 0}
     for fd in os.listdir("/proc/self/fd"):
         try:

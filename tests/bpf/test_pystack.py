@@ -277,7 +277,7 @@ def test_ctypes_mirror_matches_c(tmp_path):
         " offsetof(struct sl_pystack, frames), offsetof(struct sl_pyframe, offset));}\n")
     # only the type definitions of pystack.h (up to the first function)
     text = (ROOT / "bpf/programs/pystack.h").read_text()
-    types = text[text.index("struct sl_pyframe {"):text.index("/* The current thread's")]
+    types = text[text.index("struct sl_pyframe {"):text.index("/* ---- per-process parameters")]
     (tmp_path / "pystack_types.h").write_text(types)
     subprocess.run([cc, "-o", str(tmp_path / "m"), str(src), f"-I{tmp_path}"], check=True)
     got = subprocess.run([str(tmp_path / "m")], capture_output=True, text=True).stdout.split()

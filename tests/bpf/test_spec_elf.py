@@ -92,10 +92,10 @@ def test_not_elf_is_input_error(tmp_path):
 
 
 def test_source_parameters_are_cflags_not_patches():
-    src = build_source(4242, gpu=True, ops=True, cpu=True)
-    assert "-DSL_TGID=4242" in src.cflags
-    assert "4242" not in src.text
-    assert src.render().startswith("/* stacklens BPF program; compiled with cflags: -DSL_TGID=4242")
+    src = build_source(gpu=True, ops=True, cpu=True, ringbuf_pages=2048)
+    assert "-DSL_RINGBUF_PAGES=2048" in src.cflags and "2048" not in src.text
+    assert src.render().startswith("/* stacklens BPF program; compiled with cflags: -DSL_MAX_TARGETS=")
+    assert not any("TGID" in f for f in src.cflags)   # one program serves every target
     assert "sl_api_entry_multi" in src.text and "sl_op_entry_multi" in src.text and "sl_cpu_sample" in src.text
     assert "#ifdef STACKLENS_PYSTACK" in src.text  # the Python-stack hook point
     assert SlEvent.py_stack_id.offset > 0

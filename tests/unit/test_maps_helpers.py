@@ -73,7 +73,8 @@ def test_fallback_records_decode_like_the_ring():
     from stacklens.bpf.session import _EVENT_SIZE, ProbeSession, _RecordList
 
     def name_rec(handle: int, name: bytes, ref: int = 0) -> bytes:
-        r = struct.pack("<IIQQ", SL_EV_NAME, 0, handle, ref) + name.ljust(SL_NAME, b"\0")
+        # kind, spec, pid, tid, handle, ref, name (the session decodes its own process's records)
+        r = struct.pack("<IIIIQQ", SL_EV_NAME, 0, os.getpid(), 0, handle, ref) + name.ljust(SL_NAME, b"\0")
         return r.ljust(_EVENT_SIZE, b"\0")
 
     s = ProbeSession(os.getpid())

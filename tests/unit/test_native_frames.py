@@ -137,17 +137,23 @@ def test_a_cpu_sample_through_the_perf_fallback_keeps_its_addresses():
     import ctypes
     import struct
 
+    import collections
+
     from stacklens.bpf.events_abi import SL_STACK_INLINE, SlEvent
-    from stacklens.bpf.session import ProbeSession, _RecordList
+    from stacklens.bpf.session import _RecordList
+    from stacklens.bpf.shared import SharedProgram
 
     s = _session({}, {}, {1: EVAL, 2: MAIN, 3: START})
-    s._inline_cache, s._fb_records = {}, []
+    s._inline_cache = {}
+    prog = SharedProgram.__new__(SharedProgram)     # its record queues only: no BPF here
+    prog._queues, prog._slots = collections.defaultdict(list), {4242: 0}
+    prog.dropped, prog.orphans = collections.Counter(), 0
     ev = SlEvent()
-    ev.kind, ev.stack_id, ev.out = 2, SL_STACK_INLINE, 24
+    ev.kind, ev.pid, ev.stack_id, ev.out = 2, 4242, SL_STACK_INLINE, 24
     raw = bytes(ev) + struct.pack("<3Q", 1, 2, 3) + b"\0\0\0\0"      # + the perf record's padding
     buf = ctypes.create_string_buffer(raw, len(raw))
-    ProbeSession._on_fallback(s, 0, ctypes.addressof(buf), len(raw))
-    rl = _RecordList(s._fb_records)
+    prog._on_fallback(0, ctypes.addressof(buf), len(raw))
+    rl = _RecordList(prog.take(4242))                  # queued for its process
     assert s._inline_stack(rl.data, 0, 24) == (START, MAIN, EVAL)
 
 
