@@ -134,7 +134,7 @@ def test_assess_short_profile_is_an_error_and_a_full_one_is_not():
 
 
 def args_for(fmt: str, out=None) -> argparse.Namespace:
-    return argparse.Namespace(format=fmt, metric="cpu_samples", output=out)
+    return argparse.Namespace(format=fmt, metric="cpu_samples", output=out, view="auto")
 
 
 def test_empty_profile_writes_nothing_and_raises(capsys):
