@@ -1,15 +1,16 @@
 #!/bin/bash
 # Issue 17 acceptance 1, by hand (docs/benchmarks/soak.md "Concurrent attaches"). Run as root from the
 # repository root: bash benchmarks/concurrent_attaches.sh
-# 20 runs of: fresh stacklensd, 8 idle Python targets, 8 concurrent `stacklens attach`, 8 concurrent detach
+# RUNS (20) runs of: fresh stacklensd, TARGETS (8) idle Python targets, as many concurrent `stacklens attach`,
+# then concurrent detaches
 cd "$(dirname "$0")/.."
 B=.venv/bin
 for run in $(seq 1 "${RUNS:-20}"); do
   D=$(mktemp -d); S=$D/run/s.sock
   $B/stacklensd --socket $S --metrics-address off >$D/out 2>$D/log & DP=$!
   for i in $(seq 50); do grep -q ready $D/out && break; sleep 0.2; done
-  T=(); for i in $(seq 8); do $B/python tests/targets/inject_sleep.py > $D/t$i & T+=($!); done
-  for i in $(seq 8); do for j in $(seq 50); do [ -s $D/t$i ] && break; sleep 0.1; done; done
+  T=(); for i in $(seq "${TARGETS:-8}"); do $B/python ${TARGET:-tests/targets/inject_sleep.py} $D/nostop > $D/t$i & T+=($!); done
+  for i in $(seq "${TARGETS:-8}"); do for j in $(seq 50); do [ -s $D/t$i ] && break; sleep 0.1; done; done
   t0=$(date +%s.%N)
   P=(); for pid in "${T[@]}"; do $B/stacklens --socket $S attach $pid >$D/a$pid 2>&1 & P+=($!); done
   ok=0; bad=0; for p in "${P[@]}"; do if wait $p; then ok=$((ok+1)); else bad=$((bad+1)); fi; done
