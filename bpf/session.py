@@ -264,6 +264,19 @@ class ProbeSession:
                             time.perf_counter() - t0, tuple(self._notes),
                             "perf_event" if self._fallback else "uprobe_multi", self._py is not None)
 
+    def prepare(self) -> bool:
+        """Compiles (or finds in POOL) the program an attach to this process would use, and
+        attaches nothing to it: the daemon does this ahead of the first attach, since a compile
+        is most of an attach (3-9 s of a busy 2-vCPU machine). True when it compiled one."""
+        _check_pid(self.pid)
+        self._specs = load_specs(self.config.spec_path) if self.config.gpu else []
+        before = POOL.compiles
+        try:
+            self._compile_and_load()
+        finally:
+            self.detach()
+        return POOL.compiles > before
+
     def _compile_and_load(self) -> None:
         """The program this process needs: reused from POOL when one with the same settings is
         compiled already (bpf/shared.py), else compiled (one BCC compile at a time per process)."""

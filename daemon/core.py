@@ -51,6 +51,8 @@ def check_pid_range(pid: int) -> None:
         raise InputError(f"invalid PID {pid}: a process id is an integer in 1..{PID_MAX} (see `stacklens ps`)")
 
 
+# CPython builds whose BPF program the daemon compiles at start (bpf/shared.py keeps two idle)
+WARM_UP_BUILDS = 2
 # the state of a process worth profiling that no session of this daemon ever attached to
 NOT_ATTACHED = "not attached"
 
@@ -123,8 +125,13 @@ class Daemon:
         procfs: ProcFS | None = None,
         auto_attach: AutoAttachRule | None = None,
         max_nodes: int = 100_000,
+        prepare: Callable[[int], bool] | None = None,
     ) -> None:
+        """``prepare(pid)``: compiles ahead what an attach to pid would compile (`warm_up`);
+        None: no warm-up."""
         self._lock = threading.Lock()
+        self._prepare = prepare
+        self._warmed: set[str] = set()   # CPython builds whose program warm_up compiled
         self.sessions: dict[int, ProcessSession] = {}
         self.closed: collections.OrderedDict[int, ProcessSession | ClosedSession] = collections.OrderedDict()
         self._factory = session_factory
@@ -353,6 +360,31 @@ class Daemon:
                     s = rec
             out.append((info, s))
         return out
+
+    def warm_up(self, limit: int = WARM_UP_BUILDS) -> int:
+        """Compiles the BPF programs that the torch/JAX processes running now would need, one per
+        CPython build (what a program is compiled for), for at most `limit` builds over the
+        daemon's life: the first attach to such a process, or to another of the same build, then
+        compiles nothing. Called at start and by the housekeeping (jobs start after the daemon).
+        Returns how many builds it prepared now; failures are counted (warm_up_failures) and the
+        build is tried again at the next call."""
+        if self._prepare is None or len(self._warmed) >= limit:
+            return 0
+        done = 0
+        for info in scan(self.procfs, gpu_only=False):
+            if self._closing or len(self._warmed) >= limit:
+                break
+            if not info.python or info.python in self._warmed:
+                continue
+            try:
+                if self._prepare(info.pid):
+                    self.counters["warm_up_compiles"] += 1
+            except Exception:  # noqa: BLE001 — a process that exits or cannot be read: the attach will say
+                self.counters["warm_up_failures"] += 1
+                continue
+            self._warmed.add(info.python)
+            done += 1
+        return done
 
     def auto_attach_scan(self) -> list[int]:
         """Attaches to matching processes; races with Attach RPCs end in AlreadyAttached (counted)."""

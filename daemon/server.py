@@ -51,6 +51,7 @@ from stacklens.daemon import stacklens_pb2_grpc as pbg
 from stacklens.daemon.client import TOKEN_NAME, token_subdir
 from stacklens.daemon.core import AutoAttachRule, Daemon
 from stacklens.daemon.grpc_service import StacklensServicer, TokenInterceptor
+from stacklens.daemon.session import default_probe_prepare
 from stacklens.errors import EXIT_USAGE, InputError, StacklensError
 
 log = logging.getLogger("stacklensd")
@@ -168,6 +169,9 @@ def load_config(path: str | None) -> dict:
         raise InputError(f"config file {path} is not valid TOML: {e}") from None
 
 
+WARM_UP_EVERY = 5   # housekeeping rounds (2 s) between looks for processes to compile ahead for
+
+
 class StacklensDaemon:
     def __init__(
         self,
@@ -181,8 +185,12 @@ class StacklensDaemon:
         daemon: Daemon | None = None,
         top_k: int = 10,
         metrics_hotspots: bool = False,
+        warm_up: bool = False,
     ) -> None:
-        self.daemon = daemon or Daemon(auto_attach=AutoAttachRule(auto_attach) if auto_attach else None)
+        """``warm_up``: compile at start the BPF programs the torch/JAX processes running then
+        would need (`Daemon.warm_up`), in the background; stacklensd turns it on."""
+        self.daemon = daemon or Daemon(auto_attach=AutoAttachRule(auto_attach) if auto_attach else None,
+                                       prepare=default_probe_prepare if warm_up else None)
         self.socket_path = Path(socket_path)
         self.metrics_address = metrics_address
         self.metrics_hotspots = metrics_hotspots
@@ -235,6 +243,7 @@ class StacklensDaemon:
         if self.metrics_address:
             self._start_metrics()
         threading.Thread(target=self._housekeeping, name="stacklens-housekeeping", daemon=True).start()
+        threading.Thread(target=self._warm_up, name="stacklens-warm-up", daemon=True).start()
         log.info("stacklensd %s listening on unix:%s (token %s)", __version__, self.socket_path, self.token_path)
 
     def _start_metrics(self) -> None:
@@ -268,12 +277,25 @@ class StacklensDaemon:
             counts[f.rule] = counts.get(f.rule, 0) + 1
         return counts
 
+    def _warm_up(self) -> None:
+        try:
+            n = self.daemon.warm_up()
+        except Exception:  # noqa: BLE001 — an attach compiles what the warm-up could not
+            log.exception("BPF warm-up failed")
+        else:
+            if n:
+                log.info("BPF programs prepared for %d CPython build(s) of running torch/JAX processes", n)
+
     def _housekeeping(self) -> None:
+        rounds = 0
         while not self._stop.wait(2.0):
             try:
                 self.daemon.auto_attach_scan()
             except Exception:  # noqa: BLE001
                 log.exception("auto-attach scan failed")
+            rounds += 1
+            if rounds % WARM_UP_EVERY == 0:
+                self._warm_up()
             self.daemon.tidy()
 
     def stop(self) -> None:
@@ -346,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             top_k=int(cfg.get("top_k", 10)),
             metrics_hotspots=bool(args.metrics_hotspots if args.metrics_hotspots is not None
                                   else cfg.get("metrics_hotspots", False)),
+            warm_up=bool(cfg.get("warm_up", True)),
         )
         d.start()
     except StacklensError as e:

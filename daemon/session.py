@@ -152,6 +152,14 @@ def default_probe_factory(pid: int, *, cpu_hz: int, ops: bool) -> EventSource:
     return ProbeSession(pid, ProbeConfig(cpu_sample_hz=cpu_hz, ops=ops))
 
 
+def default_probe_prepare(pid: int) -> bool:
+    """Compiles ahead the BPF program an attach with the daemon's defaults would use for `pid`
+    (bpf/shared.py keeps it); attaches nothing. True when it compiled one."""
+    from stacklens.bpf import ProbeConfig, ProbeSession
+
+    return ProbeSession(pid, ProbeConfig()).prepare()
+
+
 # The agent's wall-clock Python sampler: each sample takes the GIL from the target's threads. On
 # the H200 machine a GIL hand-off to another thread waits for that vCPU to wake, and a ViT loop
 # lost 1.5x to the sampler at 100 Hz (with a poll(0) spin, since fixed; docs/benchmarks/gpu.md run

@@ -99,3 +99,27 @@ def test_a_reattach_reuses_the_program_and_starts_from_zero(bpf_ok):
     finally:
         p.kill()
         p.wait()
+
+
+def test_prepare_compiles_ahead_and_attaches_nothing(bpf_ok):
+    """The daemon's warm-up (Daemon.warm_up → ProbeSession.prepare): the program an attach would
+    compile is compiled and kept, nothing is attached to the process, and the attach after it
+    compiles nothing."""
+    config = ProbeConfig(gpu=False, ops=False, cpu_sample_hz=97)   # a key no other test uses
+    p = subprocess.Popen([sys.executable, TARGET, "hot_warm"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        before = POOL.compiles
+        assert ProbeSession(p.pid, config).prepare() is True
+        assert POOL.compiles == before + 1
+        assert ProbeSession(p.pid, config).prepare() is False      # found, not compiled again
+        s = ProbeSession(p.pid, config)
+        report = s.attach()
+        try:
+            assert POOL.compiles == before + 1 and any("compiled before" in n for n in report.notes)
+            _poll_until([s], 3)
+        finally:
+            s.detach()
+    finally:
+        p.kill()
+        p.wait()

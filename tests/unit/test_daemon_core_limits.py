@@ -229,3 +229,30 @@ def test_processes_have_their_true_state(monkeypatch):
     finally:
         t.kill()
         t.wait()
+
+
+def test_warm_up_prepares_one_program_per_cpython_build(monkeypatch):
+    """The daemon compiles ahead for the torch/JAX processes running (one per CPython build, at
+    most two over its life); a process that cannot be prepared is counted, not raised."""
+    from stacklens.daemon.discovery import ProcessInfo
+
+    procs = [ProcessInfo(11, "a", "/x", python="3.11 (/usr/bin/python3.11)"),
+             ProcessInfo(12, "b", "/x", python="3.11 (/usr/bin/python3.11)"),
+             ProcessInfo(13, "c", "/x", python=None),
+             ProcessInfo(14, "d", "/x", python="3.12 (/opt/py/bin/python3.12)"),
+             ProcessInfo(15, "e", "/x", python="3.13 (/opt/py/bin/python3.13)")]
+    monkeypatch.setattr(core, "scan", lambda procfs, gpu_only=True: procs)
+    prepared = []
+
+    def prepare(pid):
+        prepared.append(pid)
+        if pid == 14:
+            raise NoSuchProcess("gone")
+        return True
+
+    d = Daemon(session_factory=filled_session, prepare=prepare)
+    assert d.warm_up() == 2                       # 3.11, then 3.13 (3.12's process failed)
+    assert prepared == [11, 14, 15]
+    assert d.counters["warm_up_compiles"] == 2 and d.counters["warm_up_failures"] == 1
+    assert d.warm_up() == 0 and prepared == [11, 14, 15]   # two builds: done for the daemon's life
+    assert Daemon(session_factory=filled_session).warm_up() == 0   # no prepare: no warm-up
