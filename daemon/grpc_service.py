@@ -188,6 +188,7 @@ def prune(snap: Snapshot, metric: str, depth: int, top_k: int) -> Snapshot:
             stack.append((c, d + 1))
     tree = CCT(metrics=snap.metrics, max_nodes=len(keep) + 2)
     other = (Frame.other("[other]"),)
+    threaded = snap.threaded
     for n in range(snap.node_count):
         values = {m: snap.exclusive(n, m) for m in snap.metrics}
         if not any(values.values()):
@@ -195,7 +196,12 @@ def prune(snap: Snapshot, metric: str, depth: int, top_k: int) -> Snapshot:
         a = n
         while a not in keep:
             a = snap.parent(a)
-        tree.add_many(snap.path(a) or other, values)
+        path = snap.path(a) or other
+        for m in threaded:            # the breakdown by thread goes with the values
+            for tid, count in snap.threads(n, m):
+                tree.add_sample(path, m, tid, count)
+                values[m] -= count
+        tree.add_many(path, values)
     return tree.snapshot(meta=dict(snap.meta), unavailable=snap.unavailable)
 
 
