@@ -109,7 +109,7 @@ class SlOpSlot(ct.Structure):
 
 
 class SlTarget(ct.Structure):
-    _fields_ = [("slot", ct.c_uint32), ("pad", ct.c_uint32), ("py_interp", ct.c_uint64),
+    _fields_ = [("slot", ct.c_uint32), ("tgid", ct.c_uint32), ("py_interp", ct.c_uint64),
                 ("py_tls_off", ct.c_uint64)]
 
 

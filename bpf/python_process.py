@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from stacklens.bpf import python_layouts as pl
-from stacklens.errors import AttachError, MemoryReadError, NotApplicable, StacklensError, UnsupportedVersion
+from stacklens.errors import AttachError, MemoryReadError, NotApplicable, UnsupportedVersion
 from stacklens.introspect.cpython import find_python
 from stacklens.introspect.memory import ProcessMemory, ProcMem, read_u64
 from stacklens.introspect.procfs import ProcFS
@@ -297,6 +297,7 @@ class PythonStackReader:
         self.symbolizer = Symbolizer(self.mem, self.layout, self.interpreter.code_type_addr)
         self._bpf = None
         self._table = "sl_py_threads"
+        self._written: set[int] = set()   # host tids this reader put in the tid -> tstate map
 
     # -- compile side
     @staticmethod
@@ -354,23 +355,19 @@ class PythonStackReader:
             tid = host.get(t.native_tid)
             if tid:
                 tab[tab.Key(tid)] = tab.Leaf(t.tstate)
+                self._written.add(tid)
                 n += 1
         return n
 
     def forget_threads(self, bpf, table: str = "sl_py_threads") -> None:
-        """Removes this process's entries from the tid -> tstate map (a map the program shares
-        with other processes): at detach."""
+        """Removes the entries this reader wrote to the tid -> tstate map (a map the program
+        shares with other processes, for the daemon's life): at detach, exited or not."""
         try:
             tab = bpf.get_table(table.encode())
         except KeyError:
             return
-        try:
-            tids = self.procfs.host_tids(self.pid).values()
-        except (StacklensError, OSError):
-            # exited: its entries stay until reused; a reused tid's tstate then fails the
-            # interpreter check of pystack.h (another process's interpreter address)
-            return
-        for tid in tids:
+        written, self._written = self._written, set()
+        for tid in written:
             try:
                 del tab[tab.Key(tid)]
             except KeyError:

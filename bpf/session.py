@@ -203,6 +203,7 @@ class ProbeSession:
         self._decoders: list = []
         self._shapes: dict[int, tuple] = {}
         self._op_own: dict[int, bool] = {}   # op-path hash -> it is this process's (shared maps)
+        self._compiled = False     # the last _compile_and_load compiled (not found in POOL)
         self._op_names: list[str] = []
         self._vtables = autograd.VtableNames()   # autograd node classes by vtable pointer
         self._names: dict[int, str] = {}
@@ -242,7 +243,10 @@ class ProbeSession:
             self._scan(initial=True)
             if cfg.cpu_sample_hz > 0:
                 self._phase("starting CPU sampling")
-            interp, tls = self._py.target_params() if self._py is not None else (0, 0)
+            interp, tls = (0, 0)
+            if self._py is not None:
+                interp, tls = self._py.target_params()
+                self._py.populate(self._bpf)   # the tid -> tstate map (threads TLS misses)
             # from here the program serves this process (and the CPU sampler runs for it)
             self._slot = self._shared.add_target(self.pid, interp, tls)
             self._reader = self._shared.reader
@@ -269,13 +273,20 @@ class ProbeSession:
         attaches nothing to it: the daemon does this ahead of the first attach, since a compile
         is most of an attach (3-9 s of a busy 2-vCPU machine). True when it compiled one."""
         _check_pid(self.pid)
+        if self.config.force_fallback or not _uprobe_multi_supported():
+            return False              # per-probe programs are never shared: nothing to prepare
         self._specs = load_specs(self.config.spec_path) if self.config.gpu else []
-        before = POOL.compiles
         try:
             self._compile_and_load()
+            return self._compiled
         finally:
-            self.detach()
-        return POOL.compiles > before
+            # the program goes back to POOL; nothing of this process was added to it
+            shared, self._shared, self._bpf = self._shared, None, None
+            if shared is not None:
+                POOL.release(self._key, shared)
+            py, self._py = self._py, None
+            if py is not None:
+                py.mem.close()
 
     def _compile_and_load(self) -> None:
         """The program this process needs: reused from POOL when one with the same settings is
@@ -317,6 +328,7 @@ class ProbeSession:
                 raise AttachError(f"BPF compile failed: {e}; check kernel headers with `stacklens doctor`") from e
 
         self._shared = POOL.acquire(self._key, build)
+        self._compiled = bool(compiled)
         if not compiled:
             self._notes.append(f"BPF program: compiled before, shared with {self._shared.users - 1} other "
                                "attached process(es) or kept from an earlier attach")
@@ -325,7 +337,6 @@ class ProbeSession:
         self._api_entry, self._api_return = loaded.get("api_entry"), loaded.get("api_return")
         self._op_entry, self._ag_entry = loaded.get("op_entry"), loaded.get("autograd")
         if self._py is not None:
-            self._py.populate(self._bpf)  # fills the tid -> tstate map in "map" mode only
             self._py_table = self._bpf[b"sl_py_stacks"]
 
     def _setup_program(self, bpf) -> dict:
@@ -548,7 +559,7 @@ class ProbeSession:
             except (NoSuchProcess, FileNotFoundError):
                 self._last_scan = time.monotonic()
         reader = self._reader
-        if timeout_ms and not reader.available():
+        if timeout_ms and not reader.available() and not shared.queued(self.pid):
             reader.wait(timeout_ms)
         # the loop allocates only acyclic objects: pausing the cyclic GC saves ~25% per event
         was_enabled = gc.isenabled()
@@ -557,14 +568,15 @@ class ProbeSession:
             with shared.lock:
                 # events the ring refused (sl_emit in stacklens.h): rare; one epoll_wait(0) per poll
                 shared.poll_fallback()
-                if shared.sole(self.pid):
-                    out = self._decode_ring(reader, max_events)
-                else:
+                sole = shared.sole(self.pid)
+                if not sole:
                     shared.sort_ring()
-                    out = []
+                # what was sorted out for this process before (by another session's poll, or
+                # the fallback) is older than what is still in the ring: decoded first
                 queued = shared.take(self.pid)
-            if queued:
-                out += self._decode_ring(_RecordList(queued), 1 << 30)
+                out = self._decode_ring(_RecordList(queued), 1 << 30) if queued else []
+                if sole:
+                    out += self._decode_ring(reader, max_events)
             return out
         finally:
             if was_enabled:
@@ -858,13 +870,16 @@ class ProbeSession:
         shared, self._shared = self._shared, None
         if shared is not None:
             try:
-                if self._py is not None and self._py.mode == "map":
+                shared.remove_target(self.pid, self._slot)
+                if self._py is not None:
                     self._py.forget_threads(shared.bpf)
-                shared.remove_target(self.pid)
-            except Exception:  # noqa: BLE001 — an unusable program is closed, not reused
+            except Exception:  # noqa: BLE001 — an unusable program is not reused
                 POOL.discard(self._key, shared)
             else:
-                POOL.release(self._key, shared)
+                if self._fallback:    # its per-probe uprobes go with the module (bpf.cleanup)
+                    POOL.discard(self._key, shared)
+                else:
+                    POOL.release(self._key, shared)
         self._reader = None
         self._bpf = None
         self._slot = -1

@@ -11,7 +11,9 @@ only target, else sorted out by `sl_event.pid` (name events carry it at the same
 Requires root (CAP_BPF + CAP_PERFMON). The CPU sampler is a perf event on every CPU, attached
 while the program serves a target and filtered in BPF by the `targets` lookup (one hash lookup
 per probe hit, ~50 ns). A program nobody uses has no link and no perf event: it holds only its
-maps, until `POOL` keeps more than MAX_IDLE of them.
+maps, until `POOL` keeps more than MAX_IDLE of them. The maps' sizes are what one process had
+before (16 MiB ring, 4,096 parked calls, 65,536 op paths, the stack maps): one very busy target
+can fill them for all (drops, full maps and lost stacks are counted per target).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class SharedProgram:
                                   "detach one first")
             self._zero_counters(slot)
             self._queues.pop(pid, None)
-            self._targets[ct.c_uint32(pid)] = SlTarget(slot, 0, py_interp, py_tls_off)
+            self._targets[ct.c_uint32(pid)] = SlTarget(slot, pid, py_interp, py_tls_off)
             self._slots[pid] = slot
             if self._hz > 0 and not self._perf:
                 self.bpf.attach_perf_event(ev_type=PERF_TYPE_SOFTWARE, ev_config=PERF_COUNT_SW_CPU_CLOCK,
@@ -88,11 +90,14 @@ class SharedProgram:
                 self._perf = True
             return slot
 
-    def remove_target(self, pid: int) -> None:
-        """Stop serving `pid`: its entry, its queued records, its in-flight calls and op paths."""
+    def remove_target(self, pid: int, slot: int) -> None:
+        """Stop serving `pid`, if `slot` (what add_target returned) is still its: its entry, its
+        queued records, its in-flight calls and op paths; once no target is left, the stack maps
+        too (they never free a bucket, and the program lives as long as the daemon)."""
         with self.lock:
-            if self._slots.pop(pid, None) is None:
+            if self._slots.get(pid) != slot:
                 return
+            del self._slots[pid]
             try:
                 del self._targets[ct.c_uint32(pid)]
             except KeyError:
@@ -102,32 +107,36 @@ class SharedProgram:
                 self.bpf.detach_perf_event(ev_type=PERF_TYPE_SOFTWARE, ev_config=PERF_COUNT_SW_CPU_CLOCK)
                 self._perf = False
             self._forget(pid)
+            if not self._slots:
+                for name in (b"stacks", b"stacks2", b"native_memo"):
+                    try:
+                        self.bpf[name].clear()
+                    except KeyError:
+                        pass
 
     def _forget(self, pid: int) -> None:
         """What the process left in the shared maps: its parked calls, its op paths and the
         op-count slots they claimed (a claimed slot would push later paths into the overflow map)."""
+        def delete(table, keys) -> None:
+            for k in keys:
+                try:
+                    del table[k]
+                except KeyError:          # gone meanwhile (a parked call returned)
+                    pass
+
         try:
             pending = self.bpf[b"pending"]
-            for k in [k for k, v in pending.items() if v.pid == pid]:
-                del pending[k]
         except KeyError:
-            pass
+            pending = None
+        if pending is not None:
+            delete(pending, [k for k, v in pending.items() if v.pid == pid])
         try:
             paths = self.bpf[b"op_paths"]
         except KeyError:
             return
         mine = {k.value for k, v in paths.items() if v.tgid == pid}
-        for h in mine:
-            try:
-                del paths[ct.c_uint64(h)]
-            except KeyError:
-                pass
-        counts = self.bpf[b"op_counts"]
-        for h in mine:
-            try:
-                del counts[ct.c_uint64(h)]
-            except KeyError:
-                pass
+        delete(paths, [ct.c_uint64(h) for h in mine])
+        delete(self.bpf[b"op_counts"], [ct.c_uint64(h) for h in mine])
         slots = self.bpf[b"op_slots"]
         view = self.op_slots_view()
         for i in range(0, len(view), 2):
@@ -142,6 +151,10 @@ class SharedProgram:
         return tuple(self._slots)
 
     # -- records ---------------------------------------------------------------------------
+    def queued(self, pid: int) -> bool:
+        """Records sorted out for `pid` wait (a poll need not wait for the ring)."""
+        return bool(self._queues.get(pid))
+
     def take(self, pid: int) -> list[bytes]:
         """The records queued for `pid` (call with the lock held)."""
         return self._queues.pop(pid, [])
@@ -250,25 +263,29 @@ class ProgramPool:
                     self._building[key] = threading.Event()
                     break
             wait.wait()
+        prog = None
         try:
             prog = build()
             self.compiles += 1
         finally:
             with self._lock:
                 done = self._building.pop(key)
-                if "prog" in locals():
+                if prog is not None:
                     prog.users = 1
                     self._programs[key] = prog
-            done.set()
+            done.set()                # a failed build: the waiters try (and fail) themselves
         return prog
 
     def release(self, key: tuple, prog: SharedProgram) -> None:
         close = []
         with self._lock:
             prog.users -= 1
-            if prog.users > 0 or self._programs.get(key) is not prog:
+            if prog.users > 0:
                 return
-            self._idle[key] = None
+            if self._programs.get(key) is not prog:     # discarded while in use: its last user
+                close.append(prog)
+            else:
+                self._idle[key] = None
             while len(self._idle) > self.max_idle:
                 old, _ = self._idle.popitem(last=False)
                 close.append(self._programs.pop(old))
@@ -285,12 +302,17 @@ class ProgramPool:
         return len(idle)
 
     def discard(self, key: tuple, prog: SharedProgram) -> None:
-        """Drops a program that must not be reused (its set-up failed halfway)."""
+        """Gives up one use of a program that must not be reused (a detach failed halfway, or
+        its per-probe uprobes are its own): no new attach gets it, and it closes when its last
+        user is gone."""
         with self._lock:
+            prog.users -= 1
             if self._programs.get(key) is prog:
                 del self._programs[key]
                 self._idle.pop(key, None)
-        prog.close()
+            last = prog.users <= 0
+        if last:
+            prog.close()
 
 
 POOL = ProgramPool()

@@ -365,26 +365,32 @@ class Daemon:
         """Compiles the BPF programs that the torch/JAX processes running now would need, one per
         CPython build (what a program is compiled for), for at most `limit` builds over the
         daemon's life: the first attach to such a process, or to another of the same build, then
-        compiles nothing. Called at start and by the housekeeping (jobs start after the daemon).
-        Returns how many builds it prepared now; failures are counted (warm_up_failures) and the
-        build is tried again at the next call."""
-        if self._prepare is None or len(self._warmed) >= limit:
+        compiles nothing. Processes attached already are left alone. A build whose compile
+        failed is not tried again (an attach will say why); a process that exited meanwhile is
+        (another of its build may come). Returns how many builds it prepared now."""
+        if self._prepare is None or self.warm_up_done(limit):
             return 0
         done = 0
         for info in scan(self.procfs, gpu_only=False):
-            if self._closing or len(self._warmed) >= limit:
+            if self._closing or self.warm_up_done(limit):
                 break
-            if not info.python or info.python in self._warmed:
+            with self._lock:
+                attached = info.pid in self.sessions
+            if attached or not info.python or info.python in self._warmed:
                 continue
             try:
                 if self._prepare(info.pid):
                     self.counters["warm_up_compiles"] += 1
-            except Exception:  # noqa: BLE001 — a process that exits or cannot be read: the attach will say
-                self.counters["warm_up_failures"] += 1
+            except NoSuchProcess:
                 continue
+            except Exception:  # noqa: BLE001 — counted; the attach reports the error itself
+                self.counters["warm_up_failures"] += 1
             self._warmed.add(info.python)
             done += 1
         return done
+
+    def warm_up_done(self, limit: int = WARM_UP_BUILDS) -> bool:
+        return len(self._warmed) >= limit
 
     def auto_attach_scan(self) -> list[int]:
         """Attaches to matching processes; races with Attach RPCs end in AlreadyAttached (counted)."""

@@ -169,7 +169,7 @@ def load_config(path: str | None) -> dict:
         raise InputError(f"config file {path} is not valid TOML: {e}") from None
 
 
-WARM_UP_EVERY = 5   # housekeeping rounds (2 s) between looks for processes to compile ahead for
+WARM_UP_EVERY_S = 10.0   # between looks for processes to compile ahead for (Daemon.warm_up)
 
 
 class StacklensDaemon:
@@ -278,24 +278,24 @@ class StacklensDaemon:
         return counts
 
     def _warm_up(self) -> None:
-        try:
-            n = self.daemon.warm_up()
-        except Exception:  # noqa: BLE001 — an attach compiles what the warm-up could not
-            log.exception("BPF warm-up failed")
-        else:
-            if n:
-                log.info("BPF programs prepared for %d CPython build(s) of running torch/JAX processes", n)
+        """Its own thread: a compile takes seconds, the housekeeping must not wait for it."""
+        while True:
+            try:
+                n = self.daemon.warm_up()
+            except Exception:  # noqa: BLE001 — an attach compiles what the warm-up could not
+                log.exception("BPF warm-up failed")
+            else:
+                if n:
+                    log.info("BPF programs prepared for %d CPython build(s) of running torch/JAX processes", n)
+            if self.daemon.warm_up_done() or self._stop.wait(WARM_UP_EVERY_S):
+                return
 
     def _housekeeping(self) -> None:
-        rounds = 0
         while not self._stop.wait(2.0):
             try:
                 self.daemon.auto_attach_scan()
             except Exception:  # noqa: BLE001
                 log.exception("auto-attach scan failed")
-            rounds += 1
-            if rounds % WARM_UP_EVERY == 0:
-                self._warm_up()
             self.daemon.tidy()
 
     def stop(self) -> None:

@@ -222,7 +222,7 @@ struct sl_op_path {
  * block and what pystack.h needs of it. */
 struct sl_target {
     u32 slot;          /* counters[slot * SL_NCOUNTERS + i] */
-    u32 pad;
+    u32 tgid;
     u64 py_interp;     /* main PyInterpreterState (validates a tstate); 0: no Python stacks */
     u64 py_tls_off;    /* fsbase + this = the TSS slot of the thread's tstate; 0: tid map */
 };
@@ -242,9 +242,10 @@ BPF_STACK_TRACE(stacks, SL_STACK_ENTRIES);
 BPF_STACK_TRACE(stacks2, SL_STACK_ENTRIES_2);
 BPF_PERCPU_ARRAY(counters, u64, SL_NCOUNTERS * SL_MAX_TARGETS);
 BPF_HASH(targets, u32, struct sl_target, SL_MAX_TARGETS);
-/* the target of the program running on this CPU (sl_enter): every program runs in its task's
- * context, and one that interrupts another on this CPU (a sample in a probe) interrupts the same
- * task, so the same target */
+/* the target of the program running on this CPU (sl_enter), a copy so that sl_count and
+ * pystack.h need no hash lookup. A uprobe_multi program can be preempted (it runs with migration,
+ * not preemption, disabled) and another target's program run on this CPU meanwhile: sl_cur()
+ * checks the copy's tgid against the current task's and looks the entry up again if it differs. */
 BPF_PERCPU_ARRAY(cur_target, struct sl_target, 1);
 /* the operator shadow stack lives in the thread's task storage: one pointer chase from the
  * task (no hash, no LRU list), created at the thread's first op, freed with the thread */
@@ -259,7 +260,11 @@ BPF_PERCPU_ARRAY(path_scratch, struct sl_op_path, 1);
 static __always_inline struct sl_target *sl_cur(void)
 {
     u32 zero = 0;
-    return cur_target.lookup(&zero);
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct sl_target *t = cur_target.lookup(&zero);
+    if (t && t->tgid == tgid)
+        return t;
+    return targets.lookup(&tgid);
 }
 
 static __always_inline u32 sl_counter_idx(u32 idx)
@@ -361,10 +366,12 @@ static __always_inline int sl_enter(void)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     struct sl_target *t = targets.lookup(&tgid);
-    struct sl_target *cur = sl_cur();
-    if (!t || !cur)
+    if (!t)
         return 0;
-    *cur = *t;
+    u32 zero = 0;
+    struct sl_target *cur = cur_target.lookup(&zero);
+    if (cur)
+        *cur = *t;
     return 1;
 }
 

@@ -86,7 +86,9 @@ def test_a_reattach_reuses_the_program_and_starts_from_zero(bpf_ok):
         # the freed slot goes to the next target with its counters zeroed (a PID no process has)
         assert shared.add_target(4_000_000) == slot
         assert not any(shared.counters(slot).values())
-        shared.remove_target(4_000_000)
+        shared.remove_target(4_000_000, slot + 1)          # not its slot: nothing happens
+        assert 4_000_000 in shared.targets
+        shared.remove_target(4_000_000, slot)
         before = POOL.compiles
         s2 = ProbeSession(p.pid, CONFIG)
         report = s2.attach()
@@ -117,6 +119,25 @@ def test_prepare_compiles_ahead_and_attaches_nothing(bpf_ok):
         report = s.attach()
         try:
             assert POOL.compiles == before + 1 and any("compiled before" in n for n in report.notes)
+            _poll_until([s], 3)
+        finally:
+            s.detach()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_prepare_leaves_an_attached_process_served(bpf_ok):
+    """A warm-up of a process that is attached already (the daemon skips those; this is the
+    safety under it) must not take the process off the program it shares."""
+    p = subprocess.Popen([sys.executable, TARGET, "hot_kept"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        s = ProbeSession(p.pid, CONFIG)
+        s.attach()
+        try:
+            assert ProbeSession(p.pid, CONFIG).prepare() is False
+            assert p.pid in s._shared.targets
             _poll_until([s], 3)
         finally:
             s.detach()

@@ -21,7 +21,7 @@ from stacklens.daemon import core
 from stacklens.daemon.core import ClosedSession, Daemon
 from stacklens.daemon.discovery import ProcFS
 from stacklens.daemon.session import ProcessSession
-from stacklens.errors import InputError, NoSuchProcess, PermissionDenied
+from stacklens.errors import AttachError, InputError, NoSuchProcess, PermissionDenied
 from tests.fakes.sources import FakeEvent
 
 PATHS_PER_SESSION = 300
@@ -247,12 +247,34 @@ def test_warm_up_prepares_one_program_per_cpython_build(monkeypatch):
     def prepare(pid):
         prepared.append(pid)
         if pid == 14:
-            raise NoSuchProcess("gone")
+            raise AttachError("BPF compile failed")
         return True
 
     d = Daemon(session_factory=filled_session, prepare=prepare)
-    assert d.warm_up() == 2                       # 3.11, then 3.13 (3.12's process failed)
-    assert prepared == [11, 14, 15]
-    assert d.counters["warm_up_compiles"] == 2 and d.counters["warm_up_failures"] == 1
-    assert d.warm_up() == 0 and prepared == [11, 14, 15]   # two builds: done for the daemon's life
+    assert d.warm_up() == 2                       # 3.11, then 3.12, whose compile failed
+    assert prepared == [11, 14]
+    assert d.counters["warm_up_compiles"] == 1 and d.counters["warm_up_failures"] == 1
+    assert d.warm_up_done() and d.warm_up() == 0 and prepared == [11, 14]   # for the daemon's life
+
+    # a process that exits before its compile: its build is tried again with the next one
+    procs[0] = ProcessInfo(21, "f", "/x", python="3.10 (/usr/bin/python3.10)")
+    gone = {21}
+
+    def prepare2(pid):
+        if pid in gone:
+            gone.clear()
+            raise NoSuchProcess("exited")
+        prepared.append(pid)
+        return True
+
+    d2 = Daemon(session_factory=filled_session, prepare=prepare2)
+    assert d2.warm_up() == 2 and prepared[-2:] == [12, 14]    # 3.10 skipped, 3.11 and 3.12 done
+    assert d2.warm_up() == 0
+
+    # an attached process is left alone
+    d3 = Daemon(session_factory=filled_session, prepare=lambda pid: prepared.append(pid) or True)
+    d3.sessions[12] = None
+    prepared.clear()
+    d3.warm_up()
+    assert 12 not in prepared
     assert Daemon(session_factory=filled_session).warm_up() == 0   # no prepare: no warm-up
