@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -154,10 +153,19 @@ def test_process_exits_mid_attach(when, tmp_path):
 def test_process_exits_while_waiting_for_the_agent(tmp_path):
     p = start([sys.executable, str(TARGETS / "inject_sleep.py")])
     srv = AgentServer(p.pid, tmp_path / "a")
+
+    def no_hello_and_the_target_dies(timeout: float) -> bool:
+        # the injector is waiting for the agent's hello: the target dies then (a timer used to
+        # kill it 0.5 s in, and on a quick machine the agent had said hello by then)
+        if p.poll() is None:
+            p.kill()
+        time.sleep(timeout)
+        return False
+
+    srv.wait_hello = no_hello_and_the_target_dies
     try:
-        threading.Timer(0.5, p.kill).start()
         with pytest.raises(NoSuchProcess, match="exited"):
-            inject_agent(p.pid, srv.path, timeout_s=10)
+            inject_agent(p.pid, srv.path, timeout_s=30)
     finally:
         srv.close()
         stop(p)
