@@ -368,7 +368,7 @@ class Daemon:
         compiles nothing. Processes attached already are left alone. A build whose compile
         failed is not tried again (an attach will say why); a process that exited meanwhile is
         (another of its build may come). Returns how many builds it prepared now."""
-        if self._prepare is None or self.warm_up_done(limit):
+        if self.warm_up_done(limit):
             return 0
         done = 0
         for info in scan(self.procfs, gpu_only=False):
@@ -390,7 +390,8 @@ class Daemon:
         return done
 
     def warm_up_done(self, limit: int = WARM_UP_BUILDS) -> bool:
-        return len(self._warmed) >= limit
+        """Nothing (more) to compile ahead: no warm-up, or `limit` builds prepared."""
+        return self._prepare is None or len(self._warmed) >= limit
 
     def auto_attach_scan(self) -> list[int]:
         """Attaches to matching processes; races with Attach RPCs end in AlreadyAttached (counted)."""

@@ -4,10 +4,7 @@ others attached, and nothing running once the last one is gone."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +12,7 @@ from stacklens.bpf.session import ProbeConfig, ProbeSession
 from stacklens.bpf.shared import POOL
 
 pytestmark = pytest.mark.bpf
-TARGET = str(Path(__file__).parents[1] / "targets" / "named_loop.py")
+TARGET = "named_loop.py"
 CONFIG = ProbeConfig(gpu=False, ops=False)
 
 
@@ -34,13 +31,10 @@ def _poll_until(sessions, want: int, timeout_s: float = 120) -> dict[int, list]:
     return got
 
 
-def test_three_processes_share_one_compile_and_keep_their_own_events(bpf_ok):
-    procs = [subprocess.Popen([sys.executable, TARGET, f"hot_{i}"], stdout=subprocess.PIPE, text=True)
-             for i in range(3)]
+def test_three_processes_share_one_compile_and_keep_their_own_events(bpf_ok, start_target):
+    procs = [start_target(TARGET, f"hot_{i}") for i in range(3)]
     sessions: list[ProbeSession] = []
     try:
-        for p in procs:
-            assert p.stdout.readline().strip() == "ready"
         before = POOL.compiles
         for p in procs:
             s = ProbeSession(p.pid, CONFIG)
@@ -65,82 +59,64 @@ def test_three_processes_share_one_compile_and_keep_their_own_events(bpf_ok):
     finally:
         for s in sessions:
             s.detach()
-        for p in procs:
-            p.kill()
-            p.wait()
     # the last detach leaves the program with no target and no CPU sampler running
     assert shared.targets == () and not shared._perf
     assert len(shared.bpf[b"targets"].items()) == 0
 
 
-def test_a_reattach_reuses_the_program_and_starts_from_zero(bpf_ok):
-    p = subprocess.Popen([sys.executable, TARGET, "hot_again"], stdout=subprocess.PIPE, text=True)
+def test_a_reattach_reuses_the_program_and_starts_from_zero(bpf_ok, start_target):
+    p = start_target(TARGET, "hot_again")
+    s = ProbeSession(p.pid, CONFIG)
+    s.attach()
+    _poll_until([s], 3)
+    shared, slot = s._shared, s._slot
+    assert shared.counters(slot)["samples"] >= 3
+    s.detach()
+    # the freed slot goes to the next target with its counters zeroed (a PID no process has)
+    assert shared.add_target(4_000_000) == slot
+    assert not any(shared.counters(slot).values())
+    shared.remove_target(4_000_000, slot + 1)          # not its slot: nothing happens
+    assert 4_000_000 in shared.targets
+    shared.remove_target(4_000_000, slot)
+    before = POOL.compiles
+    s2 = ProbeSession(p.pid, CONFIG)
+    report = s2.attach()
     try:
-        assert p.stdout.readline().strip() == "ready"
-        s = ProbeSession(p.pid, CONFIG)
-        s.attach()
-        _poll_until([s], 3)
-        shared, slot = s._shared, s._slot
-        assert shared.counters(slot)["samples"] >= 3
-        s.detach()
-        # the freed slot goes to the next target with its counters zeroed (a PID no process has)
-        assert shared.add_target(4_000_000) == slot
-        assert not any(shared.counters(slot).values())
-        shared.remove_target(4_000_000, slot + 1)          # not its slot: nothing happens
-        assert 4_000_000 in shared.targets
-        shared.remove_target(4_000_000, slot)
-        before = POOL.compiles
-        s2 = ProbeSession(p.pid, CONFIG)
-        report = s2.attach()
-        try:
-            assert POOL.compiles == before and s2._shared is shared
-            assert any("compiled before" in n for n in report.notes)
-            _poll_until([s2], 3)
-        finally:
-            s2.detach()
+        assert POOL.compiles == before and s2._shared is shared
+        assert any("compiled before" in n for n in report.notes)
+        _poll_until([s2], 3)
     finally:
-        p.kill()
-        p.wait()
+        s2.detach()
 
 
-def test_prepare_compiles_ahead_and_attaches_nothing(bpf_ok):
+def test_prepare_compiles_ahead_and_attaches_nothing(bpf_ok, start_target):
     """The daemon's warm-up (Daemon.warm_up → ProbeSession.prepare): the program an attach would
     compile is compiled and kept, nothing is attached to the process, and the attach after it
     compiles nothing."""
     config = ProbeConfig(gpu=False, ops=False, cpu_sample_hz=97)   # a key no other test uses
-    p = subprocess.Popen([sys.executable, TARGET, "hot_warm"], stdout=subprocess.PIPE, text=True)
+    p = start_target(TARGET, "hot_warm")
+    before = POOL.compiles
+    assert ProbeSession(p.pid, config).prepare() is True
+    assert POOL.compiles == before + 1
+    assert ProbeSession(p.pid, config).prepare() is False      # found, not compiled again
+    s = ProbeSession(p.pid, config)
+    report = s.attach()
     try:
-        assert p.stdout.readline().strip() == "ready"
-        before = POOL.compiles
-        assert ProbeSession(p.pid, config).prepare() is True
-        assert POOL.compiles == before + 1
-        assert ProbeSession(p.pid, config).prepare() is False      # found, not compiled again
-        s = ProbeSession(p.pid, config)
-        report = s.attach()
-        try:
-            assert POOL.compiles == before + 1 and any("compiled before" in n for n in report.notes)
-            _poll_until([s], 3)
-        finally:
-            s.detach()
+        assert POOL.compiles == before + 1 and any("compiled before" in n for n in report.notes)
+        _poll_until([s], 3)
     finally:
-        p.kill()
-        p.wait()
+        s.detach()
 
 
-def test_prepare_leaves_an_attached_process_served(bpf_ok):
+def test_prepare_leaves_an_attached_process_served(bpf_ok, start_target):
     """A warm-up of a process that is attached already (the daemon skips those; this is the
     safety under it) must not take the process off the program it shares."""
-    p = subprocess.Popen([sys.executable, TARGET, "hot_kept"], stdout=subprocess.PIPE, text=True)
+    p = start_target(TARGET, "hot_kept")
+    s = ProbeSession(p.pid, CONFIG)
+    s.attach()
     try:
-        assert p.stdout.readline().strip() == "ready"
-        s = ProbeSession(p.pid, CONFIG)
-        s.attach()
-        try:
-            assert ProbeSession(p.pid, CONFIG).prepare() is False
-            assert p.pid in s._shared.targets
-            _poll_until([s], 3)
-        finally:
-            s.detach()
+        assert ProbeSession(p.pid, CONFIG).prepare() is False
+        assert p.pid in s._shared.targets
+        _poll_until([s], 3)
     finally:
-        p.kill()
-        p.wait()
+        s.detach()
