@@ -14,6 +14,12 @@ wrong name. Two objects with the same names can share an address in turn (two la
 file, freed and allocated while a program starts up): a frame at an offset not seen before
 checks the cached entry against the object's co_qualname pointer and co_firstlineno and reads
 it afresh when they changed (a frame already cached by offset is not checked again).
+
+Everything read from the target is untrusted: an object freed and reused between the probe and
+the read, or torn by a write while it is read, can hold anything. No such object raises out of
+`Symbolizer.frame`: each kind is counted in `SymbolizerStats` and its frame marked — an
+unreadable code object `[unreadable code object]`, a str that is none
+`[unreadable code object name]`, a line table that does not decode the function's first line.
 """
 
 from __future__ import annotations
@@ -81,16 +87,32 @@ class RawPyStack(NamedTuple):
 # ---- line tables -----------------------------------------------------------------------------
 
 
+class BadObject(MemoryReadError):
+    """Read from the target, but not what it claims to be (a truncated line table, a str of no
+    known kind or too long): the object was freed and reused, or torn while it was read.
+    `kind` ("linetable", "string") names its counter in `SymbolizerStats`. A `MemoryReadError`
+    (the read gave no usable object), kept here: only the symbolizer raises and catches it."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 def line_ranges_311(table: bytes, firstlineno: int) -> list[tuple[int, int, int]]:
-    """3.11+ location table -> [(start, end, line)] in code units; line -1 = none."""
+    """3.11+ location table -> [(start, end, line)] in code units; line -1 = none.
+    Raises BadObject("linetable") where an entry runs past the table's end."""
     out = []
     line, addr, i, n = firstlineno, 0, 0, len(table)
 
     def varint(i: int) -> tuple[int, int]:
+        if i >= n:
+            raise BadObject("linetable", f"location table truncated at byte {i} of {n}")
         b = table[i]
         val, shift = b & 63, 6
         i += 1
         while b & 64:
+            if i >= n:
+                raise BadObject("linetable", f"location table truncated at byte {i} of {n}")
             b = table[i]
             val |= (b & 63) << shift
             shift += 6
@@ -103,6 +125,8 @@ def line_ranges_311(table: bytes, firstlineno: int) -> list[tuple[int, int, int]
 
     while i < n:
         first = table[i]
+        if not first & 0x80:   # every entry's first byte has its top bit set: not a location table
+            raise BadObject("linetable", f"location table entry at byte {i} of {n} has no start bit")
         i += 1
         code, length = (first >> 3) & 15, (first & 7) + 1
         if code == 15:
@@ -125,6 +149,8 @@ def line_ranges_311(table: bytes, firstlineno: int) -> list[tuple[int, int, int]
         else:
             lineno = line
             i += 1
+        if i > n:
+            raise BadObject("linetable", f"location table truncated at byte {n}")
         out.append((addr, addr + length, lineno))
         addr += length
     return out
@@ -164,7 +190,8 @@ def read_unicode(mem: ProcessMemory, lay: "PyLayout", addr: int, limit: int = 40
     state = struct.unpack("<I", mem.read(addr + lay.unicode_state, 4))[0]
     kind, compact, ascii_ = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
     if not compact or kind not in (1, 2, 4) or length > limit:
-        raise MemoryReadError(f"unsupported str object at {addr:#x}")
+        raise BadObject("string", f"no str object at {addr:#x} (kind {kind}, compact {compact}, "
+                                  f"length {length})")
     if ascii_:
         return mem.read(addr + lay.unicode_ascii_size, length).decode("ascii", "replace")
     raw = mem.read(addr + lay.unicode_compact_size, length * kind)
@@ -185,6 +212,7 @@ class CodeInfo:
     qualname: str
     firstlineno: int
     ranges: tuple[tuple[int, int, int], ...]
+    lines_ok: bool = True   # False: the line table did not decode (frames get the first line)
 
 
 @dataclass
@@ -192,12 +220,27 @@ class SymbolizerStats:
     hits: int = 0      # frame resolved from the cache
     misses: int = 0    # code object read from the target
     stale: int = 0     # code object gone/reused before it could be read
-    errors: int = 0    # unreadable code object
+    errors: int = 0    # unreadable code object (its header), or a frame without one
     remains: int = 0   # freed code object named from its tag-checked remains (first line only)
+    bad_linetables: int = 0  # line table unreadable or not decodable: the frame has the first line
+    bad_strings: int = 0     # co_filename / co_qualname unreadable or not a str: frame marked
+
+    def count(self, kind: str) -> None:
+        """One bad object of `kind` (BadObject.kind)."""
+        if kind == "linetable":
+            self.bad_linetables += 1
+        elif kind == "string":
+            self.bad_strings += 1
+        else:
+            self.errors += 1
 
     def hit_rate(self) -> float:
-        total = self.hits + self.misses + self.stale + self.errors
+        total = self.hits + self.misses + self.stale + self.errors + self.bad_strings
         return self.hits / total if total else 0.0
+
+
+UNREADABLE_CODE = Frame.other("[unreadable code object]")
+UNREADABLE_NAME = Frame.other("[unreadable code object name]")
 
 
 class Symbolizer:
@@ -245,12 +288,26 @@ class Symbolizer:
                 return None
             self.stats.remains += 1
             return info
-        table = read_bytes_obj(mem, lay, read_u64(mem, code + lay.code_linetable))
+        filename, qualname = self._str(fn_ptr), self._str(qual_ptr)
+        table_ptr = read_u64(mem, code + lay.code_linetable)
         decode = line_ranges_311 if lay.linetable_format == 311 else line_ranges_310
-        # the target names its code as it likes: control characters escaped here, once per code
-        # object, so no view or metric label downstream gets an ESC (textsafe.py)
-        return CodeInfo(safe_text(read_unicode(mem, lay, fn_ptr)), safe_text(read_unicode(mem, lay, qual_ptr)),
-                        first, tuple(decode(table, first)))
+        try:
+            return CodeInfo(filename, qualname, first, tuple(decode(read_bytes_obj(mem, lay, table_ptr), first)))
+        except MemoryReadError:   # BadObject too
+            # names read and tag-checked, the line table not: the frame keeps its function
+            self.stats.count("linetable")
+            return CodeInfo(filename, qualname, first, (), lines_ok=False)
+
+    def _str(self, addr: int) -> str:
+        """co_filename / co_qualname: BadObject("string") when it is no str or cannot be read.
+        The target names its code as it likes: control characters escaped here, once per code
+        object, so no view or metric label downstream gets an ESC (textsafe.py)."""
+        try:
+            return safe_text(read_unicode(self.mem, self.layout, addr))
+        except BadObject:
+            raise
+        except MemoryReadError as e:
+            raise BadObject("string", f"str at {addr:#x} unreadable: {e}") from e
 
     def _identity(self, code: int) -> bytes:
         """co_qualname pointer and co_firstlineno: what tells apart two code objects that had
@@ -280,7 +337,9 @@ class Symbolizer:
         except MemoryReadError:
             ident = b""
         info = self._read_code(code, tag)
-        if info is not None:
+        # an entry whose line table did not decode is not kept: the next frame reads it again
+        # (torn while it was read, or freed since: the tag or the verify tells then)
+        if info is not None and info.lines_ok:
             self._codes[key] = info
             self._ident[key] = ident
             self._at.setdefault(code, {}).setdefault(tag, set())
@@ -309,9 +368,12 @@ class Symbolizer:
             return Frame.other("[unknown python frame]")
         try:
             info = self.code_info(raw.code, raw.tag, verify=True)
+        except BadObject as e:
+            self.stats.count(e.kind)
+            return UNREADABLE_NAME if e.kind == "string" else UNREADABLE_CODE
         except MemoryReadError:
             self.stats.errors += 1
-            return Frame.other("[unreadable code object]")
+            return UNREADABLE_CODE
         if info is None:
             self.stats.stale += 1
             return Frame.other("[stale code object]")

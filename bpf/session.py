@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import gc
+import logging
 import os
 import re
 import struct
@@ -34,6 +35,7 @@ from stacklens.bpf.ringbuf import BUSY, DISCARD, RingBufReader
 from stacklens.bpf.spec import DEFAULT_SPEC, MEMCPY_KINDS, ProbeSpec, load_specs, resolve_library
 from stacklens.bpf.uprobe_multi import BPF_TRACE_UPROBE_MULTI, UprobeMultiError, attach_uprobe_multi
 
+log = logging.getLogger(__name__)
 _HEAD = struct.Struct("<IIIIQQQIiQQQQQ")  # sl_event up to `args` (checked against SlEvent below)
 _ARGS = struct.Struct(f"<{SL_NARGS}Q")
 _ARGS_OFF = SlEvent.args.offset
@@ -57,6 +59,8 @@ STACK_DEPTH = 127  # frames a BPF stack-map walk holds (perf_event_max_stack): a
 INLINE_CACHE_MAX = 4096  # CPU samples' stacks kept by their addresses (≤ ~5 MiB; then it starts again)
 TRUNCATED_STACK = (TRUNCATED,)
 PY_LOST = (Frame.other("[python stack lost]"),)  # id evicted from the LRU map before we read it
+PY_UNDECODABLE = (Frame.other("[python stack undecodable]"),)  # the symbolizer raised: a bug, counted
+UNDECODABLE_KEEP = 4  # distinct "what raised" texts kept for the notes (the first ones)
 PY_MAX_DEPTH = 48
 PY_CACHE_MAX = 65536  # symbolized Python stacks kept by id (ids are content hashes: reusable)
 # outermost frames of a complete user stack; anything else at the bottom means the unwind was cut
@@ -218,7 +222,9 @@ class ProbeSession:
         self._fallback = False
         self._last_scan = 0.0
         self._user = {"decoded": 0, "truncated_stacks": 0, "stack_lookup_failures": 0, "rescans": 0,
-                      "py_unsupported": 0, "py_stacks_symbolized": 0, "py_stacks_lost": 0}
+                      "py_unsupported": 0, "py_stacks_symbolized": 0, "py_stacks_lost": 0,
+                      "py_stacks_undecodable": 0, "records_undecodable": 0}
+        self._undecodable: dict[str, str] = {}   # "what raised" -> where (read_notes)
         self._libraries: list[LibraryAttach] = []
         self._notes: list[str] = []
         self.attached = False
@@ -635,67 +641,73 @@ class ProbeSession:
                     break
             if ln & DISCARD or pid != me:
                 continue
-            if kind == SL_EV_NAME:
-                self._name_event(data, off + 8)
-                continue
-            if sid < 0:
-                if sid == SL_STACK_INLINE:     # a CPU sample: its addresses follow the event
-                    stack = self._inline_stack(data, off, min(outv, (ln & 0x3FFFFFFF) - _EVENT_SIZE))
-                else:
-                    # -1: not requested; other negatives: the unwind failed (marked, not hidden)
-                    stack = () if sid == -1 else TRUNCATED_STACK
-            else:
-                stack = stack_cache.get((sid, caller))
-                if stack is None:
-                    stack = self._stack(sid, caller)
-            ops = op_cache.get(oh)
-            if ops is None:
-                ops = self._op_path(oh)
-            pys = py_cache.get(pyid)
-            if pys is None:
-                pys = self._py_stack(pyid)
-            if kind == SL_EV_SAMPLE:
-                append(new(Event, ("cpu_sample", "", pid, tid, t, 0, _NO_ARGS, ops, stack, pys[0], "", 0, "", 0,
-                                   pys[1], bwd)))
-                continue
-            if kind >= SL_EV_NODE_NEW:
-                append(self._node_event(kind, data, off, pid, tid, t, ops, pys))
-                continue
-            sh = shapes.get(si)
-            if sh is None:
-                sh = shapes[si] = self._shape(si)
-            a = args_s(data, off + _ARGS_REC)
-            blob = bytes(data[off + _BLOB_REC:off + _BLOB_REC + SL_BLOB]) if sh[5] else b""
-            k = sh[1]
-            if sh[6]:  # launch / graph / sync: nothing below needs the decoded arguments
-                kernel = ""
-                h = sh[3]
-                if h >= 0:
-                    h = a[h]
-                    if sh[4]:
-                        kernel = self._symbolizer.exact_name(h) if h else "unresolved:0x0"
+            # a record's contents come from the target (arguments, names, stacks): one that
+            # cannot be decoded is counted and dropped, never the end of the session
+            try:
+                if kind == SL_EV_NAME:
+                    self._name_event(data, off + 8)
+                    continue
+                if sid < 0:
+                    if sid == SL_STACK_INLINE:     # a CPU sample: its addresses follow the event
+                        stack = self._inline_stack(data, off, min(outv, (ln & 0x3FFFFFFF) - _EVENT_SIZE))
                     else:
-                        kernel = names.get(h) or self._unresolved(h)
-                # args: raw (spec, values, blob), decoded by Event.args on access
-                append(new(Event, (k, sh[2], pid, tid, t, dur, (sh[0], a, blob), ops, stack, pys[0], kernel, 0,
-                                   "", ret, pys[1], bwd)))
-                continue
-            spec = sh[0]
-            args = spec.decode(a, blob)
-            nbytes = 0
-            direction = ""
-            if k == "alloc":
-                nbytes = args.get(spec.bytes_arg, 0)
-                args["ptr"] = outv
-                if ret == 0:
-                    self._allocs[outv] = nbytes
-            elif k == "free":
-                nbytes = self._allocs.pop(a[0], 0)
-            elif k == "memcpy":
-                nbytes = args.get(spec.bytes_arg, 0)
-                direction = spec.direction or MEMCPY_KINDS.get(args.get(spec.direction_arg, -1), "unknown")
-            append(make_event(k, spec.symbol, pid, tid, t, dur, args, ops, stack, pys[0], "", nbytes,
-                              direction, ret, pys[1], bwd))
+                        # -1: not requested; other negatives: the unwind failed (marked, not hidden)
+                        stack = () if sid == -1 else TRUNCATED_STACK
+                else:
+                    stack = stack_cache.get((sid, caller))
+                    if stack is None:
+                        stack = self._stack(sid, caller)
+                ops = op_cache.get(oh)
+                if ops is None:
+                    ops = self._op_path(oh)
+                pys = py_cache.get(pyid)
+                if pys is None:
+                    pys = self._py_stack(pyid)
+                if kind == SL_EV_SAMPLE:
+                    append(new(Event, ("cpu_sample", "", pid, tid, t, 0, _NO_ARGS, ops, stack, pys[0], "", 0, "", 0,
+                                       pys[1], bwd)))
+                    continue
+                if kind >= SL_EV_NODE_NEW:
+                    append(self._node_event(kind, data, off, pid, tid, t, ops, pys))
+                    continue
+                sh = shapes.get(si)
+                if sh is None:
+                    sh = shapes[si] = self._shape(si)
+                a = args_s(data, off + _ARGS_REC)
+                blob = bytes(data[off + _BLOB_REC:off + _BLOB_REC + SL_BLOB]) if sh[5] else b""
+                k = sh[1]
+                if sh[6]:  # launch / graph / sync: nothing below needs the decoded arguments
+                    kernel = ""
+                    h = sh[3]
+                    if h >= 0:
+                        h = a[h]
+                        if sh[4]:
+                            kernel = self._symbolizer.exact_name(h) if h else "unresolved:0x0"
+                        else:
+                            kernel = names.get(h) or self._unresolved(h)
+                    # args: raw (spec, values, blob), decoded by Event.args on access
+                    append(new(Event, (k, sh[2], pid, tid, t, dur, (sh[0], a, blob), ops, stack, pys[0], kernel, 0,
+                                       "", ret, pys[1], bwd)))
+                    continue
+                spec = sh[0]
+                args = spec.decode(a, blob)
+                nbytes = 0
+                direction = ""
+                if k == "alloc":
+                    nbytes = args.get(spec.bytes_arg, 0)
+                    args["ptr"] = outv
+                    if ret == 0:
+                        self._allocs[outv] = nbytes
+                elif k == "free":
+                    nbytes = self._allocs.pop(a[0], 0)
+                elif k == "memcpy":
+                    nbytes = args.get(spec.bytes_arg, 0)
+                    direction = spec.direction or MEMCPY_KINDS.get(args.get(spec.direction_arg, -1), "unknown")
+                append(make_event(k, spec.symbol, pid, tid, t, dur, args, ops, stack, pys[0], "", nbytes,
+                                  direction, ret, pys[1], bwd))
+            except Exception as e:  # noqa: BLE001 — see above
+                self._user["records_undecodable"] += 1
+                self._note_undecodable("ring record", e)
         reader.commit(cons)
         self._user["decoded"] += len(out)
         return out
@@ -767,7 +779,13 @@ class ProbeSession:
             self._user["py_stacks_lost"] += 1
             return PY_LOST, (False,)
         raw = RawPyStack.from_bytes(bytes(leaf), self._py.max_depth)
-        frames = self._py.symbolize(raw)
+        try:
+            frames = self._py.symbolize(raw)
+        except Exception as e:  # noqa: BLE001 — pysym counts and marks every bad object it knows;
+            # anything else is a bug there, and still not the end of the session: marked, not cached
+            self._user["py_stacks_undecodable"] += 1
+            self._note_undecodable("python stack", e)
+            return PY_UNDECODABLE, (False,)
         entries = self._py.symbolizer.entry_flags(raw)
         if raw.truncated:
             entries = (False,) + entries  # the leading [truncated] marker
@@ -778,6 +796,41 @@ class ProbeSession:
         self._py_cache[pyid] = v
         self._user["py_stacks_symbolized"] += 1
         return v
+
+    def _note_undecodable(self, what: str, e: Exception) -> None:
+        """Keeps, for read_notes(), what raised where (the first few kinds), with the innermost
+        frame of the traceback: enough to find the bug without a log."""
+        import traceback
+
+        tb = traceback.extract_tb(e.__traceback__)
+        at = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno} ({tb[-1].name})" if tb else ""
+        key = f"{type(e).__name__}: {e}"[:160]
+        if key not in self._undecodable and len(self._undecodable) < UNDECODABLE_KEEP:
+            self._undecodable[key] = f"{what}{at}"
+            log.warning("pid %d: %s not decodable (counted, the session goes on)", self.pid, what, exc_info=e)
+
+    def read_notes(self) -> list[str]:
+        """The profile's notes on what was read from the target and could not be used: bad code
+        objects, line tables and strings (counted by pysym, frames marked) and anything that
+        raised while decoding (records dropped, stacks marked). [] when all went well."""
+        out = []
+        if self._py is not None:
+            st = self._py.symbolizer.stats
+            parts = [f"{n} {what}" for n, what in (
+                (st.errors, "frame(s) without a readable code object [unreadable code object]"),
+                (st.bad_strings, "code object name(s) not a str [unreadable code object name]"),
+                (st.bad_linetables, "line table(s) not decodable (the frame shows the function's first line)"))
+                if n]
+            if parts:
+                out.append("python frames read from freed or changing objects: " + ", ".join(parts)
+                           + "; the session goes on")
+        u = self._user
+        if u["py_stacks_undecodable"] or u["records_undecodable"]:
+            out.append(f"decode errors: {u['py_stacks_undecodable']} python stack(s) marked "
+                       f"[python stack undecodable], {u['records_undecodable']} record(s) dropped; "
+                       + "; ".join(f"{k} ({where})" for k, where in self._undecodable.items())
+                       + " — a stacklens bug, please report it")
+        return out
 
     def _op_path(self, h: int) -> tuple[str, ...]:
         table = self._bpf[b"op_paths"]
@@ -845,7 +898,8 @@ class ProbeSession:
         if self._py is not None:
             st = self._py.symbolizer.stats
             out.update(py_code_hits=st.hits, py_code_misses=st.misses, py_code_stale=st.stale,
-                       py_code_errors=st.errors)
+                       py_code_errors=st.errors, py_bad_linetables=st.bad_linetables,
+                       py_bad_strings=st.bad_strings)
         return out
 
     def python_info(self) -> dict:

@@ -142,6 +142,30 @@ class DaemonClient:
         return self._call(self.stub.Health, pb.HealthRequest())
 
 
+STATE_COLUMN_MAX = 14  # "not attached", "detached", "exited" fit; longer states get a line of their own
+
+
+def ps_lines(rows) -> list[str]:
+    """`stacklens ps` as lines. The STATE column is as wide as its short states; a longer one (an
+    error with its reason) shows its first word there and the whole text on the next line:
+    never cut (a cut "error: ind" told nothing)."""
+    from stacklens.textsafe import safe_text
+
+    states = [safe_text(p.state) for p in rows]
+    width = max([5] + [len(st) for st in states if len(st) <= STATE_COLUMN_MAX])
+    out = [f"{'PID':>8} {'COMM':16} {'STATE':{width}} {'AGENT':5} {'GPU%':>6} {'LAUNCH/s':>9} {'SYNC%':>6}  PYTHON"]
+    for p, st in zip(rows, states):
+        gpu = "n/a" if math.isnan(p.gpu_time_share) else f"{100 * p.gpu_time_share:.1f}"
+        short = st if len(st) <= width else st.split(":", 1)[0][:width]
+        out.append(f"{p.pid:>8} {p.comm[:16]:16} {short:{width}} {'yes' if p.agent else 'no':5} {gpu:>6} "
+                   f"{p.launches_per_s:>9.1f} {100 * p.sync_wait_share:>6.1f}  {p.python}")
+        if short != st:
+            out.append(f"{'':8} state: {st}")
+    if not rows:
+        out.append("(no process with a GPU driver, torch or JAX loaded, and nothing attached)")
+    return out
+
+
 def run_client_command(args, socket_path: str) -> int:
     with DaemonClient(socket_path) as c:
         if args.command == "attach":
@@ -152,16 +176,8 @@ def run_client_command(args, socket_path: str) -> int:
             c.detach(args.pid)
             print(f"detached from {args.pid}")
         elif args.command == "ps":
-            rows = c.processes()
-            print(f"{'PID':>8} {'COMM':16} {'STATE':10} {'AGENT':5} {'GPU%':>6} {'LAUNCH/s':>9} {'SYNC%':>6}  PYTHON")
-            for p in rows:
-                gpu = "n/a" if math.isnan(p.gpu_time_share) else f"{100 * p.gpu_time_share:.1f}"
-                print(
-                    f"{p.pid:>8} {p.comm[:16]:16} {p.state[:10]:10} {'yes' if p.agent else 'no':5} {gpu:>6} "
-                    f"{p.launches_per_s:>9.1f} {100 * p.sync_wait_share:>6.1f}  {p.python}"
-                )
-            if not rows:
-                print("(no process with a GPU driver, torch or JAX loaded, and nothing attached)")
+            for line in ps_lines(c.processes()):
+                print(line)
         elif args.command == "advise":
             findings = c.advice(args.pid)
             if not findings:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import logging
 import os
 import queue
 import threading
@@ -22,6 +23,8 @@ from stacklens.errors import NoSuchProcess, StacklensError
 from stacklens.inject.gpu import VENDORS, Vendor, pick_join, vendor_for
 from stacklens.introspect.procfs import ProcFS
 from stacklens.textsafe import safe_text
+
+log = logging.getLogger(__name__)
 
 POLL_MS = 50
 # At most this many events and agent records per loop turn, so snapshot requests are answered
@@ -47,6 +50,8 @@ class EventSource(Protocol):
     def stats(self) -> dict[str, int]: ...
     def detach(self) -> None: ...
     # optional: in_flight() -> list[Event], the return-probed calls not yet returned (ProbeSession)
+    # optional: read_notes() -> list[str], what was read from the target and could not be used
+    # (bad code objects, line tables, strings: counted, frames marked), for the profile's notes
 
 
 class AgentSource(Protocol):
@@ -258,6 +263,7 @@ class ProcessSession:
         self._window_abort = False
         self._window_stats: dict[str, int] = {}
         self._fast_start = False   # a program let go at its start: read the ring every 1 ms at first
+        self._read_notes: list[str] = []   # the probes' read_notes(), kept past their detach
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, *, window: bool = False, progress: Callable[[str], None] | None = None,
@@ -354,8 +360,27 @@ class ProcessSession:
                 self._stats = dict(self.probes.stats())
             except Exception:  # noqa: BLE001
                 pass
+            self._refresh_read_notes()
             self.probes.detach()
             self.probes = None
+
+    def _refresh_read_notes(self) -> None:
+        """The probes' notes on bad reads into the profile's notes (replacing the last ones):
+        on the aggregation thread, or once it has ended."""
+        read_notes = getattr(self.probes, "read_notes", None)
+        if read_notes is None:
+            return
+        try:
+            fresh = list(read_notes())
+        except Exception:  # noqa: BLE001 — notes are an account, never a reason to fail a request
+            log.exception("read notes of session %d", self.pid)
+            return
+        if fresh == self._read_notes:
+            return
+        # a new list: snapshots taken before share the old one (Joiner.snapshot copies meta shallowly)
+        kept = [n for n in self.joiner.meta.get("notes", []) if n not in self._read_notes]
+        self.joiner.meta["notes"] = kept + fresh
+        self._read_notes = fresh
 
     # ---- the aggregation thread -----------------------------------------------------------
     def _run(self) -> None:
@@ -394,7 +419,9 @@ class ProcessSession:
                         self.state = "exited"
                         break
         except Exception as e:  # noqa: BLE001 — a session error must not take the daemon down
-            self.state = f"error: {e}"
+            # the whole reason, for `ps` (it shows the state in full) and the log (with the traceback)
+            self.state = f"error: {type(e).__name__}: {e}"
+            log.error("session %d (%s) ended: %s", self.pid, self.comm or "?", self.state, exc_info=e)
         finally:
             self._serve_requests()
             if self.state != "attached":
@@ -543,7 +570,11 @@ class ProcessSession:
 
     # ---- reading --------------------------------------------------------------------------
     def snapshot(self, window_s: float | None = None) -> Snapshot:
-        return self._call(lambda: self.joiner.snapshot(window_s=window_s))
+        def take() -> Snapshot:
+            self._refresh_read_notes()
+            return self.joiner.snapshot(window_s=window_s)
+
+        return self._call(take)
 
     def stats(self) -> dict[str, int]:
         def collect() -> dict[str, int]:
