@@ -9,11 +9,22 @@ Strings are escaped (control characters, ``textsafe.py``) and frame strings cut 
 (``validate.MAX_FRAME_FILE`` / ``MAX_FRAME_NAME``, counted ``truncated_strings``).
 One reader thread per server; records wait in a deque bounded by count and by estimated bytes
 (``MAX_QUEUED_BYTES``; drops counted ``dropped_records`` / ``dropped_bytes``) until ``poll()``.
+
+Files of a server in its directory: ``agent-PID.lock`` (flocked while the server lives),
+``agent-PID.sock``, ``agent-PID-code/`` (the agent's sources and its bootstrap, which holds the
+token). Any number of servers share a directory, in one daemon or several (issue 26): a server takes
+its PID's lock, and judges and removes stale files of other PIDs (a killed daemon's: their lock not
+held, or gone), only while it holds the directory's own flock (``_dir_lock``); it removes its own
+files under that flock too. So to every other server a lock file is created and locked in one step,
+and one whose flock can be taken belongs to no live server. The flock is held for a few syscalls
+(a stale sweep: an unlink per file); ``clean_stale_files`` sweeps every agent directory at the
+daemon's start.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -26,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from stacklens.errors import AlreadyAttached, AttachError, InputError
+from stacklens.errors import AlreadyAttached, AttachError, InputError, StacklensError
 from stacklens.introspect.procfs import ProcFS
 from stacklens.inject.agent import wire
 from stacklens.inject.gpu.cupti import MAX_BLOCK, NameReader, parse_layout, parse_raw
@@ -60,6 +71,11 @@ RECORD_BYTES = 160          # a slotted record object, its ints, the deque slots
 FRAME_BYTES = 180           # a (file, name, line) tuple, two str headers, the line int
 
 _ENTRY = re.compile(r"agent-(\d+)(?:\.lock|\.sock|-code)")
+HOST_AGENT_DIR = Path("/run/stacklens/agents")
+CONTAINER_AGENT_DIR = "/tmp/.stacklens-agents"     # inside a target's root (container, chroot)
+# Longest wait for an agent directory's flock; it is held for a few syscalls, so only a process
+# stopped while holding it (SIGSTOP, a debugger) makes an attach wait this long.
+DIR_LOCK_WAIT_S = 30.0
 
 # servers by socket path, so inject_agent(pid, socket_path=srv.path) can wait for the hello
 _REGISTRY: dict[str, "AgentServer"] = {}
@@ -201,8 +217,8 @@ def default_socket_dir(pid: int, procfs: ProcFS | None = None) -> Path:
     lives in another mount namespace (container, chroot)."""
     procfs = procfs or ProcFS()
     if procfs.in_own_root(pid):
-        return Path("/run/stacklens/agents")
-    return procfs.root_dir(pid) / "tmp" / ".stacklens-agents"
+        return HOST_AGENT_DIR
+    return procfs.root_dir(pid) / CONTAINER_AGENT_DIR.lstrip("/")
 
 
 def target_view(path: Path | str, pid: int) -> str:
@@ -212,6 +228,157 @@ def target_view(path: Path | str, pid: int) -> str:
     if s.startswith(prefix + "/"):
         return s[len(prefix):]
     return s
+
+
+@contextlib.contextmanager
+def _dir_lock(dirfd: int, name: str):
+    """The agent directory's flock, taken on its descriptor (a directory has no file to lose):
+    one open file description each server, so servers of one process exclude each other too."""
+    deadline = time.monotonic() + DIR_LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(dirfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise AttachError(f"agent directory {name} stayed locked for {DIR_LOCK_WAIT_S:.0f} s: a stacklens "
+                                  "process holding it is stopped or hung (`fuser -v` on it names it); "
+                                  "continue or end it, then attach again") from None
+            time.sleep(0.002)
+    try:
+        yield
+    finally:
+        fcntl.flock(dirfd, fcntl.LOCK_UN)
+
+
+def _take_pid_lock(dirfd: int, pid: int) -> int:
+    """``agent-PID.lock`` opened (created if needed) and flocked; the caller holds the directory's
+    flock, so nobody else is between those two steps. Raises AlreadyAttached while a live server
+    holds it."""
+    fd = os.open(f"agent-{pid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dirfd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise AlreadyAttached(f"another stacklens session already serves PID {pid}; "
+                              f"detach it first (`stacklens detach {pid}`)") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_files(dirfd: int, pid: int) -> None:
+    """A server's socket, code directory and lock file (in that order: the lock goes last)."""
+    for remove in (lambda: os.unlink(f"agent-{pid}.sock", dir_fd=dirfd),
+                   lambda: remove_tree(dirfd, f"agent-{pid}-code"),
+                   lambda: os.unlink(f"agent-{pid}.lock", dir_fd=dirfd)):
+        try:
+            remove()
+        except FileNotFoundError:
+            pass
+
+
+def _clean_stale(dirfd: int, keep: int | None = None) -> int:
+    """Remove the files of every PID but ``keep`` whose server is gone (its daemon was killed):
+    its lock file can be flocked, or there is none. The caller holds the directory's flock, under
+    which live servers create their lock and remove their files: a live server's lock is always
+    there and held. Returns how many PIDs' files were removed."""
+    try:
+        names = os.listdir(dirfd)
+    except OSError:
+        return 0
+    pids = {int(m.group(1)) for m in map(_ENTRY.fullmatch, names) if m} - {keep}
+    cleaned = 0
+    for p in sorted(pids):
+        lfd = -1
+        try:
+            lfd = os.open(f"agent-{p}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+            fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except FileNotFoundError:
+            pass                                    # no lock: nobody serves that PID
+        except OSError:                             # held (a live server) or not ours to judge
+            if lfd >= 0:
+                os.close(lfd)
+            continue
+        try:
+            _remove_files(dirfd, p)
+            cleaned += 1
+        except OSError:
+            pass
+        finally:
+            if lfd >= 0:
+                os.close(lfd)
+    return cleaned
+
+
+def _open_existing_dir(name: str, parent_fd: int | None = None) -> int:
+    """``name`` (under ``parent_fd``) opened if it is an agent directory of ours (a real directory,
+    our uid, not group/world-writable); -1 otherwise. Creates nothing."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    except OSError:
+        return -1
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        return -1
+    return fd
+
+
+def _agent_dirs(procfs: ProcFS):
+    """Descriptors of the agent directories that exist: the host's, then one per distinct root of
+    the running processes (a container's /tmp/.stacklens-agents, resolved inside its root)."""
+    seen: set[tuple[int, int]] = set()
+    fd = _open_existing_dir(str(HOST_AGENT_DIR))
+    if fd >= 0:
+        st = os.fstat(fd)
+        seen.add((st.st_dev, st.st_ino))
+        yield fd
+    roots: set[tuple[int, int]] = set()
+    for pid in procfs.pids():
+        try:
+            if procfs.in_own_root(pid):
+                continue
+            st = os.stat(procfs.root_dir(pid))
+        except (OSError, StacklensError):
+            continue                                # exited, or a root we may not look into
+        if (st.st_dev, st.st_ino) in roots:
+            continue
+        roots.add((st.st_dev, st.st_ino))
+        try:
+            parent = open_in_root(pid, os.path.dirname(CONTAINER_AGENT_DIR), procfs)
+        except (AttachError, OSError):
+            continue
+        try:
+            fd = _open_existing_dir(os.path.basename(CONTAINER_AGENT_DIR), parent)
+        finally:
+            os.close(parent)
+        if fd < 0:
+            continue
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) in seen:
+            os.close(fd)
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        yield fd
+
+
+def clean_stale_files(procfs: ProcFS | None = None) -> int:
+    """What killed daemons left in every agent directory (locks, sockets, code directories with
+    their bootstrap token), removed; the files of live servers, of this daemon or any other, are
+    kept. Called at the daemon's start. Returns how many PIDs' files were removed. Cost: a stat
+    per process, an openat2 per distinct container root, an unlink per stale file."""
+    cleaned = 0
+    for fd in _agent_dirs(procfs or ProcFS()):
+        try:
+            with _dir_lock(fd, "(start-up sweep)"):
+                cleaned += _clean_stale(fd)
+        except AttachError:
+            pass                                    # held by a stopped process: the next attach cleans it
+        finally:
+            os.close(fd)
+    return cleaned
 
 
 class AgentServer:
@@ -230,14 +397,11 @@ class AgentServer:
         self._codefd = -1
         self._lock_fd = -1
         try:
-            self._lock_fd = os.open(f"agent-{pid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                    0o600, dir_fd=self._dirfd)
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise AlreadyAttached(f"another stacklens session already serves PID {pid}; "
-                                      f"detach it first (`stacklens detach {pid}`)") from None
-            self._clean_stale()
+            with _dir_lock(self._dirfd, str(self.dir)):
+                self._lock_fd = _take_pid_lock(self._dirfd, pid)
+                cleaned = _clean_stale(self._dirfd, keep=pid)
+            if cleaned:
+                self._stats["stale_cleaned"] += cleaned
             self.token = secrets.token_hex(16)
             self._sock_name = f"agent-{pid}.sock"
             self._code_name = f"agent-{pid}-code"
@@ -263,6 +427,8 @@ class AgentServer:
                          follow_symlinks=False)
                 os.chmod(self._sock_name, 0o660, dir_fd=self._dirfd)   # our directory: no symlink there
         except BaseException:
+            if self._lock_fd >= 0:
+                self._remove_own_files()
             for fd in (self._codefd, self._lock_fd, self._dirfd):
                 if fd >= 0:
                     os.close(fd)
@@ -325,40 +491,15 @@ class AgentServer:
             os.fchmod(fd, 0o644)
             f.write(data)
 
-    def _clean_stale(self) -> None:
-        """Remove what servers of other PIDs left here when their daemon died (kill -9): their lock
-        is no longer held (a live server holds it with flock), or there is none."""
-        fd = self._dirfd
+    def _remove_own_files(self) -> None:
+        """Our socket, code and lock, removed under the directory's flock while our lock is still
+        held (a server for this PID starting now finds either all of them or none). Where the
+        flock cannot be had they stay: once our lock is closed, any later sweep removes them."""
         try:
-            names = os.listdir(fd)
-        except OSError:
-            return
-        pids = {int(m.group(1)) for m in map(_ENTRY.fullmatch, names) if m} - {self.pid}
-        for p in sorted(pids):
-            lock, lfd = f"agent-{p}.lock", -1
-            try:
-                lfd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except FileNotFoundError:
-                pass                                    # no lock: nobody serves that PID
-            except OSError:                             # held (a live server) or not ours to judge
-                if lfd >= 0:
-                    os.close(lfd)
-                continue
-            try:
-                try:
-                    os.unlink(f"agent-{p}.sock", dir_fd=fd)
-                except FileNotFoundError:
-                    pass
-                remove_tree(fd, f"agent-{p}-code")
-                if lfd >= 0:
-                    os.unlink(lock, dir_fd=fd)
-                self._stats["stale_cleaned"] += 1
-            except OSError:
-                pass
-            finally:
-                if lfd >= 0:
-                    os.close(lfd)
+            with _dir_lock(self._dirfd, str(self.dir)):
+                _remove_files(self._dirfd, self.pid)
+        except (AttachError, OSError):
+            pass
 
     # -- reader thread -------------------------------------------------------------------
     def _serve(self) -> None:
@@ -649,13 +790,7 @@ class AgentServer:
                 self._records.clear()
                 self._sizes.clear()
                 self._queued_bytes = 0
-            for remove in (lambda: os.unlink(self._sock_name, dir_fd=self._dirfd),
-                           lambda: remove_tree(self._dirfd, self._code_name),
-                           lambda: os.unlink(f"agent-{self.pid}.lock", dir_fd=self._dirfd)):
-                try:
-                    remove()
-                except OSError:
-                    pass
+            self._remove_own_files()
             for fd in (self._codefd, self._lock_fd, self._dirfd):
                 os.close(fd)
 
@@ -671,4 +806,4 @@ def server_for(path: str) -> AgentServer | None:
         return _REGISTRY.get(str(path))
 
 
-__all__ = ["AgentServer", "parse_message", "ProtocolError", "default_socket_dir", "server_for"]
+__all__ = ["AgentServer", "parse_message", "ProtocolError", "clean_stale_files", "default_socket_dir", "server_for"]
