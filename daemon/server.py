@@ -16,7 +16,9 @@ Socket directory: the daemon never changes the mode or owner of a directory it d
   the sticky bit is refused: anyone could rename the socket or that subdirectory away.
 A stale socket of ours at the path is replaced; anything else there is refused. Clients look for
 `SOCKNAME.d/token`, then `token` beside the socket (`client.token_candidates`). At stop the daemon
-removes the socket and the token file it wrote, not the directories.
+removes the socket and the token file it wrote, not the directories. At start it replaces a
+killed daemon's socket and token, and removes the agent files (lock, socket, code and bootstrap
+token per target) it left (`inject.server.clean_stale_files`).
 
 Standard gRPC services: grpc.health.v1.Health (SERVING; NOT_SERVING once stopping) and server
 reflection, token-gated like the rest (`grpc_service.add_standard_services`); e.g.
@@ -215,6 +217,7 @@ class StacklensDaemon:
     def start(self) -> None:
         grpc_service.install_log_filters()
         self.token_path = prepare_socket_dir(self.socket_path)
+        self._clean_agent_leftovers()
         token = self.token_path.read_text().strip()
         self._executor = futures.ThreadPoolExecutor(max_workers=grpc_service.WORKERS, thread_name_prefix="grpc")
         self.server = grpc.server(
@@ -245,6 +248,19 @@ class StacklensDaemon:
         threading.Thread(target=self._housekeeping, name="stacklens-housekeeping", daemon=True).start()
         threading.Thread(target=self._warm_up, name="stacklens-warm-up", daemon=True).start()
         log.info("stacklensd %s listening on unix:%s (token %s)", __version__, self.socket_path, self.token_path)
+
+    def _clean_agent_leftovers(self) -> None:
+        """Agent files (lock, socket, code with its bootstrap token) that a killed daemon left,
+        removed now rather than at some later attach; live servers' files, of any daemon, stay."""
+        from stacklens.inject.server import clean_stale_files
+
+        try:
+            n = clean_stale_files(getattr(self.daemon, "procfs", None))
+        except OSError as e:
+            log.warning("could not sweep the agent directories for a killed daemon's files: %s", e)
+            return
+        if n:
+            log.info("removed the agent files of %d process(es) that a stopped daemon left behind", n)
 
     def _start_metrics(self) -> None:
         from stacklens.daemon.prom import MetricsServer, StacklensCollector, build_registry
