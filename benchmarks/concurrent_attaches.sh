@@ -56,8 +56,8 @@ for run in $(seq 1 "${RUNS:-20}"); do
   kill -TERM $DP; wait $DP; rc=$?
   kill "${T[@]}" 2>/dev/null; wait "${T[@]}" 2>/dev/null
   errs=$(cat $D/a-* | grep -c "Traceback\|error" )
-  printf "run %2d: attaches ok %d failed %d (%.1f s; already-serves %d, internal %d), detaches ok %d, daemon alive %s, exit rc %d, error lines %d\n" \
-    $run $ok $bad $secs $serves $internal $dok $alive $rc $errs
+  printf "run %2d: attaches ok %d failed %d (%.1f s; already-serves %d, internal %d), detaches ok %d, %s\n" \
+    $run $ok $bad $secs $serves $internal $dok "daemon alive $alive, exit rc $rc, error lines $errs"
   rm -rf $D
 done
 
@@ -76,8 +76,8 @@ if [ "${KILL9:-0}" -gt 0 ]; then
     fresh=no; [ "$(md5sum < $D/run/token)" != "$tok" ] && fresh=yes
     [ "$after" -eq 0 ] && [ $fresh = yes ] || failed=1
     attach_all k$k
-    printf "kill9 %d: agent files after kill -9 %d, after restart %d, new token %s; re-attaches ok %d failed %d (%.1f s; already-serves %d, internal %d)\n" \
-      $k $before $after $fresh $ok $bad $secs $serves $internal
+    printf "kill9 %d: agent files after kill -9 %d, after restart %d, new token %s; %s\n" $k $before $after $fresh \
+      "$(printf "re-attaches ok %d failed %d (%.1f s; already-serves %d, internal %d)" $ok $bad $secs $serves $internal)"
   done
   detach_all
   kill -TERM $DP; wait $DP

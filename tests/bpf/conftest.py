@@ -57,16 +57,21 @@ def fake_libs(tmp_path_factory) -> dict[str, Path]:
 
 
 class Target:
-    """A target process from tests/targets: prints `ready`, then acts on lines sent to stdin."""
+    """A target process from tests/targets: prints `ready`, then acts on lines sent to stdin.
+    One that does not get as far as `ready` is killed before the error is raised."""
 
     def __init__(self, script: str, *args: str, env: dict | None = None):
         self.proc = subprocess.Popen(
             [sys.executable, str(TARGETS / script), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}, cwd=str(ROOT))
-        line = self.readline(timeout=60)
-        if line != "ready":
-            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
-            raise RuntimeError(f"target {script} said {line!r} instead of 'ready': {err}")
+        try:
+            line = self.readline(timeout=60)
+            if line != "ready":
+                err = self.proc.stderr.read() if self.proc.poll() is not None else ""
+                raise RuntimeError(f"target {script} said {line!r} instead of 'ready': {err}")
+        except BaseException:
+            self.kill()
+            raise
 
     @property
     def pid(self) -> int:
@@ -102,9 +107,17 @@ def start_target():
         started.append(t)
         return t
 
-    yield start
-    for t in started:
-        t.kill()
+    try:
+        yield start
+    finally:
+        errors = []
+        for t in started:          # every one, even when killing another failed
+            try:
+                t.kill()
+            except Exception as e:  # noqa: BLE001 — reported once all are ended
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
 
 def poll_until(session, predicate, timeout_s: float = 10.0) -> list:

@@ -114,3 +114,31 @@ def test_clean_stale_files_keeps_live_servers_and_creates_nothing(tmp_path, monk
         assert clean_stale_files() == 2
         assert sorted(os.listdir(d)) == sorted([f"agent-{os.getpid()}.lock", f"agent-{os.getpid()}.sock",
                                                 f"agent-{os.getpid()}-code"])
+
+
+def test_clean_stale_files_sweeps_the_agent_directory_inside_another_root(tmp_path, monkeypatch):
+    """A target in a chroot (as in a container) has its agent directory inside its root: the
+    start-up sweep finds it through the process and removes stale files there, not live ones."""
+    from stacklens.inject import server
+
+    monkeypatch.setattr(server, "HOST_AGENT_DIR", tmp_path / "no-host-dir")
+    root = tmp_path / "root"
+    (root / "tmp").mkdir(parents=True)
+    d = root / "tmp" / ".stacklens-agents"
+    chrooted = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys\ntry:\n    os.chroot(sys.argv[1])\nexcept OSError as e:\n"
+         "    print('no chroot', e, flush=True)\nelse:\n    print('ready', flush=True)\nsys.stdin.read()\n", str(root)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        said = chrooted.stdout.readline().strip()
+        if said != "ready":
+            pytest.skip(f"cannot chroot here ({said}); needs root")
+        with AgentServer(chrooted.pid) as live:          # its default directory: inside its root
+            assert Path(live.dir) == Path(f"/proc/{chrooted.pid}/root/tmp/.stacklens-agents")
+            _leave_stale(d, 1)
+            clean_stale_files()
+            assert sorted(os.listdir(d)) == sorted(f"agent-{chrooted.pid}{s}" for s in (".lock", ".sock", "-code"))
+        assert os.listdir(d) == []
+    finally:
+        chrooted.stdin.close()
+        chrooted.wait()

@@ -1,7 +1,9 @@
 """Target: an idle Python loop (the main thread wakes every 10 ms, so an injected bootstrap runs
-within 10 ms, as in a real program between steps). Prints `ready`; runs until killed."""
+within 10 ms, as in a real program between steps). Prints argv[1] (default `ready`), then runs
+until killed."""
+import sys
 import time
 
-print("ready", flush=True)
+print(sys.argv[1] if len(sys.argv) > 1 else "ready", flush=True)
 while True:
     time.sleep(0.01)
