@@ -62,6 +62,21 @@ class AlreadyAttached(StacklensError):
     grpc_code = "ALREADY_EXISTS"
 
 
+class AttachCancelled(AttachError):
+    """A detach cancelled an attach in progress: nothing stays attached."""
+
+    exit_code = 12
+    grpc_code = "ABORTED"
+
+
+class StillAttaching(StacklensError):
+    """The daemon's attach of a PID has not ended: a client stopped following it, or asked for
+    what only an attached process has. The attach goes on in the daemon."""
+
+    exit_code = 13
+    grpc_code = "FAILED_PRECONDITION"
+
+
 class DaemonUnavailable(StacklensError):
     exit_code = 9
     grpc_code = "UNAVAILABLE"

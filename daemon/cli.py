@@ -9,6 +9,7 @@ Errors come from one hierarchy (`stacklens.errors`) and map to exit codes here.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -30,6 +31,33 @@ def pid_arg(text: str) -> int:
     if not 1 <= pid <= PID_MAX:
         raise argparse.ArgumentTypeError(f"invalid PID {pid}: a process id is in 1..{PID_MAX}")
     return pid
+
+
+def check_seconds(value: float | None, flag: str) -> None:
+    """InputError unless `value` (when given) is a finite number of seconds above 0."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise InputError(f"{flag} {value:g}: give a number of seconds above 0, e.g. {flag} 5")
+
+
+def check_rate(hz: int) -> None:
+    if not 1 <= hz <= 10_000:
+        raise InputError(f"--rate {hz}: the CPU sampling rate is 1..10000 Hz (default 99)")
+
+
+def check_output(out: str | None) -> None:
+    """Refuses, before any work, an output path that cannot be written: a directory that does not
+    exist or is not writable, a path that is a directory or a file that is not writable."""
+    if not out:
+        return
+    path = Path(out)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise InputError(f"-o {out}: that is a directory; give the path of a file")
+    if not parent.is_dir():
+        raise InputError(f"-o {out}: the directory {parent} does not exist; create it or write elsewhere")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise InputError(f"-o {out}: cannot write there (permission denied or a read-only file system); "
+                         "write elsewhere")
 
 
 def _socket_path(args: argparse.Namespace) -> str:
@@ -74,15 +102,41 @@ def write_output(snap, fmt: str, metric: str | None, out: str | None, view: str 
     data = form.render(snap, metric)
     if out:
         mode = "wb" if isinstance(data, bytes) else "w"
-        with open(out, mode) as fh:
-            fh.write(data)
+        try:
+            with open(out, mode) as fh:
+                fh.write(data)
+        except OSError as e:   # checked before the work (check_output), yet it failed: keep the profile
+            raise InputError(f"cannot write {out} ({e.strerror or e}); {_keep(snap)}") from None
     elif isinstance(data, bytes):
         sys.stdout.buffer.write(data)
     else:
         sys.stdout.write(data)
 
 
+def _keep(snap) -> str:
+    """Saves `snap` where it can (a new file in the temporary directory) so that no work is lost;
+    says where, or that it could not."""
+    import gzip
+    import json
+    import tempfile
+
+    from stacklens.cct import export
+
+    try:
+        fd, path = tempfile.mkstemp(prefix="stacklens-profile-", suffix=".json.gz")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(gzip.compress(json.dumps(export.to_json(snap), separators=(",", ":")).encode(), mtime=0))
+    except OSError as e:
+        return f"the profile could not be saved elsewhere either ({e.strerror or e})"
+    return f"the profile is saved in {path}: `stacklens report --input {path} -o FILE` writes it"
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    check_output(args.output)
+    if args.input and args.window is not None:
+        raise InputError("--window applies to a live session (a PID, through the daemon); a saved profile "
+                         "covers the span it was recorded over: drop --window")
+    check_seconds(args.window, "--window")
     if args.input:
         from stacklens.cct import export
 
@@ -123,6 +177,9 @@ def _oneshot_output(snap, args: argparse.Namespace) -> None:
 def cmd_profile(args: argparse.Namespace) -> int:
     from stacklens.daemon.oneshot import Progress, profile_pid
 
+    check_seconds(args.duration, "--duration")
+    check_rate(args.rate)
+    check_output(args.output)
     progress = Progress()
     try:
         snap = profile_pid(
@@ -157,6 +214,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_daemon_call(args: argparse.Namespace) -> int:
     from stacklens.daemon.client import run_client_command
 
+    check_seconds(getattr(args, "wait", None), "--wait")
     return run_client_command(args, _socket_path(args))
 
 
@@ -166,9 +224,13 @@ def cmd_record(args: argparse.Namespace) -> int:
     cmd = [c for c in args.cmd if c != "--"]
     if not cmd:
         raise InputError("give the command to run after --, e.g. stacklens record -- python train.py")
+    check_rate(args.rate)
+    check_output(args.output)
     progress = Progress()
     try:
-        snap, status = record_command(cmd, agent=args.agent, cpu_hz=args.rate, progress=progress)
+        # the profile goes to stdout: the program's own output goes to stderr, never into it
+        snap, status = record_command(cmd, agent=args.agent, cpu_hz=args.rate, progress=progress,
+                                      program_stdout=None if args.output else 2)
     finally:
         progress.close()
     if status:
@@ -248,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("pid", type=pid_arg)
         if name == "attach":
             sp.add_argument("--agent", action="store_true", help="inject the in-process agent too")
+            sp.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                            help="follow the attach at most this long (default: as long as it makes progress); "
+                            "it goes on in the daemon after, `stacklens ps` shows it attaching")
         sp.set_defaults(func=cmd_daemon_call)
     ps = sub.add_parser("ps", help="processes with a GPU driver, torch or JAX loaded (GPU or not), "
                                    "with their state: attached, not attached (never) or detached")

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import grpc
 
@@ -22,6 +24,9 @@ from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon import stacklens_pb2_grpc as pbg
 
 TOKEN_NAME = "token"
+ATTACH_POLL_S = 10.0    # one Attach/WaitAttach call waits at most this long for the next step
+ATTACH_STALL_S = 600.0  # a client stops following an attach whose step lasts longer than this
+RPC_SLACK_S = 30.0      # on top of a call's own wait: a daemon on a loaded machine answers late
 
 
 def token_subdir(sock: Path | str) -> str:
@@ -50,15 +55,19 @@ _STATUS_TO_ERROR = {
     grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyAttached,
     grpc.StatusCode.UNAVAILABLE: errors.DaemonUnavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: errors.Timeout,
+    grpc.StatusCode.ABORTED: errors.AttachCancelled,
 }  # RESOURCE_EXHAUSTED, INTERNAL: StacklensError with the daemon's message
 
 
-def _translate(e: grpc.RpcError, socket_path: str) -> errors.StacklensError:
+def _translate(e: grpc.RpcError, socket_path: str, what: str = "", timeout: float | None = None) -> errors.StacklensError:
     code = e.code()
     cls = _STATUS_TO_ERROR.get(code, errors.StacklensError)
     msg = e.details() or str(code)
     if code == grpc.StatusCode.UNAVAILABLE:
         msg = f"stacklensd is not reachable at {socket_path}: start it (`stacklensd` or `systemctl start stacklensd`) or pass --socket"
+    elif code == grpc.StatusCode.DEADLINE_EXCEEDED and msg == "Deadline Exceeded":   # grpc's own, says nothing
+        msg = (f"stacklensd did not answer {what or 'the call'} within {timeout or 0:g}s (a busy machine, or a "
+               "session that has just attached reads its symbols first): try again; `stacklens ps` shows the state")
     return cls(msg)
 
 
@@ -99,21 +108,45 @@ class DaemonClient:
         self.channel.close()
 
     def _call(self, method, req, timeout: float | None = None):
+        timeout = timeout or self.timeout
         try:
-            return method(req, timeout=timeout or self.timeout, metadata=self._md)
+            return method(req, timeout=timeout, metadata=self._md)
         except grpc.RpcError as e:
-            raise _translate(e, self.socket_path) from None
+            raise _translate(e, self.socket_path, type(req).__name__.removesuffix("Request"), timeout) from None
 
-    def attach(self, pid: int, *, agent: bool = False, cpu_hz: int = 0, no_ops: bool = False) -> list[str]:
+    def attach(self, pid: int, *, agent: bool = False, cpu_hz: int = 0, no_ops: bool = False,
+               wait_s: float | None = None, stall_s: float = ATTACH_STALL_S,
+               on_progress: Callable[[pb.AttachResponse], None] | None = None) -> list[str]:
+        """Has the daemon attach to `pid` (or joins its attach of `pid` in progress) and follows
+        it to its end: returns its notes, or raises its error. `on_progress` hears each answer
+        while it goes on. Raises StillAttaching when `wait_s` (None: no limit) has passed first,
+        or one step has lasted `stall_s`: the attach goes on in the daemon."""
         _check_pid(pid)
-        r = self._call(
-            self.stub.Attach, pb.AttachRequest(pid=pid, agent=agent, cpu_sample_hz=cpu_hz, no_ops=no_ops), timeout=120
-        )
+        t0 = time.monotonic()
+        poll = ATTACH_POLL_S if wait_s is None else max(0.001, min(ATTACH_POLL_S, wait_s))
+        r = self._call(self.stub.Attach, pb.AttachRequest(pid=pid, agent=agent, cpu_sample_hz=cpu_hz, no_ops=no_ops,
+                                                          wait_s=poll), timeout=max(120.0, poll + RPC_SLACK_S))
+        while r.state == "attaching":
+            if on_progress is not None:
+                on_progress(r)
+            left = None if wait_s is None else wait_s - (time.monotonic() - t0)
+            if (left is not None and left <= 0) or r.phase_s >= stall_s:
+                why = (f"it has been in this step for {r.phase_s:.0f}s" if r.phase_s >= stall_s
+                       else f"this client waited {wait_s:g}s")
+                raise errors.StillAttaching(
+                    f"the attach of {pid} goes on in stacklensd (step '{r.phase}', {r.elapsed_s:.0f}s so far) "
+                    f"but {why}: `stacklens ps` shows it attaching, `stacklens attach {pid}` follows it "
+                    f"again, `stacklens detach {pid}` cancels it")
+            poll = ATTACH_POLL_S if left is None else max(0.001, min(ATTACH_POLL_S, left))
+            r = self._call(self.stub.WaitAttach, pb.WaitAttachRequest(pid=pid, attach_id=r.attach_id, seen_step=r.step,
+                                                                      wait_s=poll), timeout=poll + RPC_SLACK_S)
         return list(r.notes)
 
-    def detach(self, pid: int) -> None:
+    def detach(self, pid: int) -> str:
+        """Detaches `pid`, or cancels its attach in progress; what happened, in a line."""
         _check_pid(pid)
-        self._call(self.stub.Detach, pb.DetachRequest(pid=pid), timeout=120)
+        r = self._call(self.stub.Detach, pb.DetachRequest(pid=pid), timeout=120)
+        return r.note or f"detached from {pid}"
 
     def processes(self) -> list[pb.ProcessInfo]:
         return list(self._call(self.stub.ListProcesses, pb.ListProcessesRequest()).processes)
@@ -166,15 +199,29 @@ def ps_lines(rows) -> list[str]:
     return out
 
 
+def _attach_progress(pid: int) -> Callable[[pb.AttachResponse], None]:
+    """`stacklens attach`'s progress on stderr: a line per step, and one per answer while a step
+    lasts (ATTACH_POLL_S apart), so a slow attach never looks hung."""
+    seen = {"step": -1}
+
+    def show(r: pb.AttachResponse) -> None:
+        if r.joined and seen["step"] < 0:
+            print(f"stacklens: an attach of {pid} was in progress already: following it", file=sys.stderr)
+        still = "" if r.step != seen["step"] else f" (still, {r.phase_s:.0f}s in this step)"
+        seen["step"] = r.step
+        print(f"stacklens: [{r.elapsed_s:6.1f}s] attaching to {pid}: {r.phase}{still}", file=sys.stderr, flush=True)
+
+    return show
+
+
 def run_client_command(args, socket_path: str) -> int:
     with DaemonClient(socket_path) as c:
         if args.command == "attach":
-            for note in c.attach(args.pid, agent=args.agent):
+            for note in c.attach(args.pid, agent=args.agent, wait_s=args.wait, on_progress=_attach_progress(args.pid)):
                 print(note)
             print(f"attached to {args.pid}")
         elif args.command == "detach":
-            c.detach(args.pid)
-            print(f"detached from {args.pid}")
+            print(c.detach(args.pid))
         elif args.command == "ps":
             for line in ps_lines(c.processes()):
                 print(line)

@@ -5,6 +5,11 @@ root; everything here is safe to call from several gRPC worker threads (one lock
 registry; each session's tree is touched only by its own aggregation thread). Attaches of
 different PIDs run in parallel; their BCC compiles queue on one lock (bpf/program.py).
 
+An attach is an operation the daemon owns (`AttachOp`, on a thread of its own): `ps` shows it as
+"attaching" with its current step, clients follow it as long as they like (`begin_attach`,
+`AttachOp.wait`) and it goes on without them; a detach of a PID being attached cancels it at its
+next step (a BPF compile in progress is not interrupted), and the process ends detached.
+
 A session that ends (detach, target exit) is retired: its probes, agent, queues, joiner and window
 buckets are dropped, and only a `ClosedSession` stays — the final cumulative profile, gzip-encoded
 (typically tens of KiB), and the last stats — so `stacklens report PID` works after the end. At
@@ -19,11 +24,14 @@ import collections
 import ctypes
 import ctypes.util
 import gc
+import inspect
+import itertools
 import logging
 import os
 import re
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,8 +39,8 @@ from stacklens.cct import Snapshot
 from stacklens.cct.export import decode_profile, encode_profile
 from stacklens.daemon.discovery import ProcFS, ProcessInfo, describe_process, scan
 from stacklens.daemon.session import ProcessSession, process_start
-from stacklens.errors import (AlreadyAttached, DaemonUnavailable, InputError, NoSuchProcess, PermissionDenied,
-                              StacklensError)
+from stacklens.errors import (AlreadyAttached, AttachCancelled, DaemonUnavailable, InputError, NoSuchProcess,
+                              PermissionDenied, StacklensError, StillAttaching)
 from stacklens.textsafe import safe_text
 
 log = logging.getLogger(__name__)
@@ -51,10 +59,87 @@ def check_pid_range(pid: int) -> None:
         raise InputError(f"invalid PID {pid}: a process id is an integer in 1..{PID_MAX} (see `stacklens ps`)")
 
 
+_CAPS = ("chown", "dac_override", "dac_read_search", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap",
+         "linux_immutable", "net_bind_service", "net_broadcast", "net_admin", "net_raw", "ipc_lock", "ipc_owner",
+         "sys_module", "sys_rawio", "sys_chroot", "sys_ptrace", "sys_pacct", "sys_admin", "sys_boot", "sys_nice",
+         "sys_resource", "sys_time", "sys_tty_config", "mknod", "lease", "audit_write", "audit_control", "setfcap",
+         "mac_override", "mac_admin", "syslog", "wake_alarm", "block_suspend", "audit_read", "perfmon", "bpf",
+         "checkpoint_restore")
+
+
+def _caps(procfs: ProcFS, pid: int, field: str) -> int | None:
+    try:
+        return int(procfs.status(pid)[field], 16)
+    except (StacklensError, OSError, ValueError, KeyError):
+        return None
+
+
+def _why_hidden(pid: int, procfs: ProcFS) -> str:
+    """What is known of why the kernel hides a process from root: the capabilities it holds
+    that this process lacks (the kernel's ptrace check wants them all), else the other causes."""
+    theirs, ours = _caps(procfs, pid, "CapPrm"), _caps(procfs, os.getpid(), "CapEff")
+    if theirs is not None and ours is not None and theirs & ~ours:
+        extra = [f"cap_{_CAPS[b]}" if b < len(_CAPS) else f"capability {b}"
+                 for b in range(64) if (theirs & ~ours) >> b & 1]
+        return (f"it holds capabilities that this process lacks ({', '.join(extra)}), and a security "
+                "module (SELinux, a BPF LSM) or another PID/user namespace may guard it too")
+    return ("it is not dumpable, or a security module (SELinux, a BPF LSM), a Yama ptrace policy or "
+            "another PID/user namespace guards it")
+
+
+def check_target(pid: int, procfs: ProcFS | None = None, *, who: str = "stacklens") -> None:
+    """Refuses what cannot be profiled, with the reason, before any work: zombies and exiting
+    processes, kernel threads, and processes whose /proc the kernel hides even from root (with
+    why, as far as /proc tells). `who` names the caller in the message."""
+    check_pid_range(pid)
+    procfs = procfs or ProcFS()
+    comm, fields = procfs.stat(pid)  # NoSuchProcess when it does not exist
+    # the state first: a zombie, like a kernel thread, has no cmdline and no exe
+    if fields and fields[0] in ("Z", "X"):
+        raise NoSuchProcess(f"process {pid} has exited (zombie); nothing to attach to")
+    flags = int(fields[6]) if len(fields) > 6 and fields[6].isdigit() else 0
+    if flags & PF_KTHREAD:  # the kernel's own mark; a PID 2 in a container is a user process
+        name = safe_text(comm)  # the comm is the target's to choose
+        raise InputError(f"PID {pid} ({name}) is a kernel thread: only user processes can be profiled "
+                         "(see `stacklens ps`)")
+    if not _cmdline(procfs, pid) and not _has_exe(procfs, pid):  # mm already released: exiting
+        raise NoSuchProcess(f"process {pid} is exiting; nothing to attach to")
+    try:
+        procfs.read(pid, "maps")
+    except PermissionDenied:
+        if os.geteuid() != 0:
+            raise
+        raise PermissionDenied(
+            f"the kernel refuses {who} (root) access to /proc/{pid}/maps, so it cannot be profiled from "
+            f"here: the process is protected; {_why_hidden(pid, procfs)}") from None
+
+
+def _cmdline(procfs: ProcFS, pid: int) -> str:
+    try:
+        return procfs.read(pid, "cmdline")
+    except PermissionDenied:
+        return "?"
+
+
+def _has_exe(procfs: ProcFS, pid: int) -> bool:
+    try:
+        return bool(procfs.exe_strict(pid))
+    except PermissionDenied:
+        return True
+    except NoSuchProcess:
+        return False
+
+
 # CPython builds whose BPF program the daemon compiles at start (bpf/shared.py keeps two idle)
 WARM_UP_BUILDS = 2
 # the state of a process worth profiling that no session of this daemon ever attached to
 NOT_ATTACHED = "not attached"
+ATTACHING = "attaching"
+KEPT_ATTACH_OPS = 256       # ended attaches whose outcome a client that follows them can still fetch
+CANCEL_WAIT_S = 90.0        # a detach waits this long for the attach it cancels (client: 120 s)
+# Test hook, read only by tests that slow an attach on purpose: while the file this names does
+# not exist, every attach waits in a step of its own ("held by ...") before it starts.
+ATTACH_GATE_ENV = "STACKLENSD_TEST_ATTACH_GATE"
 
 
 class ClosedSession:
@@ -107,6 +192,111 @@ def release_memory() -> None:
         _MALLOC_TRIM(0)
 
 
+_OP_IDS = itertools.count(1)
+
+
+class AttachOp:
+    """One attach the daemon runs for a PID, from its first step to its end: what `ps` shows as
+    "attaching", what clients follow (`wait`), what a detach cancels (`cancel`). It goes on
+    whether or not a client follows it; its outcome (notes, or the error) stays for those that do.
+
+    `advance` is the session's progress callback (`ProcessSession.start(progress=...)`): each call
+    begins a step, and a cancelled attach stops there (AttachCancelled goes up through the
+    session's and the probes' attach, which tear down what they had set up)."""
+
+    agent = None            # `ps`: no agent until attached
+
+    def __init__(self, pid: int, *, agent: bool, cpu_hz: int, ops: bool, comm: str = "",
+                 proc_start: int | None = None) -> None:
+        self.id = next(_OP_IDS)
+        self.pid = pid
+        self.options = (agent, cpu_hz, ops)
+        self.comm = comm
+        self.proc_start = proc_start
+        self.started = time.time()
+        self._t0 = time.monotonic()
+        self.phase = "starting"
+        self._since = self._t0
+        self.step = 0
+        self.cancelled = False
+        self.ended = False
+        self.notes: list[str] = []
+        self.error: BaseException | None = None
+        self._tb = None
+        self._cv = threading.Condition()
+
+    @property
+    def state(self) -> str:
+        phase, phase_s, elapsed_s = self.progress()
+        return f"{ATTACHING}: {phase} ({phase_s:.0f}s in this step, {elapsed_s:.0f}s in all)"
+
+    def progress(self) -> tuple[str, float, float]:
+        """(current step, seconds in it, seconds since the attach began)."""
+        with self._cv:
+            now = time.monotonic()
+            return self.phase, now - self._since, now - self._t0
+
+    def advance(self, phase: str) -> None:
+        """A step begins; a cancelled attach stops instead (its phase stays the step it was in)."""
+        with self._cv:
+            if self.cancelled:
+                raise AttachCancelled(f"the attach of {self.pid} was cancelled by a detach; nothing stays attached")
+            self.phase, self._since = phase, time.monotonic()
+            self.step += 1
+            self._cv.notify_all()
+
+    def cancel(self) -> None:
+        with self._cv:
+            self.cancelled = True
+            self._cv.notify_all()
+
+    def end(self, notes: list[str] | None = None, error: BaseException | None = None) -> None:
+        with self._cv:
+            self.notes = list(notes or [])
+            self.error, self._tb = error, (error.__traceback__ if error is not None else None)
+            self.ended = True
+            self._cv.notify_all()
+
+    def wait(self, seen_step: int | None = None, timeout: float | None = None) -> bool:
+        """Waits until the attach ended or, given `seen_step`, a step after it began (at most
+        `timeout` seconds; None: no limit). True once the attach has ended."""
+        with self._cv:
+            self._cv.wait_for(lambda: self.ended or (seen_step is not None and self.step > seen_step), timeout)
+            return self.ended
+
+    def wait_gate(self, path: str) -> None:
+        """The test hook (ATTACH_GATE_ENV): a step that lasts until `path` exists or a cancel."""
+        self.advance(f"held by {ATTACH_GATE_ENV} until {path} exists")
+        with self._cv:
+            while not os.path.exists(path) and not self.cancelled:
+                self._cv.wait(0.05)
+        self.advance("gate open")
+
+    def result(self) -> list[str]:
+        """The notes of an attach that ended well; its error (raised) otherwise."""
+        if self.error is not None:
+            raise self.error.with_traceback(self._tb)
+        return list(self.notes)
+
+
+def _takes_progress(start) -> bool:
+    """Whether a session's start() takes `progress` (sessions of tests may not)."""
+    try:
+        return "progress" in inspect.signature(start).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+SHARED_NOTE = re.compile(r"^BPF program: compiled before, shared with \d+ other .*$")
+
+
+def _program_of(s) -> object | None:
+    """The compiled BPF program a session's probes use (bpf/shared.py SharedProgram), or None.
+    ProbeSession exposes it only as `_shared`; read here so the attach note counts the processes
+    that share it (see `Daemon._count_sharers`)."""
+    return getattr(getattr(s, "probes", None), "_shared", None)
+
+
 @dataclass(frozen=True)
 class AutoAttachRule:
     """Attach probes (never the agent) to GPU processes whose comm matches."""
@@ -147,80 +337,179 @@ class Daemon:
         self._unreleased = 0            # sessions retired since the last release_memory()
         self._retiring: dict[int, threading.Event] = {}  # ended by themselves, being retired
         self._last_release = -RELEASE_EVERY_S
+        self.attaching: dict[int, AttachOp] = {}
+        self._ended_ops: collections.OrderedDict[int, AttachOp] = collections.OrderedDict()
+        self._gate = os.environ.get(ATTACH_GATE_ENV) or None   # tests only: see ATTACH_GATE_ENV
 
     def _check_target(self, pid: int) -> None:
-        """Refuses what cannot be profiled, with the reason: the daemon itself, zombies and exiting
-        processes, kernel threads, and processes whose /proc the kernel hides even from root."""
-        check_pid_range(pid)
         if pid == os.getpid():
             raise InputError(f"PID {pid} is stacklensd itself: attach to the process you want to profile")
-        comm, fields = self.procfs.stat(pid)  # NoSuchProcess when it does not exist
-        # the state first: a zombie, like a kernel thread, has no cmdline and no exe
-        if fields and fields[0] in ("Z", "X"):
-            raise NoSuchProcess(f"process {pid} has exited (zombie); nothing to attach to")
-        flags = int(fields[6]) if len(fields) > 6 and fields[6].isdigit() else 0
-        if flags & PF_KTHREAD:  # the kernel's own mark; a PID 2 in a container is a user process
-            name = safe_text(comm)  # the comm is the target's to choose
-            raise InputError(f"PID {pid} ({name}) is a kernel thread: only user processes can be profiled "
-                             "(see `stacklens ps`)")
-        if not self._cmdline(pid) and not self._has_exe(pid):  # mm already released: exiting
-            raise NoSuchProcess(f"process {pid} is exiting; nothing to attach to")
-        try:
-            self.procfs.read(pid, "maps")
-        except PermissionDenied:
-            if os.geteuid() != 0:
-                raise
-            raise PermissionDenied(
-                f"the kernel refuses stacklensd (root) access to /proc/{pid}/maps: the process is protected "
-                "(not dumpable, a Yama ptrace policy, an LSM, or another PID/user namespace's init); "
-                "it cannot be profiled from here") from None
+        check_target(pid, self.procfs, who="stacklensd")
 
-    def _cmdline(self, pid: int) -> str:
-        try:
-            return self.procfs.read(pid, "cmdline")
-        except PermissionDenied:
-            return "?"
-
-    def _has_exe(self, pid: int) -> bool:
-        try:
-            return bool(self.procfs.exe_strict(pid))
-        except PermissionDenied:
-            return True
-        except NoSuchProcess:
-            return False
-
-    def attach(self, pid: int, *, agent: bool = False, cpu_hz: int = 99, ops: bool = True) -> list[str]:
-        self._check_target(pid)
+    def begin_attach(self, pid: int, *, agent: bool = False, cpu_hz: int = 99, ops: bool = True,
+                     join: bool = False) -> tuple[AttachOp, bool]:
+        """Starts the attach of `pid` on a thread of the daemon's own and returns at once:
+        (the operation, False). With `join`, an attach of `pid` in progress with the same options
+        is returned instead: (it, True). What cannot be attached is refused here, before any work."""
+        check_pid_range(pid)
         if not 1 <= cpu_hz <= 10_000:
             raise InputError(f"cpu sample rate {cpu_hz} Hz out of range (1..10000)")
+        self._check_target(pid)
         with self._lock:
             if self._closing:
                 raise DaemonUnavailable("stacklensd is shutting down: attach again once it is back")
+            op = self.attaching.get(pid)
+            if op is not None:
+                if join and op.options == (agent, cpu_hz, ops) and not op.cancelled:
+                    return op, True
+                raise AlreadyAttached(f"{pid} is being attached already ({op.progress()[0]}): "
+                                      f"`stacklens attach {pid}` follows it, `stacklens detach {pid}` cancels it")
             if pid in self.sessions:
                 raise AlreadyAttached(f"already attached to {pid}; detach first (`stacklens detach {pid}`)")
-            if len(self.sessions) >= MAX_SESSIONS:
+            if len(self.sessions) + len(self.attaching) >= MAX_SESSIONS:
                 raise InputError(f"at most {MAX_SESSIONS} processes can be attached at once")
-            # reserve the slot so a concurrent attach to the same PID is refused
-            self.sessions[pid] = None  # type: ignore[assignment]
-        try:
-            s = self._factory(pid, agent=agent, cpu_hz=cpu_hz, ops=ops, max_nodes=self.max_nodes, on_close=self._closed)
-            notes = s.start()
-        except BaseException:
-            with self._lock:
-                self.sessions.pop(pid, None)
-            self.counters["attach_failures"] += 1
-            raise
+            op = AttachOp(pid, agent=agent, cpu_hz=cpu_hz, ops=ops, comm=self._comm(pid),
+                          proc_start=process_start(pid, self.procfs))
+            self.attaching[pid] = op
+        threading.Thread(target=self._run_attach, args=(op,), name=f"stacklens-attach-{pid}", daemon=True).start()
+        return op, False
+
+    def attach(self, pid: int, *, agent: bool = False, cpu_hz: int = 99, ops: bool = True) -> list[str]:
+        """`begin_attach`, then waits for the attach's end: its notes, or its error raised."""
+        op, _ = self.begin_attach(pid, agent=agent, cpu_hz=cpu_hz, ops=ops)
+        op.wait()
+        return op.result()
+
+    def attach_op(self, pid: int, op_id: int) -> AttachOp:
+        """The attach `op_id` of `pid`, in progress or ended (the last KEPT_ATTACH_OPS)."""
         with self._lock:
-            closing = self._closing
-            if not closing:
+            op = self.attaching.get(pid)
+            if op is None or op.id != op_id:
+                op = self._ended_ops.get(op_id)
+        if op is None or op.pid != pid:
+            raise NoSuchProcess(f"stacklensd knows no attach {op_id} of {pid} (it restarted, or the attach "
+                                f"ended long ago): `stacklens ps` shows the state of {pid}")
+        return op
+
+    def _comm(self, pid: int) -> str:
+        try:
+            return safe_text(self.procfs.stat(pid)[0])   # the target's choice: escaped
+        except (StacklensError, OSError, IndexError):
+            return ""
+
+    def _run_attach(self, op: AttachOp) -> None:
+        """The attach itself, on its own thread: the session made and started, then installed,
+        or stopped (detached) when a detach or the daemon's stop cancelled it meanwhile."""
+        pid, (agent, cpu_hz, ops) = op.pid, op.options
+        s = None
+        try:
+            s = self._factory(pid, agent=agent, cpu_hz=cpu_hz, ops=ops, max_nodes=self.max_nodes,
+                              on_close=self._closed)
+            if self._gate:
+                op.wait_gate(self._gate)
+            op.advance("starting the session")   # where a cancel during the gate (or before) stops
+            notes = s.start(progress=op.advance) if _takes_progress(s.start) else s.start()
+        except BaseException as e:  # noqa: BLE001 — the outcome of the attach, kept for its clients
+            with self._lock:
+                if self.attaching.get(pid) is op:
+                    del self.attaching[pid]
+            if op.cancelled:
+                if s is not None:     # `ps` shows it detached (its attach had begun), not "not attached"
+                    self._retire_unstarted(s)
+                if self._closing:
+                    self._end_op(op, error=DaemonUnavailable("stacklensd stopped during this attach; nothing "
+                                                             "stays attached: attach again once it is back"))
+                else:
+                    self.counters["attach_cancels"] += 1
+                    self._end_op(op, error=AttachCancelled(f"the attach of {pid} was cancelled by a detach at its "
+                                                           f"step '{op.phase}'; nothing stays attached"))
+            else:
+                self.counters["attach_failures"] += 1
+                self._end_op(op, error=self._attach_error(op, e))
+            s = None   # the error's traceback holds this frame: it must not hold the session too
+            return
+        with self._lock:
+            if self.attaching.get(pid) is op:
+                del self.attaching[pid]
+            closing, cancelled = self._closing, op.cancelled
+            if not (closing or cancelled):
                 self.sessions[pid] = s
-        if closing:  # shutdown() ran while this attach compiled: nothing may stay attached
+        if closing or cancelled:   # the daemon stopped, or a detach came, while this attach ran
             s.stop("detached")
             with self._lock:
-                self.sessions.pop(pid, None)
-            raise DaemonUnavailable("stacklensd is shutting down: attach again once it is back")
+                self._remember(pid, s)
+            self._retire(s)
+            if closing:
+                self._end_op(op, error=DaemonUnavailable("stacklensd is shutting down: attach again once it is back"))
+            else:
+                self.counters["attach_cancels"] += 1
+                self._end_op(op, error=AttachCancelled(
+                    f"the attach of {pid} was cancelled by a detach as it ended; it was detached again"))
+            return
+        notes = self._count_sharers(s, notes)
         self.counters["attaches"] += 1
-        return notes
+        self._end_op(op, notes=notes)
+
+    def _end_op(self, op: AttachOp, *, notes: list[str] | None = None, error: BaseException | None = None) -> None:
+        """Ends `op` and keeps it (the last KEPT_ATTACH_OPS) for the clients that follow it; the
+        frames of its error's traceback lose their locals (the session and what it held)."""
+        seen: set[int] = set()
+        e = error
+        while e is not None and id(e) not in seen:
+            seen.add(id(e))
+            if e.__traceback__ is not None:
+                traceback.clear_frames(e.__traceback__)
+            e = e.__cause__ or e.__context__
+        with self._lock:
+            self._ended_ops[op.id] = op
+            while len(self._ended_ops) > KEPT_ATTACH_OPS:
+                self._ended_ops.popitem(last=False)
+        op.end(notes=notes, error=error)
+
+    def _attach_error(self, op: AttachOp, e: BaseException) -> BaseException:
+        """A failure of an attach whose process went away meanwhile says that (the probes'
+        "no process N" or a failed read name no cause); any other error is passed on as it is,
+        and a bug stays a bug."""
+        gone = op.proc_start is not None and process_start(op.pid, self.procfs) != op.proc_start
+        if not gone or not isinstance(e, (StacklensError, OSError)):
+            return e
+        err = NoSuchProcess(f"process {op.pid} exited while stacklensd was attaching to it (at step "
+                            f"'{op.phase}'); nothing was left attached")
+        err.__cause__ = e
+        return err
+
+    def _retire_unstarted(self, s: ProcessSession) -> None:
+        """A session whose start was cancelled: kept as closed (detached) for `ps` and `report`."""
+        try:
+            s.stop("detached")
+        except Exception:  # noqa: BLE001 — its start already tore down what it had set up
+            log.exception("stop of the cancelled session of %d", s.pid)
+        with self._lock:
+            if s.pid not in self.sessions:
+                self._remember(s.pid, s)
+        self._retire(s)
+
+    def _count_sharers(self, s: ProcessSession, notes: list[str]) -> list[str]:
+        """The probes' note on a program compiled before counts the program's users when it was
+        taken (a warm-up's hold and attaches still in progress included): counted again here, as
+        the other processes attached by this daemon that use it now."""
+        prog = _program_of(s)
+        if prog is None or not any(SHARED_NOTE.match(n) for n in notes):
+            return notes
+        others = sum(1 for o in self.active() if o is not s and _program_of(o) is prog)
+        fixed = ("BPF program: compiled before, shared with "
+                 f"{others} other attached process{'' if others == 1 else 'es'}" if others else
+                 "BPF program: compiled before (compiled ahead, or kept from an earlier attach); "
+                 "no other attached process uses it now")
+
+        def fix(lst: list[str]) -> list[str]:
+            return [fixed if SHARED_NOTE.match(n) else n for n in lst]
+
+        s.notes[:] = fix(s.notes)
+        meta = getattr(getattr(s, "joiner", None), "meta", None)
+        if isinstance(meta, dict) and isinstance(meta.get("notes"), list):
+            meta["notes"] = fix(meta["notes"])    # a new list: snapshots share the old one
+        return fix(notes)
 
     def _remember(self, key: int, rec: ProcessSession | ClosedSession) -> None:
         """Keeps `rec` as the closed session of `key` (under the lock), within the caps."""
@@ -291,17 +580,29 @@ class Daemon:
 
             threading.Thread(target=retire, name=f"stacklens-retire-{s.pid}", daemon=True).start()
 
-    def detach(self, pid: int) -> None:
+    def detach(self, pid: int, *, cancel_wait_s: float = CANCEL_WAIT_S) -> str:
+        """Detaches `pid`, or cancels its attach in progress (waiting up to `cancel_wait_s` for
+        the attach to stop at its next step). Returns what happened, in a line."""
         with self._lock:
-            s = self.sessions.get(pid)
-            if s is None:
-                raise NoSuchProcess(f"not attached to {pid} (see `stacklens ps`)")
-            del self.sessions[pid]
+            op = self.attaching.get(pid)
+            if op is not None:
+                op.cancel()          # under the lock: the attach installs its session under it too
+            else:
+                s = self.sessions.get(pid)
+                if s is None:
+                    raise NoSuchProcess(f"not attached to {pid} (see `stacklens ps`)")
+                del self.sessions[pid]
+        if op is not None:
+            if op.wait(timeout=cancel_wait_s):
+                return f"cancelled the attach of {pid} (at step '{op.phase}'); nothing stays attached"
+            return (f"cancelling the attach of {pid}: it stops when its current step ('{op.phase}') ends, "
+                    "and nothing stays attached")
         s.stop("detached")
         with self._lock:
             self._remember(pid, s)
         self.counters["detaches"] += 1
         self._retire(s)
+        return f"detached from {pid}"
 
     def session(self, pid: int) -> ProcessSession | ClosedSession:
         with self._lock:
@@ -309,7 +610,12 @@ class Daemon:
         if retiring is not None:
             retiring.wait(30)  # the session just ended: its ClosedSession is being made
         with self._lock:
-            s = self.sessions.get(pid) or self.closed.get(pid)
+            op = self.attaching.get(pid)
+            s = self.sessions.get(pid) or (None if op is not None else self.closed.get(pid))
+        if s is None and op is not None:
+            phase, phase_s, _ = op.progress()
+            raise StillAttaching(f"{pid} is still being attached ({phase}, {phase_s:.0f}s in this step): its "
+                                 f"profile begins when the attach ends; `stacklens attach {pid}` follows it")
         if s is None:
             raise NoSuchProcess(f"not attached to {pid}: attach first (`stacklens attach {pid}`)")
         return s
@@ -333,17 +639,18 @@ class Daemon:
 
     def active(self) -> list[ProcessSession]:
         with self._lock:
-            return [s for s in self.sessions.values() if s is not None]
+            return list(self.sessions.values())
 
-    def processes(self) -> list[tuple[ProcessInfo | None, ProcessSession | ClosedSession | None]]:
-        """Processes worth profiling on the node (GPU, torch or JAX loaded), every attached one,
-        and each with its true state: its live session, the closed session of this very process
-        (detached, or its attach failed), or None (never attached). A closed session whose PID
-        now names another process (another start time) is not that process's."""
+    def processes(self) -> list[tuple[ProcessInfo | None, ProcessSession | ClosedSession | AttachOp | None]]:
+        """Processes worth profiling on the node (GPU, torch or JAX loaded), every attached one
+        and every one being attached, each with its true state: its live session, its attach in
+        progress, the closed session of this very process (detached, or its attach cancelled), or
+        None (never attached). A closed session whose PID now names another process (another start
+        time) is not that process's."""
         found = {p.pid: p for p in scan(self.procfs, gpu_only=False)}
-        out: list[tuple[ProcessInfo | None, ProcessSession | ClosedSession | None]] = []
+        out: list[tuple[ProcessInfo | None, ProcessSession | ClosedSession | AttachOp | None]] = []
         with self._lock:
-            sessions = {pid: s for pid, s in self.sessions.items() if s is not None}
+            sessions: dict[int, ProcessSession | AttachOp] = {**self.attaching, **self.sessions}
             closed = dict(self.closed)
         for pid in sorted(set(found) | set(sessions)):
             info = found.get(pid)
@@ -375,7 +682,7 @@ class Daemon:
             if self._closing or self.warm_up_done(limit):
                 break
             with self._lock:
-                attached = info.pid in self.sessions
+                attached = info.pid in self.sessions or info.pid in self.attaching
             if attached or not info.python or info.python in self._warmed:
                 continue
             try:
@@ -402,7 +709,7 @@ class Daemon:
             if self._closing:
                 break
             with self._lock:
-                known = info.pid in self.sessions
+                known = info.pid in self.sessions or info.pid in self.attaching
             if known or not self.auto_attach.matches(info):
                 continue
             try:
@@ -420,8 +727,13 @@ class Daemon:
             self._closing = True
 
     def shutdown(self) -> None:
-        """close(), then detaches every session."""
+        """close(), cancels the attaches in progress (each stops at its next step), then detaches
+        every session."""
         self.close()
+        with self._lock:
+            ops = list(self.attaching.values())
+        for op in ops:
+            op.cancel()
         for s in self.active():
             try:
                 self.detach(s.pid)

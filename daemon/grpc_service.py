@@ -9,10 +9,12 @@ Standard services beside stacklens.v1.Stacklens (`add_standard_services`): grpc.
 reflection (grpc.reflection.v1alpha, what grpcurl and grpc_cli ask), behind the same token.
 
 Workers: unary calls must never wait behind long-lived calls, so `StreamSnapshots` is capped at
-MAX_STREAMS concurrent streams, Attach at MAX_ATTACHES in flight and reflection at MAX_REFLECTION
-streams (RESOURCE_EXHAUSTED beyond, with what to do); health Watch streams hold no worker (grpc's
-non-blocking handler). The server has WORKERS threads, so at least
-WORKERS - MAX_STREAMS - MAX_ATTACHES - MAX_REFLECTION are always free for the rest. A stream waits
+MAX_STREAMS concurrent streams, Attach and WaitAttach calls that wait at MAX_ATTACHES and
+reflection at MAX_REFLECTION streams (RESOURCE_EXHAUSTED beyond, with what to do); health Watch
+streams hold no worker (grpc's non-blocking handler). The server has WORKERS threads, so at least
+WORKERS - MAX_STREAMS - MAX_ATTACHES - MAX_REFLECTION are always free for the rest. An attach
+itself runs on a thread of the daemon's (core.AttachOp), not on a worker: a client waits for it
+at most MAX_ATTACH_WAIT_S per call and follows it with WaitAttach. A stream waits
 between snapshots on an Event that its cancellation (`context.add_callback`) and `close()` (daemon
 stop) set, so it gives its worker back at once.
 Errors: StacklensError → its status code; anything else → INTERNAL with a short message naming
@@ -37,7 +39,7 @@ from stacklens.cct import CCT, Frame, Snapshot, diff
 from stacklens.cct.export import encode_profile
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon import stacklens_pb2_grpc as pbg
-from stacklens.daemon.core import NOT_ATTACHED, Daemon, check_pid_range
+from stacklens.daemon.core import ATTACHING, NOT_ATTACHED, AttachOp, Daemon, check_pid_range
 from stacklens.errors import DaemonUnavailable, InputError, StacklensError
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,8 @@ WORKERS = 32
 MAX_STREAMS = 8
 MAX_ATTACHES = 16
 MAX_REFLECTION = 2  # a reflection client holds its stream (and a worker) while it asks
+MAX_ATTACH_WAIT_S = 30.0   # one Attach/WaitAttach call waits at most this long for progress
+DEFAULT_ATTACH_WAIT_S = 10.0
 
 
 class Busy(StacklensError):
@@ -252,24 +256,62 @@ class StacklensServicer(pbg.StacklensServicer):
             stats={k: max(0, int(v)) for k, v in s.stats().items()},
         )
 
+    def _wait_attach(self, op: AttachOp, seen_step: int | None, wait_s: float | None) -> None:
+        """Waits (holding an attach slot, at most `wait_s`) for the attach's end or, given
+        `seen_step`, a step after it."""
+        self._attaches.take()
+        try:
+            op.wait(seen_step, wait_s)
+        finally:
+            self._attaches.give()
+
+    @staticmethod
+    def _attach_response(op: AttachOp, joined: bool = False) -> pb.AttachResponse:
+        """The attach's progress, or its notes once it ended well; its error (raised) if it failed."""
+        phase, phase_s, elapsed_s = op.progress()
+        if op.ended:
+            return pb.AttachResponse(pid=op.pid, notes=op.result(), state="attached", attach_id=op.id,
+                                     step=op.step, elapsed_s=elapsed_s, joined=joined)
+        return pb.AttachResponse(pid=op.pid, state=ATTACHING, phase=phase, phase_s=phase_s, elapsed_s=elapsed_s,
+                                 attach_id=op.id, step=op.step, joined=joined)
+
+    @staticmethod
+    def _check_wait(w: float) -> float:
+        if math.isnan(w) or w < 0:
+            raise InputError("wait_s must be >= 0 seconds (0: answer at the attach's end)")
+        return min(w, MAX_ATTACH_WAIT_S)
+
     # ---- RPCs -----------------------------------------------------------------------------
     @rpc
     def Attach(self, request, context):
         _check_pid(request.pid)
-        self._attaches.take()
-        try:
-            notes = self.daemon.attach(
-                request.pid, agent=request.agent, cpu_hz=request.cpu_sample_hz or 99, ops=not request.no_ops
-            )
-        finally:
-            self._attaches.give()
-        return pb.AttachResponse(pid=request.pid, notes=notes)
+        wait = self._check_wait(request.wait_s)
+        op, joined = self.daemon.begin_attach(request.pid, agent=request.agent, cpu_hz=request.cpu_sample_hz or 99,
+                                              ops=not request.no_ops, join=wait > 0)
+        if not wait:        # an older client: the attach's end is the answer
+            self._wait_attach(op, None, None)
+        elif not joined:    # the first step (or the end) makes the first answer
+            self._wait_attach(op, 0, wait)
+        return self._attach_response(op, joined)
+
+    @rpc
+    def WaitAttach(self, request, context):
+        _check_pid(request.pid)
+        wait = self._check_wait(request.wait_s) or DEFAULT_ATTACH_WAIT_S
+        op = self.daemon.attach_op(request.pid, request.attach_id)
+        self._wait_attach(op, request.seen_step, wait)
+        return self._attach_response(op)
 
     @rpc
     def Detach(self, request, context):
         _check_pid(request.pid)
-        self.daemon.detach(request.pid)
-        return pb.DetachResponse(pid=request.pid)
+        if request.pid not in self.daemon.attaching:
+            return pb.DetachResponse(pid=request.pid, note=self.daemon.detach(request.pid))
+        self._attaches.take()      # it waits for the attach it cancels: a worker held, like Attach's
+        try:
+            return pb.DetachResponse(pid=request.pid, note=self.daemon.detach(request.pid))
+        finally:
+            self._attaches.give()
 
     @rpc
     def ListProcesses(self, request, context):

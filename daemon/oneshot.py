@@ -18,8 +18,9 @@ import time
 from typing import Callable, TextIO
 
 from stacklens.cct import Snapshot
-from stacklens.daemon.session import ProcessSession
-from stacklens.errors import IncompleteProfile
+from stacklens.daemon.core import check_target
+from stacklens.daemon.session import ProcessSession, process_start
+from stacklens.errors import IncompleteProfile, NoSuchProcess, StacklensError
 
 # A window whose CPU samples fall short of rate × CPU time by more than this is reported as an
 # error: sampling itself is within a few percent (docs/benchmarks/oneshot.md).
@@ -73,37 +74,65 @@ def _silent(_phase: str) -> None:
     pass
 
 
+class _Steps:
+    """The progress callback of an attach that remembers its last step (for the error of a
+    target that exits meanwhile)."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say, self.last = say, "starting"
+
+    def __call__(self, phase: str) -> None:
+        self.last = phase
+        self.say(phase)
+
+
 def profile_pid(
     pid: int, *, duration_s: float, agent: bool = False, cpu_hz: int = 99, ops: bool = True,
     session_factory=ProcessSession, progress: Callable[[str], None] | None = None,
+    procfs=None,
 ) -> Snapshot:
     """Attach to `pid`, collect for `duration_s` from the end of the attach (or until the target
-    exits), drain, detach; the snapshot's meta["window"] accounts for the window."""
-    say = progress or _silent
+    exits), drain, detach; the snapshot's meta["window"] accounts for the window (with
+    `target_exited` when the target ended it). A PID that cannot be profiled is refused with the
+    reason before any work (`core.check_target`)."""
+    check_target(pid, procfs)
+    born = process_start(pid, procfs)
+    steps = _Steps(progress or _silent)
     s = session_factory(pid, agent=agent, cpu_hz=cpu_hz, ops=ops)
     try:
-        say(f"attaching to {pid}")
-        s.start(window=True, progress=say)
-        say(f"collecting for {duration_s:g}s")
+        steps(f"attaching to {pid}")
+        try:
+            s.start(window=True, progress=steps)
+        except (StacklensError, OSError) as e:
+            if born is not None and process_start(pid, procfs) != born:
+                raise NoSuchProcess(f"process {pid} exited while stacklens was attaching to it (at step "
+                                    f"'{steps.last}'); nothing was left attached and nothing was measured") from e
+            raise
+        steps.say(f"collecting for {duration_s:g}s")
         if isinstance(progress, Progress):
             progress.quiet()
-        s.wait_window(max(0.0, duration_s - (time.monotonic_ns() - s.window.start_ns) / 1e9))
-        s.close_window(progress=say)
-        return s.snapshot()
+        exited = s.wait_window(max(0.0, duration_s - (time.monotonic_ns() - s.window.start_ns) / 1e9))
+        s.close_window(progress=steps.say)
+        snap = s.snapshot()
+        if exited and isinstance(snap.meta.get("window"), dict):
+            snap.meta["window"]["target_exited"] = True
+        return snap
     finally:
         s.stop()
 
 
 def record_command(cmd: list[str], *, agent: bool = False, cpu_hz: int = 99,
                    progress: Callable[[str], None] | None = None,
-                   session_factory=ProcessSession) -> tuple[Snapshot, int]:
+                   session_factory=ProcessSession, program_stdout=None) -> tuple[Snapshot, int]:
     """Start `cmd` held before its first instruction (its first Python code, for Python),
-    attach, let it run until it exits, drain. Returns (snapshot, the command's exit status)."""
+    attach, let it run until it exits, drain. Returns (snapshot, the command's exit status).
+    `program_stdout`: where the program's standard output goes (None: ours; the CLI gives
+    stderr when the profile goes to stdout, so the two never mix)."""
     from stacklens.daemon.held import HeldCommand
 
     say = progress or _silent
     say(f"starting {cmd[0]} (held until the probes are attached)")
-    held = HeldCommand(cmd)
+    held = HeldCommand(cmd) if program_stdout is None else HeldCommand(cmd, stdout=program_stdout)
     try:
         say(f"{held.pid} held at its {held.where}; attaching")
         s = session_factory(held.pid, agent=agent, cpu_hz=cpu_hz)
@@ -125,8 +154,9 @@ def record_command(cmd: list[str], *, agent: bool = False, cpu_hz: int = 99,
 
 
 def assess(snap: Snapshot) -> tuple[list[str], IncompleteProfile | None]:
-    """The window's account as lines for stderr, and an error when the target ran on CPU but
-    the profile holds no samples, or far fewer than were due."""
+    """The window's account as lines for stderr, and an error when the window measured nothing
+    (no sample or event at all, and the target exited during it or its CPU time is unknown), or
+    when the target ran on CPU but the profile holds no samples, or far fewer than were due."""
     meta = snap.meta or {}
     w = meta.get("window") or {}
     lines = [f"note: {n}" for n in meta.get("notes", [])]
@@ -134,8 +164,19 @@ def assess(snap: Snapshot) -> tuple[list[str], IncompleteProfile | None]:
         return lines, None
     got, cpu_s, hz = w.get("cpu_samples", 0), w.get("target_cpu_s"), w.get("cpu_hz", 0)
     lines.append(window_line(w))
+    exited = f"the process exited {w.get('seconds', 0):.1f}s into the window" if w.get("target_exited") else ""
+    if not _measured(snap) and exited:
+        return lines, IncompleteProfile(f"nothing was measured: {exited}, before any sample or event arrived; "
+                                        "nothing was written")
+    if not _measured(snap) and cpu_s is None:
+        return lines, IncompleteProfile(
+            f"nothing was measured: no sample or event arrived ({_why(w)}) and the target's CPU time could not "
+            "be read (/proc/PID/stat); nothing was written — run `stacklens doctor --pid PID`")
+    if exited:
+        lines.append(f"note: {exited}; the profile covers it up to its exit")
     if cpu_s is None:
-        lines.append("note: the target's CPU time could not be read (/proc/PID/stat); samples not checked")
+        lines.append("note: the target's CPU time could not be read "
+                     + ("after its exit" if exited else "(/proc/PID/stat)") + "; samples not checked")
         return lines, None
     if cpu_s < NO_CPU_S and got == 0:
         lines.append(f"note: the process used {cpu_s:.2f}s of CPU in the {w['seconds']:.1f}s window "
@@ -153,16 +194,26 @@ def assess(snap: Snapshot) -> tuple[list[str], IncompleteProfile | None]:
     return lines, None
 
 
+def _measured(snap: Snapshot) -> bool:
+    """Whether the profile holds anything at all (a sample or an event of any measured metric)."""
+    return any(snap.total(m) for m in snap.metrics if m not in snap.unavailable)
+
+
 def window_line(w: dict) -> str:
     late = w.get("events_late")
     return (f"window: {w['seconds']:.2f}s (monotonic {w['start_ns']}..{w['end_ns']} ns), target CPU "
-            f"{'?' if w.get('target_cpu_s') is None else format(w['target_cpu_s'], '.2f')}s, "
-            f"cpu_samples {w.get('cpu_samples', 0)} (due ≈{w.get('expected_cpu_samples', '?')} at "
+            f"{'unknown' if w.get('target_cpu_s') is None else format(w['target_cpu_s'], '.2f') + 's'}, "
+            f"cpu_samples {w.get('cpu_samples', 0)} ({_due(w)} at "
             f"{w.get('cpu_hz')} Hz), events dropped {w.get('events_dropped', 0)}, late "
             f"{'unknown (not drained)' if late is None else late}, unjoined {w.get('unjoined', 0)}"
             + (f", calls cut at the end {w['cut_at_end']}" if w.get("cut_at_end") else "")
             + (f", syncs still waiting at the end {w['in_flight_at_end']} (counted up to it)"
                if w.get("in_flight_at_end") else ""))
+
+
+def _due(w: dict) -> str:
+    due = w.get("expected_cpu_samples")
+    return "due unknown" if due is None else f"due ≈{due}"
 
 
 def _why(w: dict) -> str:

@@ -19,6 +19,11 @@ class StacklensStub(object):
                 request_serializer=stacklens__pb2.AttachRequest.SerializeToString,
                 response_deserializer=stacklens__pb2.AttachResponse.FromString,
                 )
+        self.WaitAttach = channel.unary_unary(
+                '/stacklens.v1.Stacklens/WaitAttach',
+                request_serializer=stacklens__pb2.WaitAttachRequest.SerializeToString,
+                response_deserializer=stacklens__pb2.AttachResponse.FromString,
+                )
         self.Detach = channel.unary_unary(
                 '/stacklens.v1.Stacklens/Detach',
                 request_serializer=stacklens__pb2.DetachRequest.SerializeToString,
@@ -56,6 +61,17 @@ class StacklensServicer(object):
 
     def Attach(self, request, context):
         """Attach probes (and, when agent=true, inject the in-process agent) to a running process.
+        The attach is the daemon's: it goes on when the client stops waiting, `ListProcesses` shows
+        it as "attaching: <step> …", and a Detach of the PID cancels it. With wait_s > 0 the answer
+        comes within wait_s, at the first step or the end; WaitAttach follows it from there.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitAttach(self, request, context):
+        """The progress of an attach begun by Attach: answers once a step after seen_step has begun,
+        the attach has ended (its error as the status), or wait_s has passed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -105,6 +121,11 @@ def add_StacklensServicer_to_server(servicer, server):
             'Attach': grpc.unary_unary_rpc_method_handler(
                     servicer.Attach,
                     request_deserializer=stacklens__pb2.AttachRequest.FromString,
+                    response_serializer=stacklens__pb2.AttachResponse.SerializeToString,
+            ),
+            'WaitAttach': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitAttach,
+                    request_deserializer=stacklens__pb2.WaitAttachRequest.FromString,
                     response_serializer=stacklens__pb2.AttachResponse.SerializeToString,
             ),
             'Detach': grpc.unary_unary_rpc_method_handler(
@@ -160,6 +181,23 @@ class Stacklens(object):
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/stacklens.v1.Stacklens/Attach',
             stacklens__pb2.AttachRequest.SerializeToString,
+            stacklens__pb2.AttachResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def WaitAttach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/stacklens.v1.Stacklens/WaitAttach',
+            stacklens__pb2.WaitAttachRequest.SerializeToString,
             stacklens__pb2.AttachResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
