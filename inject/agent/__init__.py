@@ -22,7 +22,8 @@ DEFAULTS = {"sample_hz": 100.0, "max_depth": 128, "max_overhead": 0.02, "flush_m
             "gpu": True, "max_outbox": 4 << 20, "max_gpu_queue": 100_000, "jax": True,
             "gpu_api_records": False, "gpu_raw": True, "gpu_ref": True, "max_raw_bytes": 64 << 20,
             "gpu_finalize": True,
-            "gpu_flush": True, "switch_s": 0.0, "inductor": True}
+            "gpu_flush": True, "switch_s": 0.0, "inductor": True,
+            "module_paths": sys.version_info >= (3, 13)}
 # gpu_flush: the collector asks CUPTI once a second for completed buffers. CUPTI's own periodic
 # flush is not the same: it may return only full buffers, so with False a partly filled buffer
 # waits until it fills or until detach. switch_s: the GIL switch interval while the agent runs
@@ -31,6 +32,8 @@ DEFAULTS = {"sample_hz": 100.0, "max_depth": 128, "max_overhead": 0.02, "flush_m
 # what each costs a job (benchmarks/gpu/bench_overhead.py variants).
 # gpu_finalize: the GPU collector tears CUPTI down at detach where that is safe (cuptiFinalize;
 # inject/agent/gpu/cupti.py says when); False leaves CUPTI initialised, its API hooks in place.
+# module_paths: the sampler names module forwards by attribute path (reads `self` of the frame);
+# on by default from Python 3.13 only, where reading it copies nothing (sampler.py says why).
 SWITCH_RANGE_S = (1e-4, 0.05)   # below: forced switching nearly every bytecode; above: the agent
                                 # thread may again starve for the GIL (inject/bootstrap.py says why)
 
@@ -330,7 +333,12 @@ class Agent:
     def _loop(self):
         sampler_mod = _sub("sampler")
         sampler = sampler_mod.Sampler(self.cfg["sample_hz"], self.cfg["max_depth"],
-                                      self.cfg["max_overhead"], skip_idents={threading.get_ident()})
+                                      self.cfg["max_overhead"], skip_idents={threading.get_ident()},
+                                      module_paths=self.cfg["module_paths"])
+        if not sampler.module_paths:
+            self.note("info", "module paths off: naming a module's forward reads its frame's self, "
+                              "which before Python 3.13 copies and holds the frame's locals; frames "
+                              "keep their qualname (agent option module_paths=true turns it on)")
         batch = _SampleBatch()
         # from here on collectors may run in the target: whatever fails, _detach stops them (and it
         # never raises), and the daemon is told why the agent ended

@@ -3,7 +3,8 @@
 Stdlib only; never imports torch: it reads ``torch._inductor.codecache.PyCodeCache`` from
 ``sys.modules`` once the target has imported it (i.e. compiled something). Runs on the agent
 thread. Cost: a length check per flush; per new generated module one read of its file (at most
-MAX_FILE bytes) and, at most every GC_SCAN_S, one ``gc.get_objects()`` scan for its graph.
+MAX_FILE bytes) and, at most every GC_SCAN_S, one ``gc.get_referrers(CompiledFxGraph)`` scan for
+its graph (the instances of that one class, not every object of the heap: see ``_scan_graphs``).
 
 What it sends (wire kind ``inductor``, validated by ``stacklens.inject.server``; the mapping is
 built by the daemon, ``daemon/join/compiled.py``), per generated wrapper module, as rows:
@@ -162,17 +163,32 @@ class InductorWatcher:
 
     def _scan_graphs(self):
         """The post-grad graphs of CompiledFxGraph objects, by the key of their wrapper module;
-        one gc scan at most every GC_SCAN_S. True if it scanned."""
+        one scan at most every GC_SCAN_S. True if it scanned.
+
+        A guest never changes when a target's object dies. ``gc.get_objects()`` did: its list held
+        every tensor of the process while this thread walked it, so a tensor the target dropped
+        meanwhile died later, on this thread, and cudagraph trees, which check that the inputs
+        freed while recording a graph are freed again at replay, stopped the job (measured on the
+        H200: "input tensor deallocate during graph recording that did not occur during replay").
+        ``gc.get_referrers(cls)`` returns only what refers to the class: its instances (a heap
+        type's instances visit their type) and a few long-lived containers (its module's dict,
+        subclasses' bases); only the instances' two strings are kept."""
         now = self.clock()
         if self.last_scan is not None and now - self.last_scan < GC_SCAN_S:
             return False
         self.last_scan = now
-        for o in gc.get_objects():
-            t = type(o)
-            if t.__name__ == "CompiledFxGraph" and t.__module__ == "torch._inductor.output_code":
+        mod = sys.modules.get("torch._inductor.output_code")
+        cls = getattr(mod, "CompiledFxGraph", None) if mod is not None else None
+        if not isinstance(cls, type):
+            return True
+        found = [o for o in gc.get_referrers(cls) if type(o) is cls]
+        try:
+            for o in found:
                 key, s = getattr(o, "cache_key", None), getattr(o, "inductor_post_grad_graph_str", None)
                 if type(key) is str and type(s) is str and len(self.graphs) < MAX_MODULES:
                     self.graphs[key] = s
+        finally:
+            del found
         return True
 
     def _module(self, path, linemap):

@@ -16,8 +16,10 @@ What it sends (wire kinds, validated by ``stacklens.inject.server``):
 - a Note when the process runs JAX on CPU only: kernel attribution needs a GPU backend.
 
 Executables are found two ways: the backend-compile listener takes the ``xla_executable`` local
-of the compiling frame (``pxla._cached_compilation``) as the event fires, and one scan of
-``gc.get_objects()`` at start finds the ``MeshExecutable`` objects compiled before the attach.
+of the compiling frame (``pxla._cached_compilation``) as the event fires, and one
+``gc.get_referrers(MeshExecutable)`` at start finds those compiled before the attach (the class's
+instances only: a list of every object would hold each of the target's arrays while this thread
+walked it, and one the target dropped meanwhile would die later, on this thread).
 HLO text is produced and parsed on the agent thread, never on the target's compiling thread.
 """
 
@@ -489,12 +491,11 @@ class JaxWatcher:
             return
         found = 0
         try:
-            for o in gc.get_objects():
-                if type(o) is cls:
-                    ex = getattr(o, "xla_executable", None)
-                    if ex is not None and len(self.queue) < MAX_QUEUE:
-                        self.queue.append(("exe", ex, []))
-                        found += 1
+            for o in [o for o in gc.get_referrers(cls) if type(o) is cls]:
+                ex = getattr(o, "xla_executable", None)
+                if ex is not None and len(self.queue) < MAX_QUEUE:
+                    self.queue.append(("exe", ex, []))
+                    found += 1
         except BaseException as e:
             self.note("warning", f"jax: scan for executables compiled before attach failed: {e}")
 

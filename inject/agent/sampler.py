@@ -20,15 +20,20 @@ paths come from one walk of the outermost module's ``_modules`` dicts (what ``na
 walks; dict reads only, no code of the target runs), cached per root by id with weak references
 that tell a reused id apart, at most ``MAX_MODULES`` per root and ``MAX_ROOTS`` roots, re-walked at
 most once a second when a module is not found (a model changed after its first sample). Reading
-``self`` costs a ``frame.f_locals``: a proxy from 3.13, before that a copy of the frame's locals into
-the frame's own dict (what debuggers read), which holds their values until the next read or the
-call's return.
+``self`` costs a ``frame.f_locals``: a proxy from 3.13 (nothing copied, nothing held). Before 3.13
+it copies the frame's locals into the frame's own dict (what debuggers read), which holds every
+local until the next read or the call's return: a tensor the target rebinds inside a ``forward``
+would then live on, and a guest never changes when a target's object dies. So module paths are on
+by default from 3.13 only (``MODULE_PATHS_DEFAULT``); before it frames keep their qualname
+(``GPT2Attention.forward``) and the agent says so; ``module_paths=True`` asks for them anyway.
 """
 
 import sys
 import threading
 import time
 import weakref
+
+MODULE_PATHS_DEFAULT = sys.version_info >= (3, 13)   # f_locals is a proxy, not a copy (PEP 667)
 
 
 class Sampler:
@@ -39,7 +44,9 @@ class Sampler:
     MAX_PATH = 512         # characters of an attribute path (the daemon keeps at most that much)
     MAX_NAMED = 4096       # (frame, path) tuples interned
 
-    def __init__(self, hz=100.0, max_depth=128, max_overhead=0.02, skip_idents=()):
+    def __init__(self, hz=100.0, max_depth=128, max_overhead=0.02, skip_idents=(),
+                 module_paths=MODULE_PATHS_DEFAULT):
+        self.module_paths = bool(module_paths)
         self.base_interval = 1.0 / max(0.1, min(float(hz), 1000.0))
         self.interval = self.base_interval
         self.max_depth = max(1, min(int(max_depth), 256))
@@ -103,7 +110,8 @@ class Sampler:
                             forwards.clear()
                         fr = cache[key] = (co.co_filename, getattr(co, "co_qualname", co.co_name), f.f_lineno or 0)
                         codes[key[0]] = co
-                        if co.co_name == "forward" and co.co_argcount and co.co_varnames[0] == "self":
+                        if (self.module_paths and co.co_name == "forward" and co.co_argcount
+                                and co.co_varnames[0] == "self"):
                             forwards.add(key[0])
                     if key[0] in forwards:
                         obj = self._module_self(f)

@@ -40,7 +40,10 @@ def test_agent_on_cpu_jax_target(tmp_path):
             time.sleep(0.25)
             recs.extend(srv.poll())
             have_grow = any(isinstance(r, CompileRecord) and r.frames and r.frames[-1][1] == "grow" for r in recs)
-            have_hlo = any(isinstance(r, HloMapRecord) and r.module == "jit_step" for r in recs)
+            # an executable compiled after the attach, with its call site (the ones compiled
+            # before it are found at the start and come first, without one)
+            have_hlo = any(isinstance(r, HloMapRecord) and r.module == "jit_step" and r.site
+                           and r.site[-1][1] == "grow" for r in recs)
             if have_grow and have_hlo and sum(isinstance(r, PySample) for r in recs) > 50:
                 break
         assert srv.stop_agent(10)

@@ -365,7 +365,7 @@ def test_module_forwards_carry_their_attribute_path_and_class():
     t.start()
     try:
         ready.wait(30)
-        s = Sampler(skip_idents={threading.get_ident()})
+        s = Sampler(skip_idents={threading.get_ident()}, module_paths=True)
         first, again = (next(r for r in s.sample() if r[0] == t.native_id)[2] for _ in range(2))
     finally:
         stop.set()
@@ -392,10 +392,58 @@ def test_module_naming_never_raises_and_skips_what_is_not_a_module():
     t.start()
     try:
         ready.wait(30)
-        s = Sampler(skip_idents={threading.get_ident()})
+        s = Sampler(skip_idents={threading.get_ident()}, module_paths=True)
         stack = next(r for r in s.sample() if r[0] == t.native_id)[2]
         s._walk(object())                  # no __dict__ of modules: an empty walk, no error
     finally:
         stop.set()
         t.join()
     assert all(len(f) == 3 for f in stack)
+
+
+def _forward_rebinding_a_local(module_paths):
+    """A module-like forward holds a local, is sampled, then rebinds it: does the local die at
+    once (as without a profiler), or does the sample keep it alive until the call returns?"""
+    import weakref
+
+    class Big:
+        pass
+
+    sampled, rebound = threading.Event(), threading.Event()
+    box = {}
+
+    class Mod:
+        def forward(self, ready):
+            x = Big()
+            box["ref"] = weakref.ref(x)
+            ready.set()
+            sampled.wait(30)
+            x = None                           # the target drops its only reference
+            box["alive_after_rebind"] = box["ref"]() is not None
+            rebound.set()
+            return x
+
+    ready = threading.Event()
+    t = threading.Thread(target=Mod().forward, args=(ready,), daemon=True)
+    t.start()
+    assert ready.wait(30)
+    s = Sampler(skip_idents={threading.get_ident()}, module_paths=module_paths)
+    s._module_cls = Mod                        # stands in for torch.nn.Module
+    s.sample()
+    sampled.set()
+    assert rebound.wait(30)
+    t.join(30)
+    return box["alive_after_rebind"]
+
+
+def test_sampling_never_extends_a_local_s_life_by_default():
+    """The guest rule: a local the target drops dies at once while the agent samples. Before
+    3.13, reading a frame's ``self`` (module paths) copies every local into the frame and keeps
+    them until the call returns, so module paths are off there by default."""
+    import sys
+    from stacklens.inject.agent.sampler import MODULE_PATHS_DEFAULT
+
+    assert MODULE_PATHS_DEFAULT == (sys.version_info >= (3, 13))
+    assert _forward_rebinding_a_local(MODULE_PATHS_DEFAULT) is False
+    if sys.version_info < (3, 13):   # what the default avoids, shown: the copy keeps the local alive
+        assert _forward_rebinding_a_local(True) is True

@@ -28,7 +28,8 @@ in our Python callback for the GIL), make that call through the process's libcud
 agent thread, and in its exit callback unsubscribe and finalize. The next CUPTI call (our next attach, the user's
 torch.profiler) initialises CUPTI again (measured: torch.profiler then records every kernel).
 Skipped, with a note, and CUPTI left as it is: below CUDA 12.6 (CUPTI API version 24 and driver
-12060; before it, finalize crashed CUDA graphs: pytorch#146604, #150957); while a profiler of the
+12060; before it, finalize crashed CUDA graphs: pytorch#146604, #150957); where CUDA graphs may
+replay (``graph_users``: it still kills them on CUDA 13.0); while a profiler of the
 user's own is active; when cuptiSubscribe fails because someone holds the one subscriber (39,
 MULTIPLE_SUBSCRIBERS: Kineto keeps its own once torch.profiler has run); with gpu_finalize off.
 Costs one subscribe, one runtime call and the finalize, once per detach.
@@ -320,6 +321,9 @@ class CuptiCollector:
         if not cupti or not cudart:
             return "info", ("no libcudart mapped (a static CUDA runtime) to make the call it needs"
                             if cupti else "libcupti is not mapped")
+        graphs = graph_users()
+        if graphs:
+            return "info", f"{graphs}: finalize under graph replays killed jobs"
         fin = _finalizer(cupti[0], cudart[0])
         cupti_v, driver_v = fin.versions()
         if cupti_v < FINALIZE_MIN_CUPTI or driver_v < FINALIZE_MIN_DRIVER:
@@ -600,6 +604,37 @@ class CuptiCollector:
         finally:
             counts["kernel"] += n_kernel
             counts["api"] += n_api
+
+
+def graph_users(modules=None):
+    """Why CUDA graphs may run in this process (a reason), or None.
+
+    cuptiFinalize while graphs replay is fatal: measured on the H200 (CUDA 13.0, driver 580), a
+    jitted JAX step (XLA replays command buffers) and a ``torch.cuda.graph`` replay loop died with
+    CUDA_ERROR_LAUNCH_FAILED at their next synchronisation after a detach that finalized, on 11 of
+    12 and 6 of 6 cycles; with activities disabled and flushed but CUPTI left initialised, none did.
+    So finalize is skipped where a graph may replay: JAX loaded (XLA's command buffers are on by
+    default), or a ``torch.cuda.CUDAGraph`` alive (manual graphs, cudagraph trees of
+    ``mode="reduce-overhead"``, CUDA-graph inference servers). The graphs are found with
+    ``gc.get_referrers`` on their class: its instances only, never a list of the whole heap."""
+    mods = sys.modules if modules is None else modules
+    for name in ("jaxlib", "jax"):
+        if name in mods:
+            return f"{name} is loaded (XLA replays its steps as CUDA graphs)"
+    graphs = mods.get("torch.cuda.graphs")
+    cls = getattr(graphs, "CUDAGraph", None) if graphs is not None else None
+    if isinstance(cls, type):
+        import gc
+        classes, todo = set(), [cls]
+        while todo and len(classes) < 64:          # a heap instance refers to its own type only
+            c = todo.pop()
+            if c not in classes:
+                classes.add(c)
+                todo.extend(type.__subclasses__(c))
+        alive = sum(1 for o in gc.get_referrers(*classes) if type(o) in classes)
+        if alive:
+            return f"{alive} torch.cuda.CUDAGraph object(s) alive"
+    return None
 
 
 def _walk_sizes(data, sizes):
