@@ -1,0 +1,379 @@
+"""The agent's safety matrix (issue 35): workloads x {probes only, probes + agent} x attach/detach
+cycles, all side by side on one GPU through one set of shared BPF programs, as a daemon runs them.
+
+    bash benchmarks/gpu/safety_matrix.sh                    (the device: carry [".device"])
+    python benchmarks/gpu/safety_matrix.py --out DIR [--device cuda|cpu] [--workloads a,b]
+        [--agent-cycles N --heavy-agent-cycles N --probe-cycles N] [--window-s S] [--deadline-s S]
+
+Per workload two processes of tests/targets/safety_workloads.py start together: the *subject*,
+attached and detached again and again, and its *control*, never attached. Counted per workload:
+- deaths: the subject ended before it was told to (or exited non-zero);
+- new stderr lines: the subject's stderr lines that its control's stderr does not have (both ran
+  the same program; what only the profiled one printed is what profiling caused);
+- wrong outputs: every episode restarts from the same state, so each episode's outputs must match
+  the control's for that shape (relative difference <= TOLERANCE) - and the subject's own first;
+- after detach: the subject's median episode time over its control's in a window where only that
+  pair runs (every other target SIGSTOPped), after all cycles, over the same ratio before any
+  attach (the two processes differ a little by themselves): acceptance 3 asks <= 1.03.
+Graph workloads get SIGUSR1 during some agent windows: the target captures a new CUDA graph (or
+records a new cudagraph-tree shape, or compiles a new XLA executable) while attached, and the
+window lasts until that shape's first episode is logged. The first agent cycle of the compiled
+workloads starts at ``warming``: during compilation and graph capture.
+Writes DIR/safety_matrix.json, DIR/safety_matrix.md, DIR/stderr-*.log; exit 0 iff every count is 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET = REPO / "tests" / "targets" / "safety_workloads.py"
+HEAVY = ("jax", "cuda_graph", "compile_ro", "compile_default")     # acceptance 1: >= 20 agent cycles
+GRAPH_SWITCH = ("cuda_graph", "compile_ro", "jax", "jax_nocb")    # SIGUSR1: a new graph while attached
+EARLY = ("compile_ro", "compile_default", "jax", "cuda_graph")    # first attach at "warming"
+TOLERANCE = 1e-3
+TEARDOWN_WORDS = ("cupti finalized", "CUPTI finalize skipped", "CUPTI left initialised")
+T0 = time.monotonic()
+
+
+def log(msg: str) -> None:
+    print(f"[+{time.monotonic() - T0:6.1f}s] {msg}", flush=True)
+
+
+class Target:
+    """One process of a workload: its stdout markers, its episode log, its stderr file."""
+
+    def __init__(self, name: str, workload: str, role: str, a, out: Path):
+        self.name, self.workload, self.role = name, workload, role
+        self.log_path = out / f"episodes-{name}.jsonl"
+        self.err_path = out / f"stderr-{name}.log"
+        env = dict(os.environ)
+        program = workload
+        if workload == "jax_nocb":
+            program = "jax"
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=").strip()
+        if program == "jax":
+            env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"   # many JAX processes share one GPU
+        self.events = {"warming": threading.Event(), "ready": threading.Event()}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(TARGET), program, "--device", a.device, "--log", str(self.log_path),
+             "--steps", str(a.steps), "--pause-s", str(a.pause_s)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(self.err_path, "wb"),
+            env=env, text=True, start_new_session=True)
+        self.pid = self.proc.pid
+        self.told_to_stop = False
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            ev = self.events.get(line.strip())
+            if ev is not None:
+                ev.set()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def episodes(self) -> list[dict]:
+        try:
+            return [json.loads(x) for x in self.log_path.read_text().splitlines() if x.strip()]
+        except (OSError, ValueError):
+            return []
+
+    def wait_new_shape(self, since_ep: int, timeout_s: float) -> bool:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end and self.alive():
+            if any(e["ep"] > since_ep and e.get("new") for e in self.episodes()):
+                return True
+            time.sleep(0.2)
+        return False
+
+
+def teeing_agent(seen: dict):
+    """The session's agent factory, its notes and last GPU stats teed into ``seen``."""
+    from stacklens.daemon.session import default_agent_factory
+    from stacklens.inject.records import AgentStats, Note
+
+    def factory(pid, **kw):
+        link = default_agent_factory(pid, **kw)
+        poll = link.poll
+
+        def teed(max_n=None):
+            recs = poll(max_n)
+            for r in recs:
+                if isinstance(r, Note):
+                    seen["notes"].append(f"{r.level}: {r.message}"[:300])
+                elif isinstance(r, AgentStats):
+                    seen["gpu"] = dict(r.gpu or {})
+            return recs
+        link.poll = teed
+        return link
+    return factory
+
+
+def one_cycle(t: Target, mode: str, a, switch: bool) -> dict:
+    from stacklens.daemon.session import ProcessSession
+
+    seen: dict = {"notes": [], "gpu": {}}
+    rec: dict = {"mode": mode, "switch": switch, "t_start": time.monotonic()}
+    sess = ProcessSession(t.pid, agent=mode == "agent", agent_factory=teeing_agent(seen))
+    box: dict = {}
+
+    def go():
+        try:
+            sess.start()
+        except BaseException as e:  # noqa: BLE001 - reported per cycle
+            box["error"] = f"{type(e).__name__}: {e}"[:500]
+
+    th = threading.Thread(target=go, daemon=True)
+    th.start()
+    th.join(a.attach_timeout_s)
+    if th.is_alive():
+        rec["error"] = f"attach did not return within {a.attach_timeout_s:.0f}s"
+        return rec
+    if "error" in box:
+        rec["error"] = box["error"]
+        return rec
+    rec["attached_at"] = time.monotonic()
+    try:
+        if switch:
+            last = max((e["ep"] for e in t.episodes()), default=-1)
+            os.kill(t.pid, signal.SIGUSR1)
+            rec["new_shape_while_attached"] = t.wait_new_shape(last, a.switch_timeout_s)
+        time.sleep(a.window_s)
+    finally:
+        rec["detach_at"] = time.monotonic()
+        try:
+            sess.stop()
+        except BaseException as e:  # noqa: BLE001
+            rec["error"] = f"detach: {type(e).__name__}: {e}"[:500]
+        rec["detached_at"] = time.monotonic()
+    try:
+        snap = sess.snapshot()
+        rec["kernels"] = None if "kernel_count" in snap.unavailable else snap.total("kernel_count")
+        rec["launches"] = snap.total("launch_count")
+    except BaseException as e:  # noqa: BLE001
+        rec["snapshot_error"] = str(e)[:200]
+    rec["teardown"] = next((x for x in seen["notes"] if any(w in x for w in TEARDOWN_WORDS)), None)
+    rec["errors"] = [x for x in seen["notes"] if x.startswith("error")][:4]
+    rec["alive_after"] = t.alive()
+    return rec
+
+
+def run_cycles(t: Target, a, plan: list[tuple[str, bool]], deadline: float, result: list) -> None:
+    for i, (mode, switch) in enumerate(plan):
+        if time.monotonic() > deadline or not t.alive():
+            break
+        try:
+            r = one_cycle(t, mode, a, switch)
+        except BaseException as e:  # noqa: BLE001
+            r = {"mode": mode, "error": f"{type(e).__name__}: {e}"[:500], "trace": traceback.format_exc()[-800:]}
+        r["i"] = i
+        result.append(r)
+        log(f"{t.name} cycle {i} {mode}{' +new graph' if switch else ''}: "
+            f"{'ok' if not r.get('error') else r['error'][:120]} alive={t.alive()} "
+            f"kernels={r.get('kernels')} teardown={str(r.get('teardown'))[:70]}")
+        time.sleep(a.gap_s)
+
+
+def plan_for(workload: str, a) -> list[tuple[str, bool]]:
+    n_agent = a.heavy_agent_cycles if workload in HEAVY else a.agent_cycles
+    n_probe = a.probe_cycles
+    plan: list[tuple[str, bool]] = []
+    every = max(1, (n_agent + n_probe) // max(1, n_probe))
+    ai = pi = 0
+    while ai < n_agent or pi < n_probe:
+        if pi < n_probe and (len(plan) % every == every - 1 or ai >= n_agent):
+            plan.append(("probes", False))
+            pi += 1
+        else:
+            switch = workload in GRAPH_SWITCH and (ai == 2 or (workload == "cuda_graph" and ai == 9))
+            plan.append(("agent", switch))
+            ai += 1
+    return plan
+
+
+def timing_window(pairs: dict, workload: str, seconds: float) -> tuple[float, float]:
+    """Only this workload's subject and control run for `seconds`: the others are SIGSTOPped."""
+    others = [t for w, p in pairs.items() if w != workload for t in p if t.alive()]
+    for t in others:
+        os.kill(t.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        return t0, time.monotonic()
+    finally:
+        for t in others:
+            os.kill(t.pid, signal.SIGCONT)
+
+
+def median_dur(eps: list[dict], lo: float, hi: float) -> float | None:
+    d = [e["dur"] for e in eps if lo <= e["start"] and e["start"] + e["dur"] <= hi]
+    return statistics.median(d) if len(d) >= 3 else None
+
+
+def compare_outputs(subj: list[dict], ctrl: list[dict]) -> dict:
+    ref: dict = {}
+    for e in ctrl:
+        ref.setdefault(e["shape"], e["out"])
+    own: dict = {}
+    bad, worst, n = [], 0.0, 0
+    for e in subj:
+        own.setdefault(e["shape"], e["out"])
+        for against in (ref.get(e["shape"]), own[e["shape"]]):
+            if against is None:
+                continue
+            n += 1
+            if len(against) != len(e["out"]):
+                bad.append(e["ep"])
+                continue
+            for x, y in zip(e["out"], against):
+                rel = abs(x - y) / max(abs(y), 1e-6)
+                if not rel <= TOLERANCE:              # NaN counts as wrong
+                    bad.append(e["ep"])
+                worst = max(worst, rel) if rel == rel else float("inf")
+    return {"compared": n, "wrong_episodes": sorted(set(bad))[:20], "wrong": len(set(bad)),
+            "max_rel_diff": worst, "shapes": sorted(own)}
+
+
+def new_stderr_lines(subj: Target, ctrl: Target) -> list[str]:
+    def lines(p: Path) -> list[str]:
+        try:
+            return p.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+    theirs = set(lines(ctrl.err_path))
+    return [x for x in lines(subj.err_path) if x not in theirs][:40]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--workloads", default="eager_train,decode,compile_default,compile_ro,cuda_graph,"
+                                           "dataloader,two_threads,jax,jax_nocb")
+    ap.add_argument("--agent-cycles", type=int, default=5)
+    ap.add_argument("--heavy-agent-cycles", type=int, default=20)
+    ap.add_argument("--probe-cycles", type=int, default=5)
+    ap.add_argument("--window-s", type=float, default=1.0)
+    ap.add_argument("--gap-s", type=float, default=0.3)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--pause-s", type=float, default=0.02)
+    ap.add_argument("--timing-s", type=float, default=4.0)
+    ap.add_argument("--attach-timeout-s", type=float, default=120.0)
+    ap.add_argument("--switch-timeout-s", type=float, default=150.0)
+    ap.add_argument("--ready-timeout-s", type=float, default=300.0)
+    ap.add_argument("--deadline-s", type=float, default=480.0)
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    workloads = [w for w in a.workloads.split(",") if w]
+    deadline = T0 + a.deadline_s
+    pairs = {w: (Target(f"{w}-subject", w, "subject", a, out), Target(f"{w}-control", w, "control", a, out))
+             for w in workloads}
+    log(f"started {len(pairs) * 2} targets: {', '.join(workloads)}")
+    results: dict = {w: {"cycles": []} for w in workloads}
+    # the compiled workloads' first agent cycle starts at "warming": attach during compilation
+    early_threads = []
+    for w in workloads:
+        s = pairs[w][0]
+        if w in EARLY and s.events["warming"].wait(a.ready_timeout_s):
+            th = threading.Thread(target=run_cycles, args=(s, a, [("agent", False)], deadline,
+                                                           results[w]["cycles"]), daemon=True)
+            th.start()
+            early_threads.append(th)
+    for th in early_threads:
+        th.join(a.attach_timeout_s * 2)
+    for w, (s, c) in pairs.items():
+        for t in (s, c):
+            if not t.events["ready"].wait(max(1.0, a.ready_timeout_s - (time.monotonic() - T0))):
+                log(f"{t.name} not ready (alive={t.alive()})")
+    log("all ready: timing before any cycle")
+    timing = {w: {} for w in workloads}
+    for w in workloads:
+        if time.monotonic() < deadline:
+            timing[w]["before"] = timing_window(pairs, w, a.timing_s)
+    threads = []
+    cycle_deadline = deadline - len(workloads) * (a.timing_s + 1) - 10
+    for w in workloads:
+        plan = plan_for(w, a)
+        if results[w]["cycles"]:
+            plan = plan[1:] if plan and plan[0][0] == "agent" else plan
+        th = threading.Thread(target=run_cycles, args=(pairs[w][0], a, plan, cycle_deadline,
+                                                       results[w]["cycles"]), daemon=True)
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join()
+    log("cycles done: timing after detach")
+    for w in workloads:
+        timing[w]["after"] = timing_window(pairs, w, a.timing_s)
+    for s, c in pairs.values():
+        for t in (s, c):
+            t.told_to_stop = True
+            if t.alive():
+                t.proc.send_signal(signal.SIGTERM)
+    for s, c in pairs.values():
+        for t in (s, c):
+            try:
+                t.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                t.proc.kill()
+    summary = {}
+    ok = True
+    for w, (s, c) in pairs.items():
+        cyc = results[w]["cycles"]
+        se, ce = s.episodes(), c.episodes()
+        row = {
+            "agent_cycles": sum(1 for r in cyc if r["mode"] == "agent" and not r.get("error")),
+            "probe_cycles": sum(1 for r in cyc if r["mode"] == "probes" and not r.get("error")),
+            "cycle_errors": [r.get("error") for r in cyc if r.get("error")][:5],
+            "agent_errors": [e for r in cyc for e in r.get("errors", [])][:5],
+            "new_graph_while_attached": [r.get("new_shape_while_attached") for r in cyc if r.get("switch")],
+            "subject_rc": s.proc.returncode, "control_rc": c.proc.returncode,
+            "died": s.proc.returncode not in (0,) or any(r.get("alive_after") is False for r in cyc),
+            "control_died": c.proc.returncode != 0,
+            "new_stderr": new_stderr_lines(s, c),
+            "outputs": compare_outputs(se, ce),
+            "episodes": [len(se), len(ce)],
+            "teardowns": sorted({str(r.get("teardown"))[:90] for r in cyc if r["mode"] == "agent"}),
+            "kernels_per_agent_cycle": [r.get("kernels") for r in cyc if r["mode"] == "agent"][:30],
+        }
+        ratio = {}
+        for phase in ("before", "after"):
+            if phase in timing[w]:
+                lo, hi = timing[w][phase]
+                ms, mc = median_dur(se, lo + 0.5, hi), median_dur(ce, lo + 0.5, hi)
+                ratio[phase] = {"subject_ms": ms and round(ms * 1e3, 3), "control_ms": mc and round(mc * 1e3, 3),
+                                "ratio": round(ms / mc, 4) if ms and mc else None}
+        rb, ra = ratio.get("before", {}).get("ratio"), ratio.get("after", {}).get("ratio")
+        ratio["after_over_before"] = round(ra / rb, 4) if ra and rb else None
+        row["timing"] = ratio
+        row["pass"] = (not row["died"] and not row["cycle_errors"] and not row["new_stderr"]
+                       and row["outputs"]["wrong"] == 0 and all(row["new_graph_while_attached"]))
+        ok = ok and row["pass"]
+        summary[w] = row
+    (out / "safety_matrix.json").write_text(json.dumps({"summary": summary, "cycles": results,
+                                                        "timing": timing, "args": vars(a)}, indent=1))
+    md = ["| workload | agent cycles | probe cycles | deaths | new stderr | wrong outputs | new graph while attached | after/before (subject/control) | teardown |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for w, r in summary.items():
+        md.append(f"| {w} | {r['agent_cycles']} | {r['probe_cycles']} | {int(r['died'])} | {len(r['new_stderr'])} | "
+                  f"{r['outputs']['wrong']} of {r['outputs']['compared']} | {r['new_graph_while_attached'] or '-'} | "
+                  f"{r['timing'].get('after_over_before')} | {'; '.join(r['teardowns'])[:160]} |")
+    (out / "safety_matrix.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
