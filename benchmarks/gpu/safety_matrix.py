@@ -12,10 +12,11 @@ attached and detached again and again, and its *control*, never attached. Counte
   the same program; what only the profiled one printed is what profiling caused);
 - wrong outputs: every episode restarts from the same state, so each episode's outputs must match
   the control's for that shape (relative difference <= TOLERANCE) - and the subject's own first;
-- after detach: the subject's median episode time over its control's in a window where only that
-  pair runs (every other target SIGSTOPped), after all cycles, over the same ratio before any
-  attach (the two processes differ a little by themselves): acceptance 3 asks <= 1.03.
-Graph workloads get SIGUSR1 during some agent windows: the target captures a new CUDA graph (or
+- after detach: the subject's median episode time over its control's, each timed alone on the
+  machine (every other target SIGSTOPped) in alternating rounds, the median of the rounds' ratios
+  after all cycles over the same before any attach (two processes differ a little by
+  themselves): acceptance 3 asks <= 1.03.
+Graph workloads are told (a switch file) during some agent windows: the target captures a new CUDA graph (or
 records a new cudagraph-tree shape, or compiles a new XLA executable) while attached, and the
 window lasts until that shape's first episode is logged. The first agent cycle of the compiled
 workloads starts at ``warming``: during compilation and graph capture.
@@ -39,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "tests" / "targets" / "safety_workloads.py"
 HEAVY = ("jax", "cuda_graph", "compile_ro", "compile_default")     # acceptance 1: >= 20 agent cycles
-GRAPH_SWITCH = ("cuda_graph", "compile_ro", "jax", "jax_nocb")    # SIGUSR1: a new graph while attached
+GRAPH_SWITCH = ("cuda_graph", "compile_ro", "jax", "jax_nocb")    # a new graph captured while attached
 EARLY = ("compile_ro", "compile_default", "jax", "cuda_graph")    # first attach at "warming"
 TOLERANCE = 1e-3
 TEARDOWN_WORDS = ("cupti finalized", "CUPTI finalize skipped", "CUPTI left initialised")
@@ -57,6 +58,8 @@ class Target:
         self.name, self.workload, self.role = name, workload, role
         self.log_path = out / f"episodes-{name}.jsonl"
         self.err_path = out / f"stderr-{name}.log"
+        self.switch_path = out / f"switch-{name}"
+        self.switches = 0
         env = dict(os.environ)
         program = workload
         if workload == "jax_nocb":
@@ -67,7 +70,7 @@ class Target:
         self.events = {"warming": threading.Event(), "ready": threading.Event()}
         self.proc = subprocess.Popen(
             [sys.executable, str(TARGET), program, "--device", a.device, "--log", str(self.log_path),
-             "--steps", str(a.steps), "--pause-s", str(a.pause_s)],
+             "--steps", str(a.steps), "--pause-s", str(a.pause_s), "--switch-file", str(self.switch_path)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(self.err_path, "wb"),
             env=env, text=True, start_new_session=True)
         self.pid = self.proc.pid
@@ -139,6 +142,11 @@ def one_cycle(t: Target, mode: str, a, switch: bool) -> dict:
     th.join(a.attach_timeout_s)
     if th.is_alive():
         rec["error"] = f"attach did not return within {a.attach_timeout_s:.0f}s"
+        th.join(a.attach_timeout_s)           # then detach what it attached: never leave it behind
+        try:
+            sess.stop()
+        except BaseException:  # noqa: BLE001
+            pass
         return rec
     if "error" in box:
         rec["error"] = box["error"]
@@ -147,7 +155,8 @@ def one_cycle(t: Target, mode: str, a, switch: bool) -> dict:
     try:
         if switch:
             last = max((e["ep"] for e in t.episodes()), default=-1)
-            os.kill(t.pid, signal.SIGUSR1)
+            t.switches += 1
+            t.switch_path.write_text(str(t.switches))
             rec["new_shape_while_attached"] = t.wait_new_shape(last, a.switch_timeout_s)
         time.sleep(a.window_s)
     finally:
@@ -202,18 +211,26 @@ def plan_for(workload: str, a) -> list[tuple[str, bool]]:
     return plan
 
 
-def timing_window(pairs: dict, workload: str, seconds: float) -> tuple[float, float]:
-    """Only this workload's subject and control run for `seconds`: the others are SIGSTOPped."""
-    others = [t for w, p in pairs.items() if w != workload for t in p if t.alive()]
-    for t in others:
-        os.kill(t.pid, signal.SIGSTOP)
-    try:
-        t0 = time.monotonic()
-        time.sleep(seconds)
-        return t0, time.monotonic()
-    finally:
-        for t in others:
-            os.kill(t.pid, signal.SIGCONT)
+def timing_rounds(pairs: dict, workload: str, seconds: float, rounds: int) -> list[dict]:
+    """`rounds` x (the subject alone, then the control alone) for `seconds` each: every other
+    target SIGSTOPped, so no two processes share the GPU while one is timed."""
+    out = []
+    everyone = [t for p in pairs.values() for t in p if t.alive()]
+    for _ in range(rounds):
+        r = {}
+        for t in pairs[workload]:
+            others = [o for o in everyone if o is not t and o.alive()]
+            for o in others:
+                os.kill(o.pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                time.sleep(seconds)
+                r[t.role] = (t0, time.monotonic())
+            finally:
+                for o in others:
+                    os.kill(o.pid, signal.SIGCONT)
+        out.append(r)
+    return out
 
 
 def median_dur(eps: list[dict], lo: float, hi: float) -> float | None:
@@ -268,7 +285,8 @@ def main() -> int:
     ap.add_argument("--gap-s", type=float, default=0.3)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--pause-s", type=float, default=0.02)
-    ap.add_argument("--timing-s", type=float, default=4.0)
+    ap.add_argument("--timing-s", type=float, default=2.0)
+    ap.add_argument("--timing-rounds", type=int, default=3)
     ap.add_argument("--attach-timeout-s", type=float, default=120.0)
     ap.add_argument("--switch-timeout-s", type=float, default=150.0)
     ap.add_argument("--ready-timeout-s", type=float, default=300.0)
@@ -301,9 +319,9 @@ def main() -> int:
     timing = {w: {} for w in workloads}
     for w in workloads:
         if time.monotonic() < deadline:
-            timing[w]["before"] = timing_window(pairs, w, a.timing_s)
+            timing[w]["before"] = timing_rounds(pairs, w, a.timing_s, a.timing_rounds)
     threads = []
-    cycle_deadline = deadline - len(workloads) * (a.timing_s + 1) - 10
+    cycle_deadline = deadline - len(workloads) * (2 * a.timing_s * a.timing_rounds + 1) - 10
     for w in workloads:
         plan = plan_for(w, a)
         if results[w]["cycles"]:
@@ -316,7 +334,7 @@ def main() -> int:
         th.join()
     log("cycles done: timing after detach")
     for w in workloads:
-        timing[w]["after"] = timing_window(pairs, w, a.timing_s)
+        timing[w]["after"] = timing_rounds(pairs, w, a.timing_s, a.timing_rounds)
     for s, c in pairs.values():
         for t in (s, c):
             t.told_to_stop = True
@@ -350,11 +368,17 @@ def main() -> int:
         }
         ratio = {}
         for phase in ("before", "after"):
-            if phase in timing[w]:
-                lo, hi = timing[w][phase]
-                ms, mc = median_dur(se, lo + 0.5, hi), median_dur(ce, lo + 0.5, hi)
-                ratio[phase] = {"subject_ms": ms and round(ms * 1e3, 3), "control_ms": mc and round(mc * 1e3, 3),
-                                "ratio": round(ms / mc, 4) if ms and mc else None}
+            per_round = []
+            for rnd in timing[w].get(phase, []):
+                if "subject" in rnd and "control" in rnd:
+                    ms = median_dur(se, rnd["subject"][0] + 0.3, rnd["subject"][1])
+                    mc = median_dur(ce, rnd["control"][0] + 0.3, rnd["control"][1])
+                    if ms and mc:
+                        per_round.append((ms, mc, ms / mc))
+            if per_round:
+                ratio[phase] = {"subject_ms": [round(x[0] * 1e3, 3) for x in per_round],
+                                "control_ms": [round(x[1] * 1e3, 3) for x in per_round],
+                                "ratio": round(statistics.median(x[2] for x in per_round), 4)}
         rb, ra = ratio.get("before", {}).get("ratio"), ratio.get("after", {}).get("ratio")
         ratio["after_over_before"] = round(ra / rb, 4) if ra and rb else None
         row["timing"] = ratio

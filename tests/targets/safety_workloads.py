@@ -8,9 +8,11 @@ of that shape) and in a never-profiled process of the same workload (the matrix 
 One JSON line per episode goes to FILE: ``{"ep", "shape", "start", "dur", "out": [floats]}``
 (``start``: CLOCK_MONOTONIC, shared by all processes of the machine). The process prints
 ``warming`` once its model exists (compilation follows), ``ready`` after its first episode, then
-runs until SIGTERM (exit 0). SIGUSR1: the next episode uses the next shape, i.e. a new CUDA graph
-is captured, a new cudagraph-tree recorded, or a new XLA executable compiled; its first episode
-logs ``"new": true``. Any exception: its traceback on stderr, exit 1.
+runs until SIGTERM (exit 0). ``--switch-file F``: when the number written in F grows, the next
+episode uses the next shape, i.e. a new CUDA graph is captured, a new cudagraph-tree recorded, or
+a new XLA executable compiled; its first episode logs ``"new": true``. (A file, read once per
+episode: SIGUSR1 never reached the loop of a reduce-overhead job on the H200.) Any exception: its
+traceback on stderr, exit 1.
 
 Workloads: eager_train, decode (batch-1 greedy decoding), compile_default, compile_ro
 (torch.compile mode="reduce-overhead"), cuda_graph (manual torch.cuda.graph capture + replay,
@@ -35,8 +37,16 @@ SHAPES = {"eager_train": (64, 96, 48), "decode": (8, 12, 6), "compile_default": 
           "compile_ro": (8, 4, 6), "cuda_graph": (256, 128, 512), "dataloader": (32, 48, 16),
           "two_threads": (64, 32, 128), "jax": (64, 32, 48)}
 
-_switch = threading.Event()
 _stop = threading.Event()
+
+
+def _switches(path):
+    """The number written in the switch file (0 when there is none)."""
+    try:
+        with open(path) as fh:
+            return int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def _torch_model(torch, width, blocks, attention):
@@ -309,19 +319,20 @@ def main(argv=None):
     ap.add_argument("--log", required=True)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--pause-s", type=float, default=0.0, help="sleep between episodes")
+    ap.add_argument("--switch-file", default=None)
     a = ap.parse_args(argv)
-    signal.signal(signal.SIGUSR1, lambda *_: _switch.set())
     signal.signal(signal.SIGTERM, lambda *_: _stop.set())
     if a.workload == "jax" and a.device == "cpu":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     w = build(a.workload, a.device, a.steps)
     print("warming", flush=True)
     shapes = SHAPES[a.workload]
-    shape_i, seen, ep = 0, set(), 0
+    shape_i, seen, ep, switched = 0, set(), 0, 0
     with open(a.log, "a", buffering=1) as log:
         while not _stop.is_set():
-            if _switch.is_set():
-                _switch.clear()
+            n = _switches(a.switch_file) if a.switch_file else 0
+            if n > switched:
+                switched = n
                 shape_i = (shape_i + 1) % len(shapes)
             shape = shapes[shape_i]
             t0 = time.monotonic()
