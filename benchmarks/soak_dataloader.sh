@@ -71,8 +71,9 @@ while :; do
     last=$n
   fi
   [ $bad -gt 0 ] && [ -z "$KEEP_GOING" ] && break
-  # the next poll POLL s after this one began (a slow `ps` on a busy machine does not stretch the period)
-  next=$((t0 + polls * POLL)); now=$(date +%s); [ $next -gt $now ] && sleep $((next - now))
+  # on the next multiple of POLL s: a slow `ps` (a busy machine) skips a tick, neither stretches the
+  # period nor makes a burst of polls after it
+  now=$(date +%s); sleep $(( t0 + ((now - t0) / POLL + 1) * POLL - now ))
 done
 
 notes=$($B/python - "$S" $LOADER <<'EOF' 2>/dev/null
