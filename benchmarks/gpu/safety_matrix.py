@@ -332,6 +332,15 @@ def main() -> int:
         threads.append(th)
     for th in threads:
         th.join()
+    # the control takes the subject's shape switches too (unattached): both are timed on the same
+    # shape, with the same compilations behind them
+    for w, (subj, ctrl) in pairs.items():
+        while ctrl.switches < subj.switches and ctrl.alive():
+            last = max((e["ep"] for e in ctrl.episodes()), default=-1)
+            ctrl.switches += 1
+            ctrl.switch_path.write_text(str(ctrl.switches))
+            if not ctrl.wait_new_shape(last, a.switch_timeout_s):
+                log(f"{ctrl.name}: no episode of its new shape within {a.switch_timeout_s:.0f}s")
     log("cycles done: timing after detach")
     for w in workloads:
         timing[w]["after"] = timing_rounds(pairs, w, a.timing_s, a.timing_rounds)
@@ -363,6 +372,7 @@ def main() -> int:
             "new_stderr": new_stderr_lines(s, c),
             "outputs": compare_outputs(se, ce),
             "episodes": [len(se), len(ce)],
+            "last_shapes": [se[-1]["shape"] if se else None, ce[-1]["shape"] if ce else None],
             "teardowns": sorted({str(r.get("teardown"))[:90] for r in cyc if r["mode"] == "agent"}),
             "kernels_per_agent_cycle": [r.get("kernels") for r in cyc if r["mode"] == "agent"][:30],
         }
