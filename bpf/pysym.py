@@ -36,7 +36,7 @@ from stacklens.introspect.memory import ProcessMemory, read_u64
 from stacklens.textsafe import safe_text
 
 if TYPE_CHECKING:
-    from stacklens.bpf.python_layouts import PyLayout
+    from stacklens.introspect.python_layouts import PyLayout
 
 
 # ---- mirror of pystack.h structs (tests/bpf/test_pystack.py checks them against the C) ----

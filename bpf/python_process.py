@@ -7,7 +7,7 @@ Requires root (or CAP_SYS_PTRACE + CAP_SYS_ADMIN) to read /proc/PID/mem and /pro
 What it finds:
 - the object that holds `_PyRuntime` (libpython3.X.so or a statically linked `python3.X`), its
   load bias, the version (`Py_Version` on 3.11+, `_Py_DebugOffsets` on 3.13+, the file name
-  otherwise) and the `PyLayout` (python_layouts.py picks it; nothing here names a version);
+  otherwise) and the `PyLayout` (introspect/python_layouts.py picks it; nothing here names a version);
 - the thread list of the main interpreter (tstate, pthread_t, native tid);
 - how BPF finds the *current* thread's PyThreadState: the gilstate TSS slot in glibc's
   `struct pthread` (`fsbase + specific_1stblock[key].data`). The offset is calibrated on the
@@ -25,11 +25,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from stacklens.bpf import python_layouts as pl
 from stacklens.errors import AttachError, MemoryReadError, NotApplicable, UnsupportedVersion
+from stacklens.introspect import python_layouts as pl
 from stacklens.introspect.cpython import find_python
 from stacklens.introspect.memory import ProcessMemory, ProcMem, read_u64
 from stacklens.introspect.procfs import ProcFS
+
+
+def bpf_defines(layout: pl.PyLayout) -> dict[str, int]:
+    """The layout half of pystack.h's -D parameters."""
+    return {
+        "SL_PY_FRAME_STYLE": layout.frame_style,
+        "SL_PY_TS_INTERP": layout.tstate_interp,
+        "SL_PY_TS_FRAME": layout.tstate_frame,
+        "SL_PY_CFRAME_CUR": layout.cframe_current_frame,
+        "SL_PY_F_PREV": layout.frame_previous,
+        "SL_PY_F_CODE": layout.frame_code,
+        "SL_PY_F_INSTR": layout.frame_instr,
+        "SL_PY_F_OWNER": layout.frame_owner,
+        "SL_PY_F_IS_ENTRY": layout.frame_is_entry,
+        "SL_PY_F_READ": layout.frame_read_size(),
+        "SL_PY_OWNER_SHIM_MIN": layout.owner_shim_min,
+        "SL_PY_CODE_ADAPTIVE": max(layout.code_adaptive, 0),
+        "SL_PY_CODE_TAG_OFF": layout.code_tag_offset(),
+        "SL_PY_CODE_MASK": layout.code_ptr_mask & 0xFFFFFFFFFFFFFFFF,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,7 +330,7 @@ class PythonStackReader:
         return str(PROGRAMS_DIR / "pystack.h")
 
     def defines(self) -> dict[str, int]:
-        d = dict(pl.bpf_defines(self.layout))
+        d = dict(bpf_defines(self.layout))
         d.update(SL_PY_TGID=self.pid, SL_PY_INTERP=self.interpreter.main_interp,
                  SL_PY_TLS_OFF=self.tls_offset or 0, SL_TASK_FSBASE_OFF=self.fsbase_offset,
                  SL_PY_MAX_DEPTH=self.max_depth)

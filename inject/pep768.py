@@ -5,7 +5,8 @@ Needs CAP_SYS_PTRACE (process_vm_writev) but never stops the target. We do what
 ``_Py_DebugOffsets`` at the start of the target's ``_PyRuntime`` (its header through
 ``introspect.debug_offsets.parse_debug_header``, the one reader of it), find the main thread state,
 write the script path into its ``_PyRemoteDebuggerSupport``, set ``debugger_pending_call`` and
-the eval-breaker "please stop" bit. The main thread runs the script at its next eval-breaker
+the eval-breaker "please stop" bit (where those fields sit: ``remote_debug`` in the one version
+table, ``introspect/python_layouts.py``). The main thread runs the script at its next eval-breaker
 check. A target started with ``PYTHON_DISABLE_REMOTE_DEBUG`` / ``-X disable_remote_debug`` has
 ``config.remote_debug == 0``: we refuse (the user opted out) with a clear error.
 """
@@ -18,45 +19,12 @@ from dataclasses import dataclass
 from stacklens.errors import AttachError, UnsupportedVersion
 from stacklens.introspect.debug_offsets import DEBUG_HEADER, parse_debug_header
 from stacklens.introspect.memory import ProcessMemory, WritableMemory, read_u64
+from stacklens.introspect.python_layouts import REMOTE_DEBUG_SUPPORTED, RemoteDebugLayout, remote_debug_layouts
 
 EVAL_PLEASE_STOP_BIT = 1 << 5
 
 
-@dataclass(frozen=True)
-class DebugOffsetsLayout:
-    """Byte positions of the fields we use *inside* the _Py_DebugOffsets struct of one minor."""
-    runtime_finalizing: int
-    runtime_interpreters_head: int
-    interp_threads_main: int
-    dbg_eval_breaker: int
-    dbg_remote_debugger_support: int
-    dbg_remote_debugging_enabled: int
-    dbg_pending_call: int
-    dbg_script_path: int
-    dbg_script_path_size: int
-
-
-def _layout(dbg_word: int) -> DebugOffsetsLayout:
-    return DebugOffsetsLayout(
-        runtime_finalizing=32, runtime_interpreters_head=40, interp_threads_main=48 + 4 * 8,
-        dbg_eval_breaker=dbg_word * 8, dbg_remote_debugger_support=(dbg_word + 1) * 8,
-        dbg_remote_debugging_enabled=(dbg_word + 2) * 8, dbg_pending_call=(dbg_word + 3) * 8,
-        dbg_script_path=(dbg_word + 4) * 8, dbg_script_path_size=(dbg_word + 5) * 8)
-
-
-# Include/internal/pycore_debug_offsets.h, all fields uint64_t. The header (3 words) and
-# runtime_state (3) and the first fields of interpreter_state (threads_main is its 5th) are stable;
-# where debugger_support starts moved within 3.14 as sections grew:
-#  - word 89 in 3.14.10 (Debian sid; read from its binary): interpreter_state 16 fields,
-#    interpreter_frame 8, code_object 11, gc 2, gen 4, llist_node 2 before it;
-#  - word 83 in the early 3.14 header (interpreter_state 14, frame 7, code 10, no llist_node).
-# Each candidate is validated against the values in the target (see _plausible) before use.
-LAYOUTS = {
-    (3, 14): (_layout(89), _layout(83)),
-}
-
-
-def _plausible(mem: ProcessMemory, runtime_addr: int, L: DebugOffsetsLayout) -> bool:
+def _plausible(mem: ProcessMemory, runtime_addr: int, L: RemoteDebugLayout) -> bool:
     try:
         eb, support, enabled, pending_off, path_off, size = struct.unpack(
             "<6Q", mem.read(runtime_addr + L.dbg_eval_breaker, 48))
@@ -81,11 +49,12 @@ def locate(mem: ProcessMemory, runtime_addr: int, pid: int) -> RemoteExecTarget:
     if head is None:
         raise AttachError(f"PID {pid}: no _Py_DebugOffsets cookie at _PyRuntime {runtime_addr:#x}")
     minor, free_threaded = head.version, head.free_threaded
-    candidates = LAYOUTS.get(minor)
-    if candidates is None:
+    candidates = remote_debug_layouts(minor)
+    if not candidates:
         raise UnsupportedVersion(
             f"PID {pid} runs CPython {minor[0]}.{minor[1]}, whose remote-debugging layout stacklens "
-            f"does not know (known: {', '.join('%d.%d' % k for k in LAYOUTS)}); upgrade stacklens")
+            f"does not know (known: {', '.join('%d.%d' % k for k in REMOTE_DEBUG_SUPPORTED)}); "
+            "upgrade stacklens")
     layout = next((L for L in candidates if _plausible(mem, runtime_addr, L)), None)
     if layout is None:
         raise UnsupportedVersion(f"PID {pid}: this CPython {minor[0]}.{minor[1]} build's _Py_DebugOffsets "

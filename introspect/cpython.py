@@ -3,7 +3,7 @@
 The one CPython locator (`find_python`), used by the BPF Python-stack reader
 (bpf/python_process.py), the injector (inject/injector.py) and held programs (daemon/held.py),
 whose version fallback reads the `_Py_DebugOffsets` header through introspect/debug_offsets.py.
-Nothing here picks a layout: bpf/python_layouts.py and inject/pep768.py do, from the version.
+Nothing here picks a layout: introspect/python_layouts.py does, from the version.
 
 Version order: the ``Py_Version`` constant in the target's memory (3.11+), the
 ``_Py_DebugOffsets`` header at ``_PyRuntime`` (3.13+), then the version in the libpython /

@@ -3,8 +3,9 @@
 ``free_threaded``, then u64 offsets in an order each minor version fixes).
 
 Pure parsing of bytes read at ``&_PyRuntime``: no privilege, no process access. Used by the
-CPython locator (introspect/cpython.py, for the version), bpf/python_layouts.py (3.13+ layouts)
-and inject/pep768.py (the remote-debugger fields); those two name the fields after the header.
+CPython locator (introspect/cpython.py, for the version) and the version table
+(introspect/python_layouts.py: 3.13+ layouts, PEP 768's fields), which names the fields after the
+header.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
  *   SL_TASK_FSBASE_OFF    offsetof(struct task_struct, thread.fsbase) from the kernel's BTF
  *   SL_PY_MAX_DEPTH       frames kept (default 48); deeper stacks set `truncated`
  *   SL_PY_NO_TAG          do not read the per-frame code tag (one read less per frame)
- *   layout (bpf/python_layouts.py bpf_defines()): SL_PY_FRAME_STYLE, SL_PY_TS_INTERP,
+ *   layout (bpf/python_process.py bpf_defines()): SL_PY_FRAME_STYLE, SL_PY_TS_INTERP,
  *   SL_PY_TS_FRAME, SL_PY_CFRAME_CUR, SL_PY_F_PREV, SL_PY_F_CODE, SL_PY_F_INSTR, SL_PY_F_OWNER,
  *   SL_PY_F_IS_ENTRY, SL_PY_F_READ, SL_PY_OWNER_SHIM_MIN, SL_PY_CODE_ADAPTIVE,
  *   SL_PY_CODE_TAG_OFF, SL_PY_CODE_MASK.

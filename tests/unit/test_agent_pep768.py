@@ -6,6 +6,7 @@ import pytest
 
 from stacklens.errors import AttachError, UnsupportedVersion
 from stacklens.inject import pep768
+from stacklens.introspect.python_layouts import remote_debug_layouts
 from tests.fakes.memory import FakeMemory
 
 RUNTIME, INTERP, TSTATE = 0x10000, 0x20000, 0x30000
@@ -18,7 +19,7 @@ def fake_314(version=0x030E0AF0, enabled=1, finalizing=0, free_threaded=0, layou
     rt = bytearray(0x1000)
     rt[0:8] = b"xdebugpy"
     struct.pack_into("<QQ", rt, 8, version, free_threaded)
-    L = pep768.LAYOUTS[(3, 14)][layout]
+    L = remote_debug_layouts((3, 14))[layout]
     struct.pack_into("<Q", rt, L.runtime_finalizing, FINALIZING)
     struct.pack_into("<Q", rt, L.runtime_interpreters_head, INTERP_HEAD)
     struct.pack_into("<Q", rt, L.interp_threads_main, THREADS_MAIN)
@@ -37,7 +38,7 @@ def fake_314(version=0x030E0AF0, enabled=1, finalizing=0, free_threaded=0, layou
 
 
 def test_layout_candidates_for_314():
-    words = [L.dbg_eval_breaker // 8 for L in pep768.LAYOUTS[(3, 14)]]
+    words = [L.dbg_eval_breaker // 8 for L in remote_debug_layouts((3, 14))]
     assert words == [89, 83]
 
 

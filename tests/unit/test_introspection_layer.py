@@ -83,6 +83,26 @@ def test_one_cpython_locator_and_one_debug_offsets_reader():
     assert cookies == ["introspect/debug_offsets.py:" + _line("debug_offsets.py", 'DEBUG_COOKIE = b"xdebugpy"')]
 
 
+def _version_keyed_dicts() -> list[str]:
+    """Dict literals keyed by CPython version tuples, `{(3, 12): ...}`: a version table."""
+    hits = []
+    for p in _sources():
+        tree = ast.parse(p.read_text(), str(p))
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Dict) and any(
+                    isinstance(k, ast.Tuple) and len(k.elts) == 2 and isinstance(k.elts[0], ast.Constant)
+                    and k.elts[0].value == 3 for k in n.keys):
+                hits.append(f"{p.relative_to(REPO)}:{n.lineno}")
+    return hits
+
+
+def test_one_cpython_version_table():
+    """Frame layouts and PEP 768's fields are one table (issue 34); a second one would drift."""
+    table = "introspect/python_layouts.py:" + _line("python_layouts.py", "LAYOUTS: dict[")
+    assert _version_keyed_dicts() == [table]
+    assert [h.split(":")[0] for h in _defs(ast.ClassDef, "RemoteDebugLayout")] == ["introspect/python_layouts.py"]
+
+
 def test_one_memory_protocol_one_proc_mem_reader_one_frame():
     assert [h.split(":")[0] for h in _defs(ast.ClassDef, "ProcessMemory")] == ["introspect/memory.py"]
     assert [h.split(":")[0] for h in _defs(ast.ClassDef, "MemoryReadError")] == ["errors.py"]

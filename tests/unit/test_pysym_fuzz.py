@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from stacklens.bpf import python_layouts as pl
+from stacklens.introspect import python_layouts as pl
 from stacklens.bpf.pysym import (SL_PYF_NOCODE, UNREADABLE_CODE, UNREADABLE_NAME, BadObject, RawPyFrame,
                                  RawPyStack, Symbolizer, line_ranges_310, line_ranges_311)
 from stacklens.cct import Frame

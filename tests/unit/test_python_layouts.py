@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from stacklens.bpf import python_layouts as pl
+from stacklens.introspect import python_layouts as pl
+from stacklens.bpf.python_process import bpf_defines
 from stacklens.bpf.pysym import RawPyFrame, RawPyStack, Symbolizer, line_of, line_ranges_310, line_ranges_311
 from stacklens.cct import Frame
 from stacklens.errors import MemoryReadError, UnsupportedVersion
@@ -42,7 +43,7 @@ def test_tables_for_310_to_312(version):
     assert lay.version == version and lay.source == "table"
     assert lay.frame_read_size() >= lay.frame_instr + 4
     assert abs(lay.code_filename - lay.code_name) == 8
-    d = pl.bpf_defines(lay)
+    d = bpf_defines(lay)
     assert d["SL_PY_F_READ"] % 8 == 0 and d["SL_PY_CODE_TAG_OFF"] == lay.code_filename
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stacklens.bpf import python_layouts as pl
+from stacklens.introspect import python_layouts as pl
 
 INCLUDES = {
     (3, 10): ["/root/.pyenv/versions/3.10.13/include/python3.10"],
