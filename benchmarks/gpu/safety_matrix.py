@@ -75,6 +75,7 @@ class Target:
             env=env, text=True, start_new_session=True)
         self.pid = self.proc.pid
         self.told_to_stop = False
+        self.hung: dict | None = None
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -192,6 +193,27 @@ def run_cycles(t: Target, a, plan: list[tuple[str, bool]], deadline: float, resu
             f"{'ok' if not r.get('error') else r['error'][:120]} alive={t.alive()} "
             f"kernels={r.get('kernels')} teardown={str(r.get('teardown'))[:70]}")
         time.sleep(a.gap_s)
+
+
+def hang_evidence(t: Target) -> dict:
+    """What a target that does not end is doing: each thread's kernel state and wait channel, and
+    its Python stacks (faulthandler on SIGUSR2 writes them to its stderr)."""
+    ev: dict = {}
+    try:
+        for tid in os.listdir(f"/proc/{t.pid}/task"):
+            base = f"/proc/{t.pid}/task/{tid}"
+            with open(f"{base}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+            with open(f"{base}/wchan") as fh:
+                ev[tid] = f"{state} {fh.read().strip()}"
+    except OSError as e:
+        ev["error"] = str(e)
+    try:
+        os.kill(t.pid, signal.SIGUSR2)
+        time.sleep(2)
+    except OSError:
+        pass
+    return ev
 
 
 def plan_for(workload: str, a) -> list[tuple[str, bool]]:
@@ -354,7 +376,9 @@ def main() -> int:
             try:
                 t.proc.wait(60)
             except subprocess.TimeoutExpired:
+                t.hung = hang_evidence(t)
                 t.proc.kill()
+                t.proc.wait(30)
     summary = {}
     ok = True
     for w, (s, c) in pairs.items():
@@ -367,6 +391,7 @@ def main() -> int:
             "agent_errors": [e for r in cyc for e in r.get("errors", [])][:5],
             "new_graph_while_attached": [r.get("new_shape_while_attached") for r in cyc if r.get("switch")],
             "subject_rc": s.proc.returncode, "control_rc": c.proc.returncode,
+            "hung_at_exit": [x.hung for x in (s, c) if x.hung],
             "died": s.proc.returncode not in (0,) or any(r.get("alive_after") is False for r in cyc),
             "control_died": c.proc.returncode != 0,
             "new_stderr": new_stderr_lines(s, c),

@@ -322,6 +322,8 @@ def main(argv=None):
     ap.add_argument("--switch-file", default=None)
     a = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: _stop.set())
+    import faulthandler                 # SIGUSR2: every thread's stack on stderr (a hang's evidence)
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     if a.workload == "jax" and a.device == "cpu":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     w = build(a.workload, a.device, a.steps)
