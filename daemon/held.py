@@ -24,7 +24,6 @@ it, the kernel kills it (PTRACE_O_EXITKILL), so no program stays stopped for eve
 
 from __future__ import annotations
 
-import ctypes as ct
 import os
 import platform
 import signal
@@ -33,13 +32,13 @@ import subprocess
 import sys
 
 from stacklens.errors import AttachError, InputError, MemoryReadError, NoSuchProcess, NotApplicable
+from stacklens.introspect import ptrace
 from stacklens.introspect.procfs import ProcFS
+from stacklens.introspect.ptrace import (
+    PTRACE_CONT, PTRACE_DETACH, PTRACE_EVENT_EXEC, PTRACE_O_EXITKILL, PTRACE_O_TRACEEXEC, PTRACE_PEEKTEXT,
+    PTRACE_PEEKUSER, PTRACE_POKETEXT, PTRACE_POKEUSER, PTRACE_SETOPTIONS, PTRACE_SINGLESTEP, Regs)
 
-PTRACE_TRACEME, PTRACE_PEEKTEXT, PTRACE_PEEKUSER, PTRACE_POKETEXT, PTRACE_POKEUSER = 0, 1, 3, 4, 6
-PTRACE_CONT, PTRACE_SINGLESTEP, PTRACE_DETACH, PTRACE_SETOPTIONS = 7, 9, 17, 0x4200
-PTRACE_O_TRACEEXEC, PTRACE_O_EXITKILL = 0x10, 0x100000
-PTRACE_EVENT_EXEC = 4
-RIP_OFFSET = 16 * 8           # struct user_regs_struct.rip (x86-64)
+RIP_OFFSET = Regs.rip.offset  # struct user_regs_struct.rip (x86-64)
 AT_ENTRY = 9
 EVAL = "_PyEval_EvalFrameDefault"
 # where the interpreter starts the program: a script (or stdin), and -c (3.13+ through the
@@ -49,18 +48,10 @@ RUN_FILE, RUN_STRING, RUN_STRING_NAMED = "_PyRun_AnyFileObject", "PyRun_SimpleSt
 MAX_EVAL_STOPS = 64           # eval calls waited for a readable thread state before giving up
 WRAPPERS = ("env",)           # exec'd programs that exec the real one (`#!/usr/bin/env python3`)
 
-_libc = ct.CDLL(None, use_errno=True)
-_libc.ptrace.argtypes = [ct.c_long, ct.c_long, ct.c_void_p, ct.c_void_p]
-_libc.ptrace.restype = ct.c_long
-
-
 def _ptrace(req: int, pid: int, addr: int = 0, data: int = 0) -> int:
-    ct.set_errno(0)
-    r = _libc.ptrace(req, pid, ct.c_void_p(addr), ct.c_void_p(data))
-    err = ct.get_errno()
-    if r == -1 and err:
-        raise OSError(err, f"ptrace({req}) on {pid}: {os.strerror(err)}")
-    return r & 0xFFFF_FFFF_FFFF_FFFF
+    """One request through the one ptrace binding; the result as an unsigned word (PEEKTEXT's
+    word is poked back with an int3 in its low byte)."""
+    return ptrace.call(req, pid, addr, data) & 0xFFFF_FFFF_FFFF_FFFF
 
 
 # The traced start goes through a fresh interpreter that asks to be traced and execs the command:

@@ -31,7 +31,7 @@ from stacklens.errors import AttachError, NoSuchProcess, NotApplicable, Timeout
 from stacklens.introspect.cpython import PythonTarget
 from stacklens.introspect.memory import RemoteMemory, WritableMemory
 from stacklens.introspect.procfs import ProcFS
-from stacklens.inject.ptrace import PtraceError, Regs, Tracee, check_arch
+from stacklens.introspect.ptrace import PtraceError, Regs, Tracee, check_arch
 
 PAGE = 4096
 MAGIC = b"STACKLENS-BOOTSTRAP-PAGE-v1".ljust(32, b"\0")

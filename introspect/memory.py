@@ -104,14 +104,16 @@ class ProcMem:
             pass
 
 
-class _IOVec(ctypes.Structure):
+class IOVec(ctypes.Structure):
+    """struct iovec: process_vm_readv/writev here, PTRACE_GETREGSET in introspect/ptrace.py."""
+
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.process_vm_readv.restype = ctypes.c_ssize_t
-_libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong,
-                                   ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.c_ulong]
+_libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(IOVec), ctypes.c_ulong,
+                                   ctypes.POINTER(IOVec), ctypes.c_ulong, ctypes.c_ulong]
 _libc.process_vm_writev.restype = ctypes.c_ssize_t
 _libc.process_vm_writev.argtypes = _libc.process_vm_readv.argtypes
 
@@ -137,8 +139,8 @@ class RemoteMemory:
 
     def read(self, addr: int, n: int) -> bytes:
         buf = ctypes.create_string_buffer(n)
-        local = _IOVec(ctypes.cast(buf, ctypes.c_void_p), n)
-        remote = _IOVec(addr, n)
+        local = IOVec(ctypes.cast(buf, ctypes.c_void_p), n)
+        remote = IOVec(addr, n)
         got = _libc.process_vm_readv(self.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
         if got < 0:
             _raise_for(ctypes.get_errno(), self.pid, f"reading {n} bytes at {addr:#x}", MemoryReadError)
@@ -148,8 +150,8 @@ class RemoteMemory:
 
     def write(self, addr: int, data: bytes) -> None:
         buf = ctypes.create_string_buffer(data, len(data))
-        local = _IOVec(ctypes.cast(buf, ctypes.c_void_p), len(data))
-        remote = _IOVec(addr, len(data))
+        local = IOVec(ctypes.cast(buf, ctypes.c_void_p), len(data))
+        remote = IOVec(addr, len(data))
         got = _libc.process_vm_writev(self.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
         if got < 0:
             _raise_for(ctypes.get_errno(), self.pid, f"writing {len(data)} bytes at {addr:#x}", OSError)

@@ -1,7 +1,9 @@
-"""ctypes bindings for the few ptrace requests the injector needs (Linux x86_64).
+"""The one ptrace binding (Linux x86_64): the requests the injector (inject/ptrace_inject.py, a
+seized `Tracee`) and held programs (daemon/held.py, a PTRACE_TRACEME child) need.
 
-Requires CAP_SYS_PTRACE or same uid + Yama scope 0/1-with-ancestry. All requests for one tracee
-must come from the OS thread that seized it.
+Requires CAP_SYS_PTRACE or same uid + Yama scope 0/1-with-ancestry (a traced child of our own:
+any scope below 3). All requests for one tracee must come from the OS thread that seized it.
+Cost: one system call per request.
 """
 
 from __future__ import annotations
@@ -14,16 +16,25 @@ import signal
 import time
 
 from stacklens.errors import NoSuchProcess, PermissionDenied, Timeout, UnsupportedVersion
+from stacklens.introspect.memory import IOVec
 
+PTRACE_PEEKTEXT = 1
+PTRACE_PEEKUSER = 3
+PTRACE_POKETEXT = 4
+PTRACE_POKEUSER = 6
 PTRACE_CONT = 7
 PTRACE_SINGLESTEP = 9
 PTRACE_GETREGS = 12
 PTRACE_SETREGS = 13
 PTRACE_DETACH = 17
+PTRACE_SETOPTIONS = 0x4200
 PTRACE_GETREGSET = 0x4204
 PTRACE_SETREGSET = 0x4205
 PTRACE_SEIZE = 0x4206
 PTRACE_INTERRUPT = 0x4207
+PTRACE_O_TRACEEXEC = 0x10
+PTRACE_O_EXITKILL = 0x100000
+PTRACE_EVENT_EXEC = 4
 PTRACE_EVENT_STOP = 128
 NT_X86_XSTATE = 0x202
 NT_PRFPREG = 2
@@ -47,10 +58,6 @@ class Regs(ctypes.Structure):
         return ctypes.string_at(ctypes.byref(self), ctypes.sizeof(Regs))
 
 
-class _IOVec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ptrace.restype = ctypes.c_long
 _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
@@ -67,7 +74,8 @@ class PtraceError(OSError):
     pass
 
 
-def _call(req: int, tid: int, addr: int | None = 0, data: object = 0) -> int:
+def call(req: int, tid: int, addr: int | None = 0, data: object = 0) -> int:
+    """One ptrace request; the kernel's result (signed), PtraceError on failure."""
     ctypes.set_errno(0)
     rc = _libc.ptrace(req, tid, addr, data)
     if rc == -1:
@@ -85,7 +93,7 @@ class Tracee:
         self.attached = False
         self.pending_signals: list[int] = []   # signals we intercepted, re-delivered on detach
         try:
-            _call(PTRACE_SEIZE, tid, 0, 0)
+            call(PTRACE_SEIZE, tid, 0, 0)
         except PtraceError as e:
             if e.errno == errno.ESRCH:
                 raise NoSuchProcess(f"thread {tid} exited before it could be attached") from None
@@ -124,7 +132,7 @@ class Tracee:
 
     def stop(self, deadline: float) -> None:
         """PTRACE_INTERRUPT and wait for the event stop; signals seen first are kept for later."""
-        _call(PTRACE_INTERRUPT, self.tid)
+        call(PTRACE_INTERRUPT, self.tid)
         while True:
             status = self.wait(deadline)
             sig = os.WSTOPSIG(status)
@@ -133,7 +141,7 @@ class Tracee:
             # a signal-delivery-stop came first: suppress it now, deliver it at detach
             if sig not in (signal.SIGTRAP,):
                 self.pending_signals.append(sig)
-            _call(PTRACE_CONT, self.tid, 0, 0)
+            call(PTRACE_CONT, self.tid, 0, 0)
 
     def wait_for_signal(self, want: int, deadline: float, step: bool = False) -> None:
         """Resume until a signal-delivery-stop of ``want``; other signals are kept for later.
@@ -148,24 +156,24 @@ class Tracee:
                 return
             if event == 0:
                 self.pending_signals.append(sig)
-            _call(PTRACE_SINGLESTEP if step else PTRACE_CONT, self.tid, 0, 0)
+            call(PTRACE_SINGLESTEP if step else PTRACE_CONT, self.tid, 0, 0)
 
     # -- registers ---------------------------------------------------------------------
     def get_regs(self) -> Regs:
         r = Regs()
-        _call(PTRACE_GETREGS, self.tid, 0, ctypes.addressof(r))
+        call(PTRACE_GETREGS, self.tid, 0, ctypes.addressof(r))
         return r
 
     def set_regs(self, r: Regs) -> None:
-        _call(PTRACE_SETREGS, self.tid, 0, ctypes.addressof(r))
+        call(PTRACE_SETREGS, self.tid, 0, ctypes.addressof(r))
 
     def get_fpstate(self) -> tuple[int, bytes]:
         """The whole extended FP state (XSAVE area), falling back to the legacy FXSAVE area."""
         for nt, size in ((NT_X86_XSTATE, 16384), (NT_PRFPREG, 512)):
             buf = ctypes.create_string_buffer(size)
-            iov = _IOVec(ctypes.addressof(buf), size)
+            iov = IOVec(ctypes.addressof(buf), size)
             try:
-                _call(PTRACE_GETREGSET, self.tid, nt, ctypes.addressof(iov))
+                call(PTRACE_GETREGSET, self.tid, nt, ctypes.addressof(iov))
             except PtraceError:
                 continue
             return nt, buf.raw[: iov.iov_len]
@@ -174,18 +182,18 @@ class Tracee:
     def set_fpstate(self, state: tuple[int, bytes]) -> None:
         nt, data = state
         buf = ctypes.create_string_buffer(data, len(data))
-        iov = _IOVec(ctypes.addressof(buf), len(data))
-        _call(PTRACE_SETREGSET, self.tid, nt, ctypes.addressof(iov))
+        iov = IOVec(ctypes.addressof(buf), len(data))
+        call(PTRACE_SETREGSET, self.tid, nt, ctypes.addressof(iov))
 
     # -- running -----------------------------------------------------------------------
     def cont(self, sig: int = 0) -> None:
-        _call(PTRACE_CONT, self.tid, 0, sig)
+        call(PTRACE_CONT, self.tid, 0, sig)
 
     def singlestep(self) -> None:
-        _call(PTRACE_SINGLESTEP, self.tid, 0, 0)
+        call(PTRACE_SINGLESTEP, self.tid, 0, 0)
 
     def interrupt(self) -> None:
-        _call(PTRACE_INTERRUPT, self.tid)
+        call(PTRACE_INTERRUPT, self.tid)
 
     def detach(self) -> None:
         """Detach (the tracee must be stopped); re-deliver intercepted signals."""
@@ -194,7 +202,7 @@ class Tracee:
         sigs = self.pending_signals
         first = sigs[0] if sigs else 0
         try:
-            _call(PTRACE_DETACH, self.tid, 0, first)
+            call(PTRACE_DETACH, self.tid, 0, first)
         except PtraceError as e:
             if e.errno != errno.ESRCH:
                 raise

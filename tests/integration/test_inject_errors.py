@@ -113,7 +113,7 @@ def test_no_ptrace_permission(tmp_path):
         "import sys\n"
         "from stacklens.errors import PermissionDenied\n"
         "from stacklens.introspect.cpython import find_python\n"
-        "from stacklens.inject.ptrace import Tracee\n"
+        "from stacklens.introspect.ptrace import Tracee\n"
         f"pid = {p.pid}\n"
         "for f in (lambda: find_python(pid), lambda: Tracee(pid, yama_scope=1)):\n"
         "    try:\n"
@@ -185,7 +185,7 @@ def test_second_attach_to_the_same_pid(py_loop, tmp_path):
 
 
 def test_already_traced_by_someone_else(py_loop, tmp_path):
-    from stacklens.inject.ptrace import Tracee
+    from stacklens.introspect.ptrace import Tracee
     t = Tracee(py_loop.pid)
     try:
         with AgentServer(py_loop.pid, tmp_path / "a") as srv:

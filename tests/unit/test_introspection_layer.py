@@ -103,6 +103,22 @@ def test_one_cpython_version_table():
     assert [h.split(":")[0] for h in _defs(ast.ClassDef, "RemoteDebugLayout")] == ["introspect/python_layouts.py"]
 
 
+def test_one_ptrace_binding_one_iovec():
+    """The injector and `stacklens record` share one ptrace binding (issue 34): libc's ptrace is
+    bound, and PTRACE_* requests named, in introspect/ptrace.py only; struct iovec once."""
+    bound, named = [], []
+    for p in _sources():
+        tree = ast.parse(p.read_text(), str(p))
+        rel = p.relative_to(REPO).as_posix()
+        bound += [rel for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "ptrace"]
+        named += [rel for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
+                  if isinstance(t, ast.Name) and t.id.startswith("PTRACE_")]
+    assert set(bound) == {"introspect/ptrace.py"}, bound
+    assert set(named) == {"introspect/ptrace.py"}, named
+    iovecs = _defs(ast.ClassDef, "IOVec") + _defs(ast.ClassDef, "_IOVec")
+    assert [h.split(":")[0] for h in iovecs] == ["introspect/memory.py"]
+
+
 def test_one_memory_protocol_one_proc_mem_reader_one_frame():
     assert [h.split(":")[0] for h in _defs(ast.ClassDef, "ProcessMemory")] == ["introspect/memory.py"]
     assert [h.split(":")[0] for h in _defs(ast.ClassDef, "MemoryReadError")] == ["errors.py"]
