@@ -39,10 +39,21 @@ class AgentLink:
         return self.server.connected
 
     def stop(self) -> bool:
-        """Ask the agent to detach: it disables collection, force-flushes, sends what it has."""
+        """Ask the agent to detach: it disables collection, force-flushes, sends what it has.
+        A stopped process (SIGSTOP, a debugger's stop) cannot answer: the request is sent and not
+        waited for (a detach took 10 s waiting); the agent ends its detach when the process runs
+        again (it reads the request, or sees the socket closed)."""
         try:
-            return self.server.stop_agent(timeout_s=10.0)
+            return self.server.stop_agent(timeout_s=0.0 if self.target_stopped() else 10.0)
         except StacklensError:
+            return False
+
+    def target_stopped(self) -> bool:
+        """The process is stopped (state T or t): its agent thread cannot run now."""
+        from stacklens.introspect.procfs import ProcFS
+        try:
+            return ProcFS().state(self.pid) in ("T", "t")
+        except (StacklensError, OSError, IndexError):
             return False
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from stacklens.cct import Snapshot
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.errors import NoSuchProcess, StacklensError
 from stacklens.inject.gpu import VENDORS, Vendor, pick_join, vendor_for
-from stacklens.introspect.procfs import ProcFS
+from stacklens.introspect.procfs import ProcFS, pid_alive
 from stacklens.textsafe import safe_text
 
 log = logging.getLogger(__name__)
@@ -67,19 +67,6 @@ def process_start(pid: int, procfs: ProcFS | None = None) -> int | None:
         return (procfs or ProcFS()).starttime(pid)
     except (StacklensError, OSError, ValueError, IndexError):
         return None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie has exited as far as profiling goes
-        return ProcFS().state(pid) != "Z"
-    except (StacklensError, OSError):
-        return False
 
 
 def process_cpu_ns(pid: int, procfs: ProcFS | None = None) -> int | None:
@@ -338,6 +325,9 @@ class ProcessSession:
             return  # closed and drained up to its end; what came after is not part of it
         try:
             if self.agent is not None:
+                if getattr(self.agent, "target_stopped", lambda: False)():
+                    self.notes.append("detach: the process is stopped (SIGSTOP or a debugger); its "
+                                      "agent ends its own detach when the process runs again")
                 self.agent.stop()
                 for rec in self.agent.poll():
                     self.joiner.on_agent(rec)
@@ -491,6 +481,9 @@ class ProcessSession:
         self._charge_in_flight(w)
         try:
             if self.agent is not None:
+                if getattr(self.agent, "target_stopped", lambda: False)():
+                    self.notes.append("detach: the process is stopped (SIGSTOP or a debugger); its "
+                                      "agent ends its own detach when the process runs again")
                 self.agent.stop()
                 for rec in self.agent.poll():
                     self.joiner.on_agent(rec)
