@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from stacklens.errors import (AttachError, InputError, NoSuchProcess, NotApplicable, PermissionDenied,
                               StacklensError, UnsupportedVersion)
 from stacklens.cct import Frame
-from stacklens.introspect.procfs import ProcFS
+from stacklens.introspect.procfs import ProcFS, check_pid
 
 from stacklens.bpf import autograd, program
 from stacklens.bpf.shared import POOL, SharedProgram
@@ -142,23 +142,6 @@ class _RecordList:
         pass
 
 
-def _check_pid(pid: int) -> None:
-    if not isinstance(pid, int) or pid <= 0:
-        raise InputError(f"PID must be a positive integer, got {pid!r}")
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError as e:
-        raise NoSuchProcess(f"no process {pid}; check the PID with `ps`") from e
-    except PermissionError as e:
-        raise PermissionDenied(f"not allowed to signal process {pid}; run stacklens as root") from e
-    try:
-        state = ProcFS().state(pid)
-    except NoSuchProcess as e:
-        raise NoSuchProcess(f"no process {pid}; check the PID with `ps`") from e
-    if state == "Z":
-        raise NoSuchProcess(f"process {pid} has exited (zombie); nothing to attach to")
-
-
 def dump_bpf(pid: int, config: ProbeConfig = ProbeConfig()) -> str:
     """The final C text (with its cflags) a session for `pid` compiles: `--dump-bpf`."""
     specs = load_specs(config.spec_path)
@@ -235,7 +218,7 @@ class ProbeSession:
             from stacklens.errors import AlreadyAttached
             raise AlreadyAttached(f"this session is already attached to {self.pid}; detach() first")
         t0 = time.perf_counter()
-        _check_pid(self.pid)
+        check_pid(self.pid)
         cfg = self.config
         self._specs = load_specs(cfg.spec_path) if cfg.gpu else []
         self._decoders = [s.decoder() for s in self._specs]
@@ -258,7 +241,7 @@ class ProbeSession:
             self._reader = self._shared.reader
             self._symbolizer = Symbolizer(self.pid)
             # the process may have exited while we attached: then nothing must stay attached
-            _check_pid(self.pid)
+            check_pid(self.pid)
         except BaseException as e:
             self.detach()
             if isinstance(e, (NoSuchProcess, PermissionDenied, InputError, NotApplicable, AttachError)):
@@ -278,7 +261,7 @@ class ProbeSession:
         """Compiles (or finds in POOL) the program an attach to this process would use, and
         attaches nothing to it: the daemon does this ahead of the first attach, since a compile
         is most of an attach (3-9 s of a busy 2-vCPU machine). True when it compiled one."""
-        _check_pid(self.pid)
+        check_pid(self.pid)
         if self.config.force_fallback or not _uprobe_multi_supported():
             return False              # per-probe programs are never shared: nothing to prepare
         self._specs = load_specs(self.config.spec_path) if self.config.gpu else []

@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from stacklens.errors import NoSuchProcess, PermissionDenied
+from stacklens.errors import InputError, NoSuchProcess, PermissionDenied, StacklensError
 
 
 @dataclass(frozen=True)
@@ -269,3 +269,33 @@ class ProcFS:
         if os.path.exists(alt):
             return alt
         raise NoSuchProcess(f"cannot open {path} of PID {pid} ({errno.errorcode.get(errno.ENOENT)})")
+
+
+def check_pid(pid: int) -> None:
+    """The one PID check: raise unless `pid` is a live, non-zombie process we may signal."""
+    if not isinstance(pid, int) or pid <= 0:
+        raise InputError(f"PID must be a positive integer, got {pid!r}")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError as e:
+        raise NoSuchProcess(f"no process {pid}; check the PID with `ps`") from e
+    except PermissionError as e:
+        raise PermissionDenied(f"not allowed to signal process {pid}; run stacklens as root") from e
+    try:
+        state = ProcFS().state(pid)
+    except NoSuchProcess as e:
+        raise NoSuchProcess(f"no process {pid}; check the PID with `ps`") from e
+    if state == "Z":
+        raise NoSuchProcess(f"process {pid} has exited (zombie); nothing to attach to")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie has exited as far as profiling goes); a process we may
+    not signal is alive."""
+    try:
+        check_pid(pid)
+    except PermissionDenied:
+        return True
+    except (StacklensError, OSError):
+        return False
+    return True

@@ -119,6 +119,12 @@ def test_one_ptrace_binding_one_iovec():
     assert [h.split(":")[0] for h in iovecs] == ["introspect/memory.py"]
 
 
+def test_one_pid_check():
+    """bpf/ and daemon/ ask one function whether a PID is there (issue 34)."""
+    for name in ("check_pid", "pid_alive"):
+        assert [h.split(":")[0] for h in _defs(ast.FunctionDef, name)] == ["introspect/procfs.py"], name
+
+
 def test_one_memory_protocol_one_proc_mem_reader_one_frame():
     assert [h.split(":")[0] for h in _defs(ast.ClassDef, "ProcessMemory")] == ["introspect/memory.py"]
     assert [h.split(":")[0] for h in _defs(ast.ClassDef, "MemoryReadError")] == ["errors.py"]
