@@ -646,13 +646,23 @@ class Daemon:
         and every one being attached, each with its true state: its live session, its attach in
         progress, the closed session of this very process (detached, or its attach cancelled), or
         None (never attached). A closed session whose PID now names another process (another start
-        time) is not that process's."""
+        time) is not that process's; one that ended with its process (exited, or on an error) is
+        listed on its own while its final profile is kept."""
         found = {p.pid: p for p in scan(self.procfs, gpu_only=False)}
         out: list[tuple[ProcessInfo | None, ProcessSession | ClosedSession | AttachOp | None]] = []
         with self._lock:
             sessions: dict[int, ProcessSession | AttachOp] = {**self.attaching, **self.sessions}
             closed = dict(self.closed)
-        for pid in sorted(set(found) | set(sessions)):
+        # sessions that ended with their process (or on an error) stay listed while their final
+        # profile is kept: `report PID` still reads it
+        gone = {pid for pid, rec in closed.items()
+                if pid not in found and pid not in sessions
+                and (rec.state == "exited" or rec.state.startswith("error"))
+                and process_start(pid, self.procfs) != getattr(rec, "proc_start", None)}
+        for pid in sorted(set(found) | set(sessions) | gone):
+            if pid in gone:
+                out.append((None, closed[pid]))
+                continue
             info = found.get(pid)
             if info is None:
                 try:

@@ -231,6 +231,31 @@ def test_processes_have_their_true_state(monkeypatch):
         t.wait()
 
 
+def test_a_session_that_ended_with_its_process_is_listed_as_exited(monkeypatch):
+    """ps lists a session whose process exited (its final profile is kept for `report PID`); a
+    plain detach of a process that exited later is not listed."""
+    t = subprocess.Popen(["sleep", "60"])
+    u = subprocess.Popen(["sleep", "60"])
+    try:
+        d = Daemon(session_factory=filled_session)
+        monkeypatch.setattr(core, "scan", lambda procfs, gpu_only=True: [])
+        d.attach(t.pid)
+        d.attach(u.pid)
+        d.detach(u.pid)
+        d.detach(t.pid)
+        d.closed[t.pid].state = "exited"          # as its aggregation thread leaves it at target exit
+        for p in (t, u):
+            p.kill()
+            p.wait()
+        listed = {s.pid: s.state for _, s in d.processes()}
+        assert listed == {t.pid: "exited"}
+    finally:
+        for p in (t, u):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_warm_up_prepares_one_program_per_cpython_build(monkeypatch):
     """The daemon compiles ahead for the torch/JAX processes running (one per CPython build, at
     most two over its life); a process that cannot be prepared is counted, not raised."""
