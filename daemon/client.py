@@ -185,11 +185,11 @@ def ps_lines(rows) -> list[str]:
     from stacklens.textsafe import safe_text
 
     states = [safe_text(p.state) for p in rows]
-    width = max([5] + [len(st) for st in states if len(st) <= STATE_COLUMN_MAX])
+    heads = [st if len(st) <= STATE_COLUMN_MAX else st.split(":", 1)[0][:STATE_COLUMN_MAX] for st in states]
+    width = max([5] + [len(h) for h in heads])    # a long state's first word fits whole
     out = [f"{'PID':>8} {'COMM':16} {'STATE':{width}} {'AGENT':5} {'GPU%':>6} {'LAUNCH/s':>9} {'SYNC%':>6}  PYTHON"]
-    for p, st in zip(rows, states):
+    for p, st, short in zip(rows, states, heads):
         gpu = "n/a" if math.isnan(p.gpu_time_share) else f"{100 * p.gpu_time_share:.1f}"
-        short = st if len(st) <= width else st.split(":", 1)[0][:width]
         out.append(f"{p.pid:>8} {p.comm[:16]:16} {short:{width}} {'yes' if p.agent else 'no':5} {gpu:>6} "
                    f"{p.launches_per_s:>9.1f} {100 * p.sync_wait_share:>6.1f}  {p.python}")
         if short != st:

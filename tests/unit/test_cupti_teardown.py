@@ -22,6 +22,13 @@ from tests.unit.test_agent_cupti_raw import KERNEL, RawCupti, kernel
 from tests.unit.test_cupti_raw_ctypes import libcupti  # noqa: F401 - the fixture
 
 
+@pytest.fixture(autouse=True)
+def no_graph_users(monkeypatch):
+    """These tests are about the teardown itself: where graphs may replay it is skipped
+    (``graph_users``, tested in test_agent_guest.py), and another test may have loaded JAX."""
+    monkeypatch.setattr(cupti_mod, "graph_users", lambda modules=None: None)
+
+
 @pytest.fixture(scope="module")
 def libs(libcupti):  # noqa: F811 - the fixture
     cudart = os.path.join(os.path.dirname(libcupti), "libcudart.so.13")
