@@ -37,13 +37,14 @@ import time
 import traceback
 from pathlib import Path
 
+from check_detach import TEARDOWN_WORDS, teeing_agent  # noqa: E402 - this folder is on sys.path
+
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "tests" / "targets" / "safety_workloads.py"
 HEAVY = ("jax", "cuda_graph", "compile_ro", "compile_default")     # acceptance 1: >= 20 agent cycles
 GRAPH_SWITCH = ("cuda_graph", "compile_ro", "jax", "jax_nocb")    # a new graph captured while attached
 EARLY = ("compile_ro", "compile_default", "jax", "cuda_graph")    # first attach at "warming"
 TOLERANCE = 1e-3
-TEARDOWN_WORDS = ("cupti finalized", "CUPTI finalize skipped", "CUPTI left initialised")
 T0 = time.monotonic()
 
 
@@ -93,6 +94,13 @@ class Target:
         except (OSError, ValueError):
             return []
 
+    def switch_shape(self, timeout_s: float) -> bool:
+        """Tell the target to take its next shape; True once an episode of it is logged."""
+        last = max((e["ep"] for e in self.episodes()), default=-1)
+        self.switches += 1
+        self.switch_path.write_text(str(self.switches))
+        return self.wait_new_shape(last, timeout_s)
+
     def wait_new_shape(self, since_ep: int, timeout_s: float) -> bool:
         end = time.monotonic() + timeout_s
         while time.monotonic() < end and self.alive():
@@ -102,32 +110,10 @@ class Target:
         return False
 
 
-def teeing_agent(seen: dict):
-    """The session's agent factory, its notes and last GPU stats teed into ``seen``."""
-    from stacklens.daemon.session import default_agent_factory
-    from stacklens.inject.records import AgentStats, Note
-
-    def factory(pid, **kw):
-        link = default_agent_factory(pid, **kw)
-        poll = link.poll
-
-        def teed(max_n=None):
-            recs = poll(max_n)
-            for r in recs:
-                if isinstance(r, Note):
-                    seen["notes"].append(f"{r.level}: {r.message}"[:300])
-                elif isinstance(r, AgentStats):
-                    seen["gpu"] = dict(r.gpu or {})
-            return recs
-        link.poll = teed
-        return link
-    return factory
-
-
 def one_cycle(t: Target, mode: str, a, switch: bool) -> dict:
     from stacklens.daemon.session import ProcessSession
 
-    seen: dict = {"notes": [], "gpu": {}}
+    seen: dict = {"notes": [], "gpu_stats": {}}
     rec: dict = {"mode": mode, "switch": switch, "t_start": time.monotonic()}
     sess = ProcessSession(t.pid, agent=mode == "agent", agent_factory=teeing_agent(seen))
     box: dict = {}
@@ -155,10 +141,7 @@ def one_cycle(t: Target, mode: str, a, switch: bool) -> dict:
     rec["attached_at"] = time.monotonic()
     try:
         if switch:
-            last = max((e["ep"] for e in t.episodes()), default=-1)
-            t.switches += 1
-            t.switch_path.write_text(str(t.switches))
-            rec["new_shape_while_attached"] = t.wait_new_shape(last, a.switch_timeout_s)
+            rec["new_shape_while_attached"] = t.switch_shape(a.switch_timeout_s)
         time.sleep(a.window_s)
     finally:
         rec["detach_at"] = time.monotonic()
@@ -358,10 +341,7 @@ def main() -> int:
     # shape, with the same compilations behind them
     for w, (subj, ctrl) in pairs.items():
         while ctrl.switches < subj.switches and ctrl.alive():
-            last = max((e["ep"] for e in ctrl.episodes()), default=-1)
-            ctrl.switches += 1
-            ctrl.switch_path.write_text(str(ctrl.switches))
-            if not ctrl.wait_new_shape(last, a.switch_timeout_s):
+            if not ctrl.switch_shape(a.switch_timeout_s):
                 log(f"{ctrl.name}: no episode of its new shape within {a.switch_timeout_s:.0f}s")
     log("cycles done: timing after detach")
     for w in workloads:

@@ -71,3 +71,20 @@ class FakeProbes:
 
 def py(func: str, line: int, file: str = "train.py") -> Frame:
     return Frame.python(file, func, line)
+
+
+def exiting_probes(process):
+    """A FakeProbes class whose attach ends `process` (a Popen) in its first step and fails as
+    the real probes do when the process is gone."""
+    from stacklens.errors import NoSuchProcess
+
+    class ExitingProbes(FakeProbes):
+        on_phase = None
+
+        def attach(self):
+            self.on_phase("compiling BPF")
+            process.kill()
+            process.wait()
+            raise NoSuchProcess(f"no process {self.pid}; check the PID with `ps`")   # what the probes say
+
+    return ExitingProbes

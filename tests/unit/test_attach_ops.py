@@ -30,7 +30,7 @@ from stacklens.daemon.core import AttachOp, Daemon
 from stacklens.daemon.server import StacklensDaemon
 from stacklens.daemon.session import ProcessSession
 from stacklens.errors import AlreadyAttached, AttachCancelled, AttachError, NoSuchProcess, StillAttaching
-from tests.fakes.sources import FakeProbes
+from tests.fakes.sources import FakeProbes, exiting_probes
 
 
 class GatedProbes(FakeProbes):
@@ -282,15 +282,7 @@ def test_the_attach_note_counts_the_processes_that_share_the_program():
 
 def test_a_process_that_exits_during_the_attach_is_told_so():
     p = subprocess.Popen(["sleep", "600"])
-
-    class ExitingProbes(FakeProbes):
-        on_phase = None
-
-        def attach(self):
-            self.on_phase("compiling BPF")
-            p.kill()
-            p.wait()
-            raise NoSuchProcess(f"no process {self.pid}; check the PID with `ps`")   # what the probes say
+    ExitingProbes = exiting_probes(p)
 
     try:
         d = Daemon(session_factory=lambda pid, **kw: ProcessSession(pid, probe_factory=lambda q, **_: ExitingProbes(q),

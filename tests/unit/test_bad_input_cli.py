@@ -18,7 +18,7 @@ from stacklens.daemon import oneshot
 from stacklens.daemon.cli import _oneshot_output, main
 from stacklens.daemon.session import ProcessSession
 from stacklens.errors import EXIT_USAGE, IncompleteProfile, InputError, NoSuchProcess, PermissionDenied
-from tests.fakes.sources import FakeProbes
+from tests.fakes.sources import FakeProbes, exiting_probes
 from tests.unit.test_daemon_core_limits import FakeProc, _stat
 from tests.unit.test_oneshot import args_for, snap_with
 
@@ -131,15 +131,7 @@ def _child() -> subprocess.Popen:
 
 def test_a_target_that_exits_during_the_attach_is_told_so():
     p = _child()
-
-    class ExitingProbes(FakeProbes):
-        on_phase = None
-
-        def attach(self):
-            self.on_phase("compiling BPF")
-            p.kill()
-            p.wait()
-            raise NoSuchProcess(f"no process {self.pid}; check the PID with `ps`")   # what the probes say
+    ExitingProbes = exiting_probes(p)
 
     try:
         with pytest.raises(NoSuchProcess) as e:
