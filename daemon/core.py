@@ -695,6 +695,7 @@ class Daemon:
                 attached = info.pid in self.sessions or info.pid in self.attaching
             if attached or not info.python or info.python in self._warmed:
                 continue
+            log.info("warm-up: compiling the BPF program for the CPython build of PID %d", info.pid)
             try:
                 if self._prepare(info.pid):
                     self.counters["warm_up_compiles"] += 1

@@ -12,6 +12,7 @@ although the target ran on CPU, an `IncompleteProfile` error.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -24,7 +25,10 @@ from stacklens.errors import IncompleteProfile, NoSuchProcess, StacklensError
 
 # A window whose CPU samples fall short of rate × CPU time by more than this is reported as an
 # error: sampling itself is within a few percent (docs/benchmarks/oneshot.md).
-SHORTFALL = 0.25
+SHORTFALL = 0.25           # a profile short of more than this share of the samples due is incomplete…
+CHANCE_SD = 4              # …and short by more than this many standard deviations of a Poisson count:
+                           # a target running in bursts gets a sample count that varies by about
+                           # √due (15 where 21 were due is chance; 0.003% of windows fall 4 sd short)
 MIN_EXPECTED = 20          # below this many samples due, a shortfall is not told from chance
 NO_CPU_S = 0.02            # a target under this much CPU time in the window "used no CPU"
 
@@ -187,7 +191,7 @@ def assess(snap: Snapshot) -> tuple[list[str], IncompleteProfile | None]:
         return lines, IncompleteProfile(
             f"the process ran {cpu_s:.2f}s on CPU in the {w['seconds']:.1f}s window but no CPU sample "
             f"arrived ({_why(w)}); nothing was written — run `stacklens doctor --pid PID`")
-    if want >= MIN_EXPECTED and got < (1 - SHORTFALL) * want:
+    if want >= MIN_EXPECTED and got < want - max(SHORTFALL * want, CHANCE_SD * math.sqrt(want)):
         return lines, IncompleteProfile(
             f"incomplete profile: {got} CPU samples where about {want:.0f} were due ({hz} Hz × "
             f"{cpu_s:.2f}s of CPU); {_why(w)}. The profile written has only what arrived")
@@ -224,4 +228,8 @@ def _why(w: dict) -> str:
         why.append(f"the drain stopped after {w.get('drain_s', 0):.0f}s before reading up to the end")
     if w.get("after_window") and not w.get("cpu_samples"):
         why.append(f"{w['after_window']} events arrived stamped after the window")
-    return "; ".join(why) or "BPF delivered no sample for this process (is the cpu-clock perf event allowed? `stacklens doctor`)"
+    if why:
+        return "; ".join(why)
+    if w.get("cpu_samples"):
+        return "BPF delivered fewer samples than were due (was the machine overloaded? `stacklens doctor`)"
+    return "BPF delivered no sample for this process (is the cpu-clock perf event allowed? `stacklens doctor`)"

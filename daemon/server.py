@@ -206,6 +206,7 @@ class StacklensDaemon:
         self._executor: futures.ThreadPoolExecutor | None = None
         self.token_path: Path | None = None
         self.http = None
+        self._warm_thread: threading.Thread | None = None
 
     def _advisor(self):
         try:
@@ -246,7 +247,8 @@ class StacklensDaemon:
         if self.metrics_address:
             self._start_metrics()
         threading.Thread(target=self._housekeeping, name="stacklens-housekeeping", daemon=True).start()
-        threading.Thread(target=self._warm_up, name="stacklens-warm-up", daemon=True).start()
+        self._warm_thread = threading.Thread(target=self._warm_up, name="stacklens-warm-up", daemon=True)
+        self._warm_thread.start()
         log.info("stacklensd %s listening on unix:%s (token %s)", __version__, self.socket_path, self.token_path)
 
     def _clean_agent_leftovers(self) -> None:
@@ -305,6 +307,13 @@ class StacklensDaemon:
                     log.info("BPF programs prepared for %d CPython build(s) of running torch/JAX processes", n)
             if self.daemon.warm_up_done() or self._stop.wait(WARM_UP_EVERY_S):
                 return
+
+    def compiling(self) -> bool:
+        """Whether the warm-up is inside a BCC compile (seconds; it cannot be interrupted)."""
+        if self._warm_thread is None:
+            return False
+        self._warm_thread.join(0.2)   # after stop(), a warm-up between two compiles ends at once
+        return self._warm_thread.is_alive()
 
     def _housekeeping(self) -> None:
         while not self._stop.wait(2.0):
@@ -400,10 +409,13 @@ def main(argv: list[str] | None = None) -> int:
     done.wait()
     d.stop()
     busy = [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+    if d.compiling():
+        busy.append("the BPF warm-up")
     if busy:
-        # RPC threads still inside an attach (a queued BCC compile takes seconds each) would hold the
-        # interpreter's exit; every session is detached and the kernel frees what they hold.
-        log.info("exiting with %d request thread(s) still busy: %s", len(busy), ", ".join(busy[:4]))
+        # RPC threads still inside an attach, or the warm-up inside a BCC compile (seconds each),
+        # would hold the interpreter's exit: BCC's exit hooks wait for the compile's lock. Every
+        # session is detached, and the kernel frees what the compile holds.
+        log.info("exiting with %d thread(s) still busy: %s", len(busy), ", ".join(busy[:4]))
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

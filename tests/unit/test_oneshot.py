@@ -133,6 +133,15 @@ def test_assess_short_profile_is_an_error_and_a_full_one_is_not():
     assert err is None
 
 
+def test_assess_takes_a_small_count_short_by_chance_and_names_a_real_shortfall():
+    # CI: a bursty target with 0.21 s of CPU (21 due) got 15 samples: 1.3 sd of a Poisson count
+    _, err = oneshot.assess(snap_with({"target_cpu_s": 0.21}, samples=15))
+    assert err is None
+    _, err = oneshot.assess(snap_with({"target_cpu_s": 0.21}, samples=2))   # 4 sd short: not chance
+    assert isinstance(err, IncompleteProfile) and "fewer samples than were due" in str(err)
+    assert "no sample" not in str(err)
+
+
 def args_for(fmt: str, out=None) -> argparse.Namespace:
     return argparse.Namespace(format=fmt, metric="cpu_samples", output=out, view="auto")
 
