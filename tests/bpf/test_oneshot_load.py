@@ -1,7 +1,8 @@
 """Issue 23 acceptance 1 and 2, short versions, with two CPU hogs running (root + eBPF):
 
-- `stacklens profile --pid P --duration 3 --format json`, twice on a busy pure-Python target
-  and twice on a busy torch loop: cpu_samples within 25% of rate x the CPU time the target used
+- `stacklens profile --pid P --duration 3 --format json`, once on a busy pure-Python target
+  and once on a busy torch loop (each run is a BCC compile of ~25 s under the hogs; the repeated
+  runs are the benchmark's): cpu_samples within 25% of rate x the CPU time the target used
   in the window the profile reports, read here from /proc/P/stat (not from stacklens);
 - `stacklens record -- python prog.py`: profiled from its first line (samples within 25% of
   rate x the CPU time the program measured itself), >= 95% rooted at its <module>,
@@ -53,15 +54,14 @@ def test_profile_samples_match_the_cpu_time_under_load(bpf_available, start_targ
     trace = CpuTrace(t.pid)
     trace.start()
     try:
-        for _ in range(2):
-            prof, err = profile_json(t.pid)
-            w = prof["meta"]["window"]
-            cpu_s = (trace.at(w["end_ns"]) - trace.at(w["start_ns"])) / 1e9
-            due = RATE * cpu_s
-            assert due > 30, (cpu_s, w)   # the target ran: the check below means something
-            assert abs(w["cpu_samples"] - due) <= 0.25 * due, (w, cpu_s)
-            assert w["drained"] and w["events_late"] == 0, w
-            assert "window: " in err and "events dropped" in err
+        prof, err = profile_json(t.pid)
+        w = prof["meta"]["window"]
+        cpu_s = (trace.at(w["end_ns"]) - trace.at(w["start_ns"])) / 1e9
+        due = RATE * cpu_s
+        assert due > 30, (cpu_s, w)   # the target ran: the check below means something
+        assert abs(w["cpu_samples"] - due) <= 0.25 * due, (w, cpu_s)
+        assert w["drained"] and w["events_late"] == 0, w
+        assert "window: " in err and "events dropped" in err
     finally:
         trace.stop.set()
 
