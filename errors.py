@@ -95,3 +95,8 @@ class IncompleteProfile(StacklensError):
 
 
 EXIT_USAGE = 64  # argparse-level misuse
+
+
+class ProtocolError(ValueError):
+    """A message of the agent (or a record in it) that breaks the protocol: refused and counted,
+    never trusted (inject/validate.py checks; the join's clip_text raises it for a non-string)."""

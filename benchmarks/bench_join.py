@@ -42,11 +42,11 @@ import platform
 import random
 import time
 
-from stacklens.bpf.events import make_event
+from stacklens.records.events import make_event
 from stacklens.cct import Frame
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.daemon.join.orderjoin import SETTLE_NS
-from stacklens.inject.records import AgentStats, KernelRecord
+from stacklens.records.agent import AgentStats, KernelRecord
 
 OPS = (("aten::linear", "aten::addmm"), ("aten::gelu", "aten::gelu"), ("aten::layer_norm", "aten::native_layer_norm"),
        ("aten::scaled_dot_product_attention", "aten::_flash_attention_forward"), ("aten::add", "aten::add"))

@@ -4,7 +4,8 @@ Requires root (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE). Importing this package has
 and does not import bcc; ProbeSession.attach() does.
 """
 
-from stacklens.bpf.events import AttachReport, Event, LibraryAttach
+from stacklens.records.events import Event
+from stacklens.bpf.report import AttachReport, LibraryAttach
 from stacklens.bpf.session import ProbeConfig, ProbeSession, dump_bpf
 
 __all__ = ["ProbeSession", "ProbeConfig", "AttachReport", "Event", "LibraryAttach", "dump_bpf"]

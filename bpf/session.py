@@ -25,7 +25,8 @@ from stacklens.introspect.procfs import ProcFS, check_pid
 
 from stacklens.bpf import autograd, program
 from stacklens.bpf.shared import POOL, SharedProgram
-from stacklens.bpf.events import AttachReport, Event, LibraryAttach, make_event
+from stacklens.records.events import Event, make_event
+from stacklens.bpf.report import AttachReport, LibraryAttach
 from stacklens.bpf.events_abi import (COUNTERS, SL_BLOB, SL_EV_NAME, SL_EV_NODE_NEW, SL_EV_SAMPLE, SL_NAME, SL_NARGS,
                          SL_STACK_IN_2, SL_STACK_INLINE, SlEvent, SlSpec)
 from stacklens.bpf.ops import LIBTORCH_RE, OpSymbol, find_op_symbols, select_ops

@@ -6,11 +6,13 @@
     srv.stop_agent(); srv.close()
 """
 
-# Loaded on first use (PEP 562): the pure parts that need only the record types (the join) import
-# stacklens.inject.records without pulling in the injector and the socket server (ctypes, ptrace).
-_WHERE = {"inject_agent": "injector", "AttachResult": "injector", "AgentServer": "server",
-          **{n: "records" for n in ("AgentRecord", "AgentHello", "AgentStats", "PySample", "KernelRecord",
-                                    "ApiRecord", "MemcpyRecord", "SyncRecord", "Note")}}
+# Loaded on first use (PEP 562): importing a submodule (pep768, validate) does not pull in the
+# injector and the socket server (ctypes, ptrace). The record types live in stacklens.records.
+_WHERE = {"inject_agent": "stacklens.inject.injector", "AttachResult": "stacklens.inject.injector",
+          "AgentServer": "stacklens.inject.server",
+          **{n: "stacklens.records.agent" for n in ("AgentRecord", "AgentHello", "AgentStats", "PySample",
+                                                    "KernelRecord", "ApiRecord", "MemcpyRecord", "SyncRecord",
+                                                    "Note")}}
 
 __all__ = ["AgentServer", "inject_agent", "AttachResult", "AgentRecord", "AgentHello", "AgentStats",
            "PySample", "KernelRecord", "ApiRecord", "MemcpyRecord", "SyncRecord", "Note"]
@@ -22,6 +24,6 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'stacklens.inject' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(f"stacklens.inject.{where}"), name)
+    value = getattr(importlib.import_module(where), name)
     globals()[name] = value
     return value

@@ -44,7 +44,7 @@ from stacklens.inject.gpu.cupti import MAX_BLOCK, NameReader, parse_layout, pars
 from stacklens.inject.gpu.rows import API_DOMAINS, MEMCPY_KINDS, ROW_KINDS, SYNC_TYPES, parse_rows
 from stacklens.inject.inductor import parse_inductor
 from stacklens.inject.rootpath import open_in_root, private_subdir, remove_tree, writable_by
-from stacklens.inject.records import AgentHello, AgentStats, CompileRecord, HloKernel, HloMapRecord, Note, PySample
+from stacklens.records.agent import AgentHello, AgentStats, CompileRecord, HloKernel, HloMapRecord, Note, PySample
 from stacklens.textsafe import safe_text
 from stacklens.inject.validate import MAX_BATCH, MAX_FRAME_FILE, MAX_FRAME_NAME, MAX_INT, MAX_STR, ProtocolError
 from stacklens.inject.validate import check_int as _int, check_list as _list, check_num as _num, check_row as _row

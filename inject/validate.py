@@ -11,21 +11,15 @@ re-export ``ProtocolError`` / ``MAX_STR`` / ``MAX_INT``.
 
 from __future__ import annotations
 
-from stacklens.textsafe import safe_text
+from stacklens.errors import ProtocolError
+from stacklens.textsafe import MAX_FRAME_FILE, MAX_FRAME_NAME, clip_text, safe_text  # noqa: F401 — re-used here
 
 MAX_STR = 8192
 MAX_INT = (1 << 63) - 1
 MAX_BATCH = 20000
-# A frame's file and function name: longer ones are cut, not refused. Every frame string stays in
-# the session's tree (all window buckets), so their length is what a hostile agent would grow the
-# daemon by (issue 17: unique 8 KiB strings took it from 295 MiB to 5.4 GiB in 74 s). PATH_MAX
-# paths and C++-template qualnames of real code fit.
-MAX_FRAME_FILE = 1024
-MAX_FRAME_NAME = 512
 
 
-class ProtocolError(ValueError):
-    pass
+
 
 
 def check_int(v, lo=0, hi=MAX_INT, what: str | None = None) -> int:
@@ -43,22 +37,6 @@ def check_str(v, maxlen=MAX_STR, what: str = "bad string") -> str:
 def check_text(v, maxlen=MAX_STR, what: str = "bad string") -> str:
     """``check_str``, then control characters escaped (``textsafe.safe_text``)."""
     return safe_text(check_str(v, maxlen, what))
-
-
-def clip_text(v, maxlen: int, what: str = "bad string", counts=None) -> str:
-    """A string (anything else raises) cut in the middle to ``maxlen`` characters (``…`` marks
-    the cut: the start names the package, the end the file or method) and escaped like
-    ``check_text``. ``counts["truncated_strings"]`` (a Counter, if given) counts the cuts."""
-    if type(v) is not str:
-        raise ProtocolError(what)
-    if len(v) > maxlen:
-        v = v[:maxlen // 2] + "…" + v[len(v) - (maxlen - maxlen // 2 - 1):]
-        if counts is not None:
-            counts["truncated_strings"] += 1
-    v = safe_text(v)
-    if len(v) > maxlen:                 # escapes made it longer: cut again, the end goes
-        v = v[:maxlen - 1] + "…"
-    return v
 
 
 def check_num(v, what: str = "bad number") -> float:

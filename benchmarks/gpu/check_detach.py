@@ -225,7 +225,7 @@ def teeing_agent(seen: dict):
     """The session's agent factory, its records teed: every agent note and the last GPU stats
     land in ``seen`` (the snapshot keeps 32 notes; the teardown's comes last, at detach)."""
     from stacklens.daemon.session import default_agent_factory
-    from stacklens.inject.records import AgentStats, Note
+    from stacklens.records.agent import AgentStats, Note
 
     def factory(pid, **kw):
         link = default_agent_factory(pid, **kw)

@@ -452,7 +452,7 @@ def _check(a, res: dict, out_dir: Path, work: Path, t0: float) -> int:
     _importable_stacklens()
     from stacklens.daemon.join.jaxjoin import COMPILE_METRIC, JaxIndex, sanitize
     from stacklens.inject import AgentServer, inject_agent
-    from stacklens.inject.records import AgentStats, CompileRecord, HloMapRecord, KernelRecord, Note
+    from stacklens.records.agent import AgentStats, CompileRecord, HloMapRecord, KernelRecord, Note
 
     env = dict(os.environ)
     if a.cpu:

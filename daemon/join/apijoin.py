@@ -22,7 +22,7 @@ from typing import Callable, Deque
 
 from stacklens.daemon.join.gpujoin import Charges, CopyCall, LaunchEvent, Path
 from stacklens.daemon.join.orderjoin import sorted_pos_from_end
-from stacklens.inject.records import ApiRecord, KernelRecord, MemcpyRecord
+from stacklens.records.agent import ApiRecord, KernelRecord, MemcpyRecord
 
 PENDING_MAX_AGE_NS = 30_000_000_000
 # The uprobe fires at the launch function's first instruction, CUPTI stamps the API record a little

@@ -36,8 +36,8 @@ import re
 from dataclasses import dataclass, field
 
 from stacklens.cct import Frame
-from stacklens.inject.records import InductorRecord
-from stacklens.inject.validate import MAX_FRAME_FILE, MAX_FRAME_NAME, clip_text
+from stacklens.records.agent import InductorRecord
+from stacklens.textsafe import MAX_FRAME_FILE, MAX_FRAME_NAME, clip_text
 
 Path = tuple[Frame, ...]
 

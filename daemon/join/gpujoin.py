@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from stacklens.cct import Frame
-from stacklens.inject.records import ApiRecord, KernelRecord, MemcpyRecord
+from stacklens.records.agent import ApiRecord, KernelRecord, MemcpyRecord
 
 Path = tuple[Frame, ...]
 
@@ -42,7 +42,7 @@ class CopyCall:
 
 
 class LaunchEvent(Protocol):
-    """What a join reads of a BPF launch or copy event (`bpf.events.Event`)."""
+    """What a join reads of a BPF launch or copy event (`records.events.Event`)."""
     kind: str
     tid: int
     ktime_ns: int

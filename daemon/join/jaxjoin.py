@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from stacklens.cct import Frame
-from stacklens.inject.records import CompileRecord, HloMapRecord, KernelRecord
+from stacklens.records.agent import CompileRecord, HloMapRecord, KernelRecord
 
 COMPILE_METRIC = "compile_time_ns"
 SPLIT_NOTE = ("jax: a fused kernel's gpu_time_ns is split evenly among the distinct original operators "

@@ -43,11 +43,11 @@ from stacklens.daemon.join.compiled import COMPILED_NOTE, InductorIndex
 from stacklens.daemon.join.gpujoin import CopyCall, GpuJoin, Path
 from stacklens.daemon.join.jaxjoin import SPLIT_NOTE, JaxIndex
 from stacklens.daemon.join.orderjoin import LaunchOrderJoin
-from stacklens.inject.records import (AgentRecord, AgentStats, ApiRecord, CompileRecord, HloMapRecord, InductorRecord,
+from stacklens.records.agent import (AgentRecord, AgentStats, ApiRecord, CompileRecord, HloMapRecord, InductorRecord,
                                       KernelRecord, MemcpyRecord, Note, PySample)
 
 if TYPE_CHECKING:
-    from stacklens.bpf.events import Event
+    from stacklens.records.events import Event
 
 # Every metric of the registry (cct/metrics.py); py_samples (the in-process sampler) is kept apart
 # from the BPF cpu_samples so neither is double counted.

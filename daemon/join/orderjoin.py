@@ -40,7 +40,7 @@ import heapq
 import time
 from typing import TYPE_CHECKING, Any, Callable, Union
 
-from stacklens.inject.records import ApiRecord, KernelRecord, MemcpyRecord
+from stacklens.records.agent import ApiRecord, KernelRecord, MemcpyRecord
 
 if TYPE_CHECKING:
     from stacklens.daemon.join.gpujoin import Charges, CopyCall, LaunchEvent, Path

@@ -27,7 +27,7 @@ from stacklens.inject.agent import wire
 from stacklens.errors import NoSuchProcess, PermissionDenied
 from stacklens.introspect.memory import ProcMem, read_cstring
 from stacklens.inject.gpu.rows import ROW_KINDS, parse_rows
-from stacklens.inject.records import KernelRecord, MemcpyRecord
+from stacklens.records.agent import KernelRecord, MemcpyRecord
 from stacklens.inject.validate import (MAX_INT, MAX_STR, ProtocolError, check_choice, check_dict, check_int, check_message,
                        check_row, check_str)
 

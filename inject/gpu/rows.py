@@ -11,7 +11,7 @@ No privilege, no I/O.
 from __future__ import annotations
 
 from stacklens.inject.agent import wire
-from stacklens.inject.records import ApiRecord, KernelRecord, MemcpyRecord, SyncRecord
+from stacklens.records.agent import ApiRecord, KernelRecord, MemcpyRecord, SyncRecord
 from stacklens.inject.validate import ProtocolError
 from stacklens.inject.validate import check_int as _int, check_list as _list, check_row as _row
 from stacklens.inject.validate import check_text as _str

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from stacklens.bpf.events import Event, make_event
+from stacklens.records.events import Event, make_event
 from stacklens.bpf.spec import DEFAULT_SPEC, load_specs
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from stacklens.inject import AgentServer, inject_agent
-from stacklens.inject.records import HloMapRecord, InductorRecord
+from stacklens.records.agent import HloMapRecord, InductorRecord
 from tests.integration.test_inject import threads, wait_for  # noqa: F401  (skips without ptrace)
 
 pytestmark = pytest.mark.integration

@@ -75,7 +75,7 @@ def test_profiler_side_spreads_cpu_thunk_time_over_dense_and_attention_lines(tmp
     from tests.unit.test_jax import _check_jax
     from stacklens.daemon.join.jaxjoin import sanitize
     from stacklens.inject.agent.jaxmeta import parse_hlo_text
-    from stacklens.inject.records import HloKernel, HloMapRecord
+    from stacklens.records.agent import HloKernel, HloMapRecord
 
     cj = _check_jax()
     steps = 4

@@ -124,7 +124,7 @@ def test_kernel_rows_travel_with_a_per_message_name_table():
     """The agent sends each distinct kernel name once per message; the daemon's strict parser
     gets the same records back."""
     from stacklens.inject.agent import wire
-    from stacklens.inject.records import KernelRecord
+    from stacklens.records.agent import KernelRecord
     from stacklens.inject.server import parse_message
 
     a, b = socket.socketpair()

@@ -170,7 +170,7 @@ def test_round_trip_agent_frames_parsed_by_the_daemon_with_names_from_target_mem
     import os
 
     from stacklens.inject.gpu.cupti import NameReader, parse_layout, parse_raw
-    from stacklens.inject.records import KernelRecord, MemcpyRecord
+    from stacklens.records.agent import KernelRecord, MemcpyRecord
 
     name = ctypes.create_string_buffer(b"void gemm_kernel<float>(int)")
     ptr = ctypes.addressof(name)

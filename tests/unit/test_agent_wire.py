@@ -2,7 +2,7 @@
 
 import pytest
 
-from stacklens.inject.records import ApiRecord, KernelRecord, MemcpyRecord, Note, PySample, SyncRecord
+from stacklens.records.agent import ApiRecord, KernelRecord, MemcpyRecord, Note, PySample, SyncRecord
 from stacklens.inject.server import ProtocolError, parse_message
 
 

@@ -17,7 +17,7 @@ from stacklens.cct.metrics import ALL
 from stacklens.cct.tree import MAX_THREADS
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.errors import InputError
-from stacklens.inject.records import PySample
+from stacklens.records.agent import PySample
 from tests.fakes.sources import FakeEvent, py
 
 MAIN = (Frame.python("/app/train.py", "main", 3),)

@@ -16,7 +16,7 @@ from stacklens.daemon.join.compiled import InductorIndex, build_map, parse_trace
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.inject.agent import inductor as agent_inductor
 from stacklens.inject.inductor import parse_inductor
-from stacklens.inject.records import PySample
+from stacklens.records.agent import PySample
 from stacklens.inject.validate import ProtocolError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import pytest
 
 from stacklens.inject.gpu import cupti as cr
 from stacklens.inject.agent import wire
-from stacklens.inject.records import KernelRecord, MemcpyRecord
+from stacklens.records.agent import KernelRecord, MemcpyRecord
 from tests.fakes import cupti_records as cu
 from tests.unit.test_agent_cupti_raw import KERNEL, RawCupti, kernel, make
 from tests.unit.test_agent_cupti import ActivityKind

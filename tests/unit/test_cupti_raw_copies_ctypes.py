@@ -11,7 +11,7 @@ import os
 
 from stacklens.inject.gpu import cupti as cr
 from stacklens.inject.agent.gpu import cupti as cupti_mod
-from stacklens.inject.records import KernelRecord, MemcpyRecord
+from stacklens.records.agent import KernelRecord, MemcpyRecord
 from tests.fakes import cupti_records as cu
 from tests.unit.test_agent_cupti import ActivityKind
 from tests.unit.test_agent_cupti_raw import KERNEL, kernel

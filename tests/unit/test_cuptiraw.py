@@ -13,7 +13,7 @@ import pytest
 
 from stacklens.inject.gpu import cupti as cr
 from stacklens.inject.agent import wire
-from stacklens.inject.records import KernelRecord, MemcpyRecord
+from stacklens.records.agent import KernelRecord, MemcpyRecord
 from stacklens.inject.server import MAX_STR, AgentServer, ProtocolError
 
 K_KERNEL, K_MEMCPY, K_MEMSET = 10, 1, 2

@@ -81,7 +81,7 @@ def test_pick_join_reads_the_declaration():
 
 
 def _session(vendor, api_records):
-    from stacklens.bpf.events import AttachReport
+    from stacklens.bpf.report import AttachReport
     from stacklens.daemon.session import ProcessSession
 
     report = AttachReport(os.getpid(), (), 0, 99, 0.0, python_stacks=True)

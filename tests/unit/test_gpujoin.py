@@ -11,7 +11,7 @@ from stacklens.daemon.join.apijoin import ApiRecordJoin
 from stacklens.daemon.join.gpujoin import Charges, CopyCall, GpuJoin
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.daemon.join.orderjoin import SETTLE_NS, LaunchOrderJoin
-from stacklens.inject.records import ApiRecord, KernelRecord, MemcpyRecord
+from stacklens.records.agent import ApiRecord, KernelRecord, MemcpyRecord
 from tests.fakes.sources import FakeEvent
 
 JOINS = (ApiRecordJoin, LaunchOrderJoin)

@@ -15,7 +15,7 @@ from stacklens.cct import Frame
 from stacklens.daemon.join.jaxjoin import JaxIndex, sanitize, split_paths
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.inject.agent.jaxmeta import JaxWatcher, parse_hlo_text
-from stacklens.inject.records import ApiRecord, CompileRecord, HloKernel, HloMapRecord, KernelRecord
+from stacklens.records.agent import ApiRecord, CompileRecord, HloKernel, HloMapRecord, KernelRecord
 from stacklens.inject.server import ProtocolError, parse_message
 from tests.fakes.sources import FakeEvent, py
 

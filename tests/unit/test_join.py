@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stacklens.cct import Frame
 from stacklens.daemon.join.joiner import Joiner, trim_native
-from stacklens.inject.records import ApiRecord as _Api, KernelRecord as _Kernel, Note, PySample
+from stacklens.records.agent import ApiRecord as _Api, KernelRecord as _Kernel, Note, PySample
 from tests.fakes.sources import FakeEvent, py
 
 
@@ -178,7 +178,7 @@ def test_out_of_order_bpf_delivery_is_sorted_per_thread():
 
 
 def test_agent_without_a_gpu_collector_leaves_gpu_time_unavailable():
-    from stacklens.inject.records import AgentStats
+    from stacklens.records.agent import AgentStats
 
     j = Joiner(1, agent=True)
     j.on_agent(AgentStats(samples=10, sample_hz=100.0, sample_cost_us=5.0, gpu={}))
@@ -214,7 +214,7 @@ def test_cupti_names_an_unresolved_handle_for_later_launches():
 def test_agent_stats_reach_the_session_stats_under_known_names_only():
     """The agent's sampler rate/cost and drop counters show in stats (benchmarks, /metrics'
     drop sum); drop kinds are the agent's known names — keys a target invents are ignored."""
-    from stacklens.inject.records import AgentStats
+    from stacklens.records.agent import AgentStats
 
     j = Joiner(1, agent=True)
     j.on_agent(AgentStats(samples=250, sample_hz=99.6, sample_cost_us=41.7,
@@ -238,7 +238,7 @@ def test_the_agent_samples_at_20_hz_only_where_bpf_reads_python_stacks():
     asks for no rate (None): the agent samples at its own default."""
     import os
 
-    from stacklens.bpf.events import AttachReport
+    from stacklens.bpf.report import AttachReport
     from stacklens.daemon import session as session_mod
     from stacklens.daemon.session import AGENT_SAMPLE_HZ, ProcessSession
 

@@ -12,7 +12,7 @@ from stacklens.cct import Frame, WindowedCCT
 from stacklens.cct import window as window_mod
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.daemon.join.orderjoin import SETTLE_NS, OrderJoin, launch_sig
-from stacklens.inject.records import AgentStats, KernelRecord
+from stacklens.records.agent import AgentStats, KernelRecord
 from tests.fakes.sources import FakeEvent, py
 
 METRICS = ("gpu_time_ns", "kernel_count", "launch_count", "cpu_samples")

@@ -9,7 +9,7 @@ from stacklens.cct.export import decode_profile, encode_profile
 from stacklens.daemon.join.apijoin import COPY_WAIT_MAX_NS
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.daemon.join.orderjoin import SETTLE_NS
-from stacklens.inject.records import AgentStats, ApiRecord, MemcpyRecord
+from stacklens.records.agent import AgentStats, ApiRecord, MemcpyRecord
 from tests.fakes.sources import FakeEvent, py
 from tests.unit.test_orderjoin import SMALL, Clock, kernel, launch
 

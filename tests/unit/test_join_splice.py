@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stacklens.cct import Frame
 from stacklens.daemon.join.joiner import MAX_NATIVE_FRAMES, Joiner, splice
-from stacklens.bpf.events import make_event
+from stacklens.records.events import make_event
 
 PY = "libpython3.11.so.1.0"
 N = Frame.native

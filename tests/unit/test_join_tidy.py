@@ -7,7 +7,7 @@ import pytest
 from stacklens.cct import CCT, Frame
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.daemon.join.orderjoin import OrderJoin, kernel_sig, launch_sig
-from stacklens.inject.records import ApiRecord, KernelRecord
+from stacklens.records.agent import ApiRecord, KernelRecord
 from tests.fakes.sources import FakeEvent, py
 
 METRICS = ("gpu_time_ns", "kernel_count", "launch_count")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.daemon.join.orderjoin import REORDER_NS, SETTLE_NS
-from stacklens.inject.records import AgentStats, KernelRecord as _Kernel
+from stacklens.records.agent import AgentStats, KernelRecord as _Kernel
 from tests.fakes.sources import FakeEvent, py
 
 STEP_A = (py("main", 10), py("step_a", 20))

@@ -1,8 +1,7 @@
-"""Decoded BPF events handed to callers of ProbeSession.poll() (immutable records), and attach reports."""
+"""BPF events as the join takes them: decoded ring records (immutable tuples), what
+ProbeSession.poll() hands out."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 from stacklens.cct import Frame
 
@@ -123,26 +122,3 @@ def make_event(kind, api, pid, tid, ktime_ns, duration_ns, args, op_path, native
     """Same result as Event(...), positional and without the defaults' handling."""
     return _tnew(Event, (kind, api, pid, tid, ktime_ns, duration_ns, args, op_path, native_stack, py_stack,
                          kernel_name, nbytes, direction, ret, py_entries, bwd_node))
-
-
-@dataclass(frozen=True)
-class LibraryAttach:
-    path: str
-    role: str            # "cuda" | "hip" | "torch"
-    probes: int          # offsets attached in this file
-    missing: tuple[str, ...] = ()  # probed symbols the file does not export
-    # (probe symbol, export it attached to), one per attach point: cuCtxSynchronize attaches to
-    # cuCtxSynchronize and cuCtxSynchronize_v2 where the file exports both (bpf/spec.py)
-    sites: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class AttachReport:
-    pid: int
-    libraries: tuple[LibraryAttach, ...]
-    probes_attached: int
-    cpu_sampling_hz: int
-    attach_s: float
-    notes: tuple[str, ...] = ()
-    method: str = "uprobe_multi"   # or "perf_event" (fallback on kernels without uprobe_multi)
-    python_stacks: bool = False    # BPF reads the target's Python stacks (a supported CPython)
