@@ -47,6 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from stacklens.cct import Frame, Snapshot, metrics
+from stacklens.cct.labels import context_label
 from stacklens.introspect.procfs import ProcFS
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,6 @@ PROCESS_METRICS = {m.name: (m.prom, metrics.base_unit_scale(m.name), m.help) for
 # sample counts also exported in seconds: metric → (stem, help)
 SECONDS_METRICS = {m.name: (m.seconds_prom, m.seconds_help) for m in metrics.REGISTRY if m.seconds_prom}
 HOTSPOT_METRICS = metrics.HOTSPOT
-CONTEXT_LABEL_MAX = 120
 LINE_LABEL_MAX = 80
 OTHER = "[other]"
 NO_LINE = "[none]"          # the `line` of a context with no Python frame (native, kernels only)
@@ -98,22 +98,6 @@ class Source:
     agent_connected: bool | None = None  # None: no agent asked for; else whether its channel is up
 
 
-def context_label(path: tuple[Frame, ...]) -> str:
-    """A short, bounded name for a context: innermost Python line, innermost op, and the leaf."""
-    py = next((f for f in reversed(path) if f.kind == "python"), None)
-    op = next((f for f in reversed(path) if f.kind == "op"), None)
-    parts = []
-    if py is not None:
-        parts.append(f"{py.file.rsplit('/', 1)[-1]}:{py.name}:{py.line}")
-    if op is not None:
-        parts.append(op.name)
-    if path and path[-1] not in (py, op):
-        leaf = path[-1]
-        parts.append(leaf.label() if leaf.kind != "kernel" else "kernel:" + leaf.name[:40])
-    label = " > ".join(parts) or "[root]"
-    return label if len(label) <= CONTEXT_LABEL_MAX else label[: CONTEXT_LABEL_MAX - 1] + "…"
-
-
 def line_label(path: tuple[Frame, ...]) -> str:
     """`file.py:LINE` of the innermost Python frame (bounded), or NO_LINE."""
     py = next((f for f in reversed(path) if f.kind == "python"), None)
@@ -133,7 +117,7 @@ def hotspots(snap: Snapshot, metric: str, k: int) -> list[tuple[str, str, int]]:
     for path, values in snap.iter_paths():
         v = values.get(metric, 0)
         if v:
-            by_label[(context_label(path), line_label(path))] += v
+            by_label[(context_label(reversed(path)), line_label(path))] += v
     top = by_label.most_common(max(0, k))
     rest = sum(by_label.values()) - sum(v for _, v in top)
     out = [(c, line, v) for (c, line), v in top]

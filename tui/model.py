@@ -11,10 +11,11 @@ import heapq
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from stacklens.cct import Frame, metrics
-from stacklens.cct.modelview import FULL, MODEL, has_model, model_view, module_text
+from stacklens.cct.labels import ON_SCREEN, context_label, frame_text
+from stacklens.cct.modelview import FULL, MODEL, has_model, model_view
 
 # The snapshot type is duck-typed (cct.Snapshot or anything with the same reading API).
 Snap = Any
@@ -85,21 +86,6 @@ def bar(fraction: float, width: int) -> str:
     full, part = divmod(eighths, 8)
     text = "█" * full + (_EIGHTHS[part] if part and full < width else "")
     return text.ljust(width)
-
-
-def frame_text(frame: Frame) -> str:
-    """Short display name: `func  file.py:88` for Python, the name for everything else."""
-    kind = frame.kind
-    if kind == "python":
-        return f"{frame.name}  {os.path.basename(frame.file)}:{frame.line}"
-    if kind == "native":
-        lib = os.path.basename(frame.file)
-        return f"{frame.name} [{lib}]" if lib else frame.name
-    if kind == "other":
-        return f"[{frame.name}]"
-    if kind == "module":
-        return module_text(frame)
-    return frame.name
 
 
 def kind_tag(frame: Frame) -> str:
@@ -376,18 +362,15 @@ class Hotspot:
     values: dict[str, int]
 
 
+def _frames_up(snap: Snap, node: int) -> Iterator[Frame]:
+    while node > 0:
+        yield snap.frame_of(node)
+        node = snap.parent(node)
+
+
 def context_of(snap: Snap, node: int) -> str:
-    py = op = None
-    n = node
-    while n > 0 and (py is None or op is None):
-        f = snap.frame_of(n)
-        if f.kind == "python" and py is None:
-            py = f
-        elif f.kind == "op" and op is None:
-            op = f
-        n = snap.parent(n)
-    parts = [frame_text(f) for f in (py, op) if f is not None]
-    return " › ".join(parts)
+    """The nearest Python frame above (or at) the node and the nearest operator (cct/labels.py)."""
+    return context_label(_frames_up(snap, node), ON_SCREEN)
 
 
 def hotspots(

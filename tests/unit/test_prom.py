@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from stacklens.cct import CCT, Frame, metrics
 from stacklens.daemon.join.joiner import DAEMON_METRICS
 from stacklens.daemon import prom
-from stacklens.daemon.prom import MetricsServer, Source, StacklensCollector, build_registry, context_label, line_label
+from stacklens.daemon.prom import MetricsServer, Source, StacklensCollector, build_registry, line_label
 
 
 def make_snapshot(n_contexts: int, unavailable=("gpu_time_ns", "kernel_count")):
@@ -89,13 +89,6 @@ def test_series_cap_counts_evictions():
     assert len(sync) == 4 and sum(float(l.rsplit(" ", 1)[1]) for l in sync) == pytest.approx(snap.total("sync_wait_ns") / 1e9)
     assert not [l for l in hot if 'pid="2"' in l]
     assert coll.series_evicted == 2   # a counter: each scrape that meets the cap adds to it
-
-
-def test_context_label_is_short_and_bounded():
-    path = (Frame.python("/a/b/model.py", "forward", 17), Frame.op("aten::linear"), Frame.kernel("x" * 500))
-    label = context_label(path)
-    assert label.startswith("model.py:forward:17 > aten::linear > kernel:")
-    assert len(label) <= 120
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
