@@ -22,6 +22,7 @@ from stacklens.cct import Snapshot
 from stacklens.cct.export import decode_profile as _decode_profile
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon import stacklens_pb2_grpc as pbg
+from stacklens.introspect.procfs import check_pid_range
 
 TOKEN_NAME = "token"
 ATTACH_POLL_S = 10.0    # one Attach/WaitAttach call waits at most this long for the next step
@@ -38,12 +39,6 @@ def token_candidates(sock: Path | str) -> list[Path]:
     """Where the token of the daemon at `sock` may be, in the order clients look."""
     sock = Path(sock)
     return [sock.parent / token_subdir(sock) / TOKEN_NAME, sock.parent / TOKEN_NAME]
-
-
-def _check_pid(pid: int) -> None:
-    """The gRPC field is an int32: refuse what it cannot carry here, with a message."""
-    if not isinstance(pid, int) or not 1 <= pid <= 2**31 - 1:
-        raise errors.InputError(f"invalid PID {pid}: a process id is an integer in 1..{2**31 - 1}")
 
 
 _STATUS_TO_ERROR = {
@@ -121,7 +116,7 @@ class DaemonClient:
         it to its end: returns its notes, or raises its error. `on_progress` hears each answer
         while it goes on. Raises StillAttaching when `wait_s` (None: no limit) has passed first,
         or one step has lasted `stall_s`: the attach goes on in the daemon."""
-        _check_pid(pid)
+        check_pid_range(pid)  # the gRPC field is an int32: refuse what it cannot carry here
         t0 = time.monotonic()
         poll = ATTACH_POLL_S if wait_s is None else max(0.001, min(ATTACH_POLL_S, wait_s))
         r = self._call(self.stub.Attach, pb.AttachRequest(pid=pid, agent=agent, cpu_sample_hz=cpu_hz, no_ops=no_ops,
@@ -144,7 +139,7 @@ class DaemonClient:
 
     def detach(self, pid: int) -> str:
         """Detaches `pid`, or cancels its attach in progress; what happened, in a line."""
-        _check_pid(pid)
+        check_pid_range(pid)
         r = self._call(self.stub.Detach, pb.DetachRequest(pid=pid), timeout=120)
         return r.note or f"detached from {pid}"
 
@@ -152,7 +147,7 @@ class DaemonClient:
         return list(self._call(self.stub.ListProcesses, pb.ListProcessesRequest()).processes)
 
     def snapshot_response(self, pid: int, **kw) -> pb.SnapshotResponse:
-        _check_pid(pid)
+        check_pid_range(pid)
         req = pb.SnapshotRequest(pid=pid, **{k: v for k, v in kw.items() if v is not None})
         return self._call(self.stub.GetSnapshot, req)
 
@@ -160,7 +155,7 @@ class DaemonClient:
         return decode_profile(self.snapshot_response(pid, window_s=window_s or 0.0, **kw).profile)
 
     def stream(self, pid: int, interval_ms: int = 1000, **kw) -> Iterator[pb.SnapshotResponse]:
-        _check_pid(pid)
+        check_pid_range(pid)
         req = pb.StreamRequest(request=pb.SnapshotRequest(pid=pid, **kw), interval_ms=interval_ms)
         try:
             yield from self.stub.StreamSnapshots(req, metadata=self._md)
@@ -168,7 +163,7 @@ class DaemonClient:
             raise _translate(e, self.socket_path) from None
 
     def advice(self, pid: int, window_s: float = 0.0) -> list[pb.Finding]:
-        _check_pid(pid)
+        check_pid_range(pid)
         return list(self._call(self.stub.GetAdvice, pb.AdviceRequest(pid=pid, window_s=window_s), timeout=60).findings)
 
     def health(self) -> pb.HealthResponse:

@@ -39,8 +39,9 @@ from stacklens.cct import CCT, Frame, Snapshot, diff
 from stacklens.cct.export import encode_profile
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon import stacklens_pb2_grpc as pbg
-from stacklens.daemon.core import ATTACHING, NOT_ATTACHED, AttachOp, Daemon, check_pid_range
+from stacklens.daemon.core import ATTACHING, NOT_ATTACHED, AttachOp, Daemon
 from stacklens.errors import DaemonUnavailable, InputError, StacklensError
+from stacklens.introspect.procfs import check_pid_range
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +104,6 @@ def rpc(fn):
         _fail(context, name, err)
 
     return unary
-
-
-def _check_pid(pid: int) -> None:
-    check_pid_range(pid)
 
 
 class _Slots:
@@ -231,7 +228,7 @@ class StacklensServicer(pbg.StacklensServicer):
             w.set()
 
     def _snapshot_response(self, req: pb.SnapshotRequest) -> pb.SnapshotResponse:
-        _check_pid(req.pid)
+        check_pid_range(req.pid)
         window = _check_window(req.window_s)
         dwin = _check_window(req.diff_window_s, "diff_window_s")
         if req.depth > 10_000 or req.top_k > 100_000:
@@ -284,7 +281,7 @@ class StacklensServicer(pbg.StacklensServicer):
     # ---- RPCs -----------------------------------------------------------------------------
     @rpc
     def Attach(self, request, context):
-        _check_pid(request.pid)
+        check_pid_range(request.pid)
         wait = self._check_wait(request.wait_s)
         op, joined = self.daemon.begin_attach(request.pid, agent=request.agent, cpu_hz=request.cpu_sample_hz or 99,
                                               ops=not request.no_ops, join=wait > 0)
@@ -296,7 +293,7 @@ class StacklensServicer(pbg.StacklensServicer):
 
     @rpc
     def WaitAttach(self, request, context):
-        _check_pid(request.pid)
+        check_pid_range(request.pid)
         wait = self._check_wait(request.wait_s) or DEFAULT_ATTACH_WAIT_S
         op = self.daemon.attach_op(request.pid, request.attach_id)
         self._wait_attach(op, request.seen_step, wait)
@@ -304,7 +301,7 @@ class StacklensServicer(pbg.StacklensServicer):
 
     @rpc
     def Detach(self, request, context):
-        _check_pid(request.pid)
+        check_pid_range(request.pid)
         if request.pid not in self.daemon.attaching:
             return pb.DetachResponse(pid=request.pid, note=self.daemon.detach(request.pid))
         self._attaches.take()      # it waits for the attach it cancels: a worker held, like Attach's
@@ -351,7 +348,7 @@ class StacklensServicer(pbg.StacklensServicer):
         if request.interval_ms > MAX_INTERVAL_MS:
             raise InputError(f"interval_ms must be <= {MAX_INTERVAL_MS} (0 = 1000, minimum {MIN_INTERVAL_MS})")
         interval = max(MIN_INTERVAL_MS, request.interval_ms or 1000) / 1000.0
-        _check_pid(request.request.pid)
+        check_pid_range(request.request.pid)
         self._streams.take()
         wake = threading.Event()
         try:
@@ -379,7 +376,7 @@ class StacklensServicer(pbg.StacklensServicer):
 
         Without an analyzer this is an error, never an empty answer: a wheel that lacked
         stacklens.analyzer.rules made every `advise` say "no findings" (issue 23)."""
-        _check_pid(request.pid)
+        check_pid_range(request.pid)
         advisor = self.advisor
         if advisor is None:
             try:

@@ -271,6 +271,16 @@ class ProcFS:
         raise NoSuchProcess(f"cannot open {path} of PID {pid} ({errno.errorcode.get(errno.ENOENT)})")
 
 
+PID_MAX = 2**31 - 1     # the kernel's pid_t and the gRPC int32 field; pid_max itself is at most 2**22
+
+
+def check_pid_range(pid: int) -> None:
+    """InputError unless `pid` is a number a process id can be (1..PID_MAX); no I/O, so it fits a
+    PID given by a user wherever the process may be (the CLI's client, the daemon's service)."""
+    if not isinstance(pid, int) or not 1 <= pid <= PID_MAX:
+        raise InputError(f"invalid PID {pid}: a process id is an integer in 1..{PID_MAX} (see `stacklens ps`)")
+
+
 def check_pid(pid: int) -> None:
     """The one PID check: raise unless `pid` is a live, non-zombie process we may signal."""
     if not isinstance(pid, int) or pid <= 0:
