@@ -88,7 +88,7 @@ class Timeout(StacklensError):
 
 
 class IncompleteProfile(StacklensError):
-    """A one-shot profile without the samples its target's CPU time made due (daemon/oneshot.py)."""
+    """A one-shot profile without the samples its target's CPU time made due (cli/oneshot.py)."""
 
     exit_code = 11
     grpc_code = "DATA_LOSS"

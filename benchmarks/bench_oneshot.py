@@ -118,6 +118,7 @@ def record_run(cpu_s: float, rate: int) -> dict:
     import tempfile
 
     from stacklens.cct import export
+    from stacklens.render.folded import to_folded
 
     stacklens = Path(sys.executable).parent / "stacklens"
     with tempfile.TemporaryDirectory() as d:
@@ -133,7 +134,7 @@ def record_run(cpu_s: float, rate: int) -> dict:
             return row
         own = float(r.stdout.split()[-1])
         snap = export.load(out)
-    rows = [ln.rsplit(" ", 1) for ln in export.to_folded(snap, "cpu_samples").splitlines()]
+    rows = [ln.rsplit(" ", 1) for ln in to_folded(snap, "cpu_samples").splitlines()]
     total = sum(int(n) for _, n in rows)
     at_module = sum(int(n) for p, n in rows if p.split(";")[0].startswith(f"py:{prog}:<module>:"))
     stale = sum(int(n) for p, n in rows if "stale code object" in p)

@@ -15,7 +15,7 @@ Targets (real probes through `stacklens.daemon.session.ProcessSession`, root nee
   loops, so CPU samples land on many instructions), a third of them through one more internal
   function, each ending in cuLaunchKernel with one of 8 handles. With frame pointers by default;
   `--no-frame-pointers` builds it -O2 without them, as vendors ship libcuda.
-- `torch`: the bundled demo (`stacklens.daemon.demo_workload`, an MLP on the CPU) with real
+- `torch`: the bundled demo (`stacklens.cli.demo_workload`, an MLP on the CPU) with real
   libtorch; `--agent` injects the agent too (py_samples from the in-process sampler).
 
 Every `--interval` seconds it prints the cumulative snapshot's node count and gzip profile size
@@ -124,7 +124,7 @@ def start_target(args, d: Path) -> subprocess.Popen:
         script.write_text(_TARGET)
         cmd = [sys.executable, str(script), str(lib)]
     else:
-        cmd = [sys.executable, "-m", "stacklens.daemon.demo_workload"]
+        cmd = [sys.executable, "-m", "stacklens.cli.demo_workload"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = p.stdout.readline()
     if not line.startswith("ready"):

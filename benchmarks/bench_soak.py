@@ -77,7 +77,7 @@ def main() -> int:
             p.stdin.flush()
             procs.append(p)
         torch_t = subprocess.Popen(
-            [sys.executable, "-m", "stacklens.daemon.demo_workload"], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-m", "stacklens.cli.demo_workload"], stdout=subprocess.PIPE, text=True
         )
         assert torch_t.stdout.readline().startswith("ready")
         procs.append(torch_t)

@@ -1,4 +1,4 @@
-"""stacklens.cct: the calling context tree, its snapshots, windows and exports.
+"""stacklens.cct: the calling context tree, its snapshots, windows and saved forms (export.py).
 
 Pure: imports only the standard library and `stacklens.errors` (enforced by import-linter and
 tests/unit/test_import_purity.py). No privilege, no I/O except `export.save` / `export.load`.

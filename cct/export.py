@@ -1,13 +1,9 @@
-"""Snapshot exports: folded stacks, pprof, speedscope, and stacklens' own JSON (save / load).
+"""The profile's own forms: stacklens JSON (`save` / `load`, docs/profile-format.md) and the
+columnar binary form stacklensd sends (`encode_profile` / `decode_profile`); both read back.
 
-Pure functions over a `Snapshot`; only `save` and `load` touch the file system. Formats are
-described in docs/profile-format.md. Metrics listed in `snapshot.unavailable` were not measured:
-they are left out of pprof, recorded as such in JSON, and refused by the one-metric exports,
-because showing them as 0 would claim a measurement that never happened.
-
-pprof is written by hand in the protobuf wire format rather than through generated code, so
-there is no generated module to drift from the protobuf runtime; the tests parse the output back
-with the profile.proto schema compiled by protoc, and with `go tool pprof`.
+Pure functions over a `Snapshot`; only `save` and `load` touch the file system. Metrics listed
+in `snapshot.unavailable` were not measured: both forms record them as such, so a reader never
+takes them for 0. The formats other tools read (pprof, folded, speedscope) are `stacklens.render`.
 """
 
 from __future__ import annotations
@@ -25,313 +21,13 @@ from itertools import chain, islice, repeat
 from pathlib import Path
 from typing import Any
 
-from stacklens import __version__
 from stacklens.errors import InputError
 from stacklens.cct.frames import KINDS, ROOT, Frame
-from stacklens.cct.metrics import BYTES, COUNT, CPU_SAMPLES, TIME, kind_of, opening_metric
 from stacklens.cct.snapshot import Snapshot
 
 JSON_FORMAT = "stacklens.profile"
 JSON_VERSION = 1
 _HINT = "pass a profile written by stacklens (JSON, .json or .json.gz)"
-_PPROF_UNIT = {TIME: "nanoseconds", BYTES: "bytes", COUNT: "count"}
-
-
-def unit_of(metric: str) -> str:
-    """pprof unit of a metric (cct/metrics.py): nanoseconds, bytes or count."""
-    return _PPROF_UNIT[kind_of(metric)]
-
-
-def _measured(snap: Snapshot, metric: str) -> None:
-    if metric not in snap.metrics:
-        raise InputError(f"unknown metric {metric!r}; this profile has {', '.join(snap.metrics)}")
-    if metric in snap.unavailable:
-        measured = [m for m in snap.metrics if m not in snap.unavailable]
-        raise InputError(
-            f"metric {metric!r} was not measured in this profile; choose one of {', '.join(measured)}"
-        )
-
-
-def _node_paths(snap: Snapshot) -> list[tuple[Frame, ...]]:
-    """Path of every node, built parent-first in one pass; the root's is (ROOT,) so that a
-    value recorded on the root itself still appears in the exports."""
-    paths: list[tuple[Frame, ...]] = [(ROOT,)]
-    for node in range(1, snap.node_count):
-        parent = snap.parent(node)
-        paths.append((paths[parent] if parent else ()) + (snap.frame_of(node),))
-    return paths
-
-
-# -- folded ----------------------------------------------------------------------------------
-
-
-def _folded_label(frame: Frame) -> str:
-    # ';' separates frames and a newline ends the record in the folded format.
-    return frame.label().replace(";", "%3B").replace("\n", "%0A")
-
-
-def to_folded(snap: Snapshot, metric: str, inclusive: bool = False) -> str:
-    """Folded stacks, one `label;label;... VALUE` line per node with a non-zero value, sorted.
-
-    Exclusive values (the default) are what flame graph tools expect: they add the lines up
-    themselves. `inclusive=True` writes each node's inclusive value instead, for grepping.
-    """
-    _measured(snap, metric)
-    value_of = snap.inclusive if inclusive else snap.exclusive
-    labels: list[str] = [_folded_label(ROOT)]
-    lines = []
-    for node in range(snap.node_count):
-        if node:
-            parent = snap.parent(node)
-            own = _folded_label(snap.frame_of(node))
-            labels.append(f"{labels[parent]};{own}" if parent else own)
-        value = value_of(node, metric)
-        if value and (node or not inclusive):
-            lines.append(f"{labels[node]} {value}")
-    lines.sort()
-    return "".join(line + "\n" for line in lines)
-
-
-# -- pprof -----------------------------------------------------------------------------------
-
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-def _varint(value: int) -> bytes:
-    if value < 0:
-        value += 1 << 64  # int64 two's complement, as protobuf encodes negative int64
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _int_field(field: int, value: int) -> bytes:
-    """A varint field; proto3 leaves out zero."""
-    return _varint(field << 3) + _varint(value) if value else b""
-
-
-def _bytes_field(field: int, payload: bytes) -> bytes:
-    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _packed_field(field: int, values: Iterable[int]) -> bytes:
-    return _bytes_field(field, b"".join(map(_varint, values)))
-
-
-def python_module_of(file: str) -> str:
-    """The dotted module a Python file is (`torch.nn.modules.linear` for a file under
-    site-packages, `prep` for a script's /srv/app/prep.py); a pseudo-file (`<string>`) as is."""
-    if not file.endswith(".py"):
-        return file
-    parts = file[:-3].split("/")
-    for anchor in ("site-packages", "dist-packages"):
-        if anchor in parts:
-            parts = parts[len(parts) - parts[::-1].index(anchor):]
-            break
-    else:
-        parts = parts[-1:]
-    if len(parts) > 1 and parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(p for p in parts if p)
-
-
-def pprof_function_name(frame: Frame) -> str:
-    """What pprof groups by (pprof merges equal names): a Python function by module and name, as
-    Go's are by package (`prep.preprocess`, `model.Block.forward`: the many `forward`s stay
-    apart); an operator, kernel, API call or native symbol by its name; the file and line are
-    in their own fields, so `-top` lists a function once and `-lines` splits it by line."""
-    if frame.kind == "python":
-        return f"{python_module_of(frame.file)}.{frame.name}"
-    if frame.kind in ("native", "op", "kernel", "gpu_api"):
-        return frame.name
-    return frame.label()
-
-
-def to_pprof(snap: Snapshot) -> bytes:
-    """gzip-compressed profile.proto, by pprof's conventions: each measured metric is one sample
-    type with its unit; CPU samples as `samples/count` and, when the sampling rate is known
-    (meta["cpu_hz"]), also `cpu/nanoseconds` (samples × period), the period type and period;
-    `time_nanos` / `duration_nanos` from the profile's start and window when known.
-
-    One Function and one Location per distinct frame: Function.name is the function
-    (pprof_function_name), system_name the frame's full label, filename its file (Python) or
-    library (native); the Location's line its line. The default sample type is GPU time where it
-    was measured, else CPU.
-
-    Samples: per node, one for each thread of its breakdown (`Snapshot.threads`: CPU and Python
-    samples), labelled `pid`, `tid` (numeric) and `thread` (its name, meta["threads"], when
-    known), so `-tagfocus=thread=NAME` keeps that thread's samples; one labelled
-    `thread=[other threads]` for what the listed threads leave of those metrics; one with only
-    `pid` for the metrics not counted by thread (GPU time, launches, bytes...). Values add up to
-    the node's exclusive values.
-    """
-    strings: dict[str, int] = {"": 0}
-
-    def s(text: str) -> int:
-        idx = strings.get(text)
-        if idx is None:
-            idx = strings[text] = len(strings)
-        return idx
-
-    metrics = [m for m in snap.metrics if m not in snap.unavailable]
-    hz = snap.meta.get("cpu_hz") if isinstance(snap.meta, dict) else None
-    period = 1_000_000_000 // int(hz) if isinstance(hz, int) and hz > 0 else 0
-    out = bytearray()
-    # (sample type name, unit, metric column, scale)
-    types: list[tuple[str, str, int, int]] = []
-    for col, m in enumerate(metrics):
-        if m == CPU_SAMPLES:
-            types.append(("samples", "count", col, 1))
-            if period:
-                types.append(("cpu", "nanoseconds", col, period))
-        else:
-            types.append((m, unit_of(m), col, 1))
-    for name, unit, _col, _scale in types:
-        out += _bytes_field(1, _int_field(1, s(name)) + _int_field(2, s(unit)))
-
-    meta = snap.meta if isinstance(snap.meta, dict) else {}
-
-    def label(key: str, *, text: str = "", num: int = 0) -> bytes:
-        return _bytes_field(3, _int_field(1, s(key)) + _int_field(2, s(text) if text else 0) + _int_field(3, num))
-
-    pid = meta.get("pid")
-    pid_label = label("pid", num=pid) if _is_int(pid) and pid > 0 else b""
-    names = meta.get("threads") if isinstance(meta.get("threads"), dict) else {}
-    thread_labels: dict[int, bytes] = {}
-    by_thread = [c for c, m in enumerate(metrics) if m in snap.threaded]
-    other_threads = pid_label + label("thread", text="[other threads]") if by_thread else b""
-
-    paths = _node_paths(snap)
-    location_of: dict[Frame, int] = {}
-    columns = [snap._excl[m] for m in metrics]  # one tuple per metric, not a call per value
-
-    def sample(node: int, stack: bytes, values: Sequence[int], labels: bytes) -> bytes:
-        row = [values[c] * scale for (_n, _u, c, scale) in types]
-        if not any(row):
-            return b""
-        if not all(_INT64_MIN <= v <= _INT64_MAX for v in row):
-            raise InputError(f"a value at {snap.path(node)} does not fit pprof's 64-bit integers")
-        return _bytes_field(2, stack + _packed_field(2, row) + labels)
-
-    for node, values in enumerate(zip(*columns)):
-        if any(values):
-            ids = []
-            for frame in reversed(paths[node]):  # pprof wants the leaf first
-                loc = location_of.get(frame)
-                if loc is None:
-                    loc = location_of[frame] = len(location_of) + 1
-                ids.append(loc)
-            stack = _packed_field(1, ids)
-            rest = list(values)
-            threads: dict[int, list[int]] = {}
-            for c in by_thread:
-                for tid, count in snap.threads(node, metrics[c]):
-                    threads.setdefault(tid, [0] * len(metrics))[c] = count
-                    rest[c] -= count
-            for tid, row in threads.items():
-                labels = thread_labels.get(tid)
-                if labels is None:
-                    name = names.get(str(tid))
-                    labels = thread_labels[tid] = (pid_label + label("tid", num=tid)
-                                                   + (label("thread", text=name) if isinstance(name, str) and name else b""))
-                out += sample(node, stack, row, labels)
-            counted = set(by_thread)
-            out += sample(node, stack, [v if c in counted else 0 for c, v in enumerate(rest)], other_threads)
-            out += sample(node, stack, [0 if c in counted else v for c, v in enumerate(rest)], pid_label)
-
-    functions = bytearray()
-    locations = bytearray()
-    for frame, loc in location_of.items():
-        function = (_int_field(1, loc) + _int_field(2, s(pprof_function_name(frame)))
-                    + _int_field(3, s(frame.label())) + _int_field(4, s(frame.file)))
-        functions += _bytes_field(5, function)
-        line = _int_field(1, loc) + _int_field(2, frame.line)
-        locations += _bytes_field(4, _int_field(1, loc) + _int_field(2, 1) + _bytes_field(4, line))
-
-    # One pseudo-mapping that says symbols are already resolved, so readers never try to
-    # symbolize the (absent) addresses.
-    mapping = _int_field(1, 1) + _int_field(5, s("stacklens")) + b"".join(_int_field(f, 1) for f in (7, 8, 9))
-    out += _bytes_field(3, mapping)
-    out += locations
-    out += functions
-
-    comments = [s(f"stacklens {__version__}")]
-    if snap.unavailable:
-        comments.append(s("unavailable (not measured): " + ", ".join(sorted(snap.unavailable))))
-    if snap.folded_nodes:
-        comments.append(s(f"folded_nodes: {snap.folded_nodes}"))
-    # pprof shows this one first: what views open on (GPU time where measured); CPU as time
-    opening = opening_metric(snap) if metrics else ""
-    of_opening = [t[0] for t in types if metrics[t[2]] == opening]
-    default = s(of_opening[-1] if of_opening else "")
-    window = meta.get("window") or {}
-    start_unix = meta.get("start_unix_ns")
-    period_type = _bytes_field(11, _int_field(1, s("cpu")) + _int_field(2, s("nanoseconds"))) if period else b""
-
-    for text in strings:  # dicts keep insertion order, which is the index order (complete by now)
-        out += _bytes_field(6, text.encode())
-    if isinstance(start_unix, int):
-        out += _int_field(9, start_unix)
-    if isinstance(window.get("seconds"), (int, float)):
-        out += _int_field(10, int(window["seconds"] * 1e9))
-    out += period_type + _int_field(12, period)
-    out += _packed_field(13, comments)
-    out += _int_field(14, default)
-    return gzip.compress(bytes(out), mtime=0)
-
-
-# -- speedscope ------------------------------------------------------------------------------
-
-_SPEEDSCOPE_UNIT = {"nanoseconds": "nanoseconds", "bytes": "bytes", "count": "none"}
-
-
-def to_speedscope(snap: Snapshot, metric: str) -> dict[str, Any]:
-    """A speedscope file (https://www.speedscope.app/file-format-schema.json) with one sampled
-    profile: one sample per node with a non-zero exclusive value, weighted by that value."""
-    _measured(snap, metric)
-    frame_index: dict[Frame, int] = {}
-    frames: list[dict[str, Any]] = []
-    samples: list[list[int]] = []
-    weights: list[int] = []
-    paths = _node_paths(snap)
-    for path in paths:
-        frame = path[-1]
-        if frame not in frame_index:
-            frame_index[frame] = len(frames)
-            entry: dict[str, Any] = {"name": frame.label()}
-            if frame.file:
-                entry["file"] = frame.file
-            if frame.line:
-                entry["line"] = frame.line
-            frames.append(entry)
-    for node in range(snap.node_count):
-        value = snap.exclusive(node, metric)
-        if value:
-            samples.append([frame_index[f] for f in paths[node]])
-            weights.append(value)
-    name = str(snap.meta.get("name", "stacklens"))
-    return {
-        "$schema": "https://www.speedscope.app/file-format-schema.json",
-        "shared": {"frames": frames},
-        "profiles": [
-            {
-                "type": "sampled",
-                "name": f"{name} {metric}",
-                "unit": _SPEEDSCOPE_UNIT[unit_of(metric)],
-                "startValue": 0,
-                "endValue": sum(weights),
-                "samples": samples,
-                "weights": weights,
-            }
-        ],
-        "name": name,
-        "activeProfileIndex": 0,
-        "exporter": f"stacklens {__version__}",
-    }
 
 
 # -- stacklens JSON --------------------------------------------------------------------------
@@ -659,9 +355,9 @@ def _count(header: dict[str, Any], key: str, least: int) -> int:
     return value
 
 
-def from_columnar(data: bytes | bytearray | memoryview) -> Snapshot:
-    """Read the columnar form (uncompressed); InputError saying what is wrong with anything else."""
-    view = memoryview(data).cast("B")
+def _columnar_header(view: memoryview) -> tuple[dict[str, Any], int]:
+    """The header of a columnar profile (its format and version checked), and where the
+    sections after it start."""
     m = len(COLUMNAR_MAGIC)
     if bytes(view[:m]) != COLUMNAR_MAGIC:
         raise _bad("no columnar profile header")
@@ -675,6 +371,13 @@ def from_columnar(data: bytes | bytearray | memoryview) -> Snapshot:
     if not isinstance(header, dict) or header.get("format") != COLUMNAR_FORMAT:
         raise _bad(f"the columnar header must be a JSON object with \"format\": \"{COLUMNAR_FORMAT}\"")
     _check_version(header, "columnar profile", COLUMNAR_VERSION)
+    return header, m + 4 + hlen
+
+
+def from_columnar(data: bytes | bytearray | memoryview) -> Snapshot:
+    """Read the columnar form (uncompressed); InputError saying what is wrong with anything else."""
+    view = memoryview(data).cast("B")
+    header, pos = _columnar_header(view)
     metrics, unavailable, folded, meta = _check_header(header)
     n = _count(header, "nodes", 1)
     n_frames = _count(header, "frames", 0)
@@ -683,12 +386,10 @@ def from_columnar(data: bytes | bytearray | memoryview) -> Snapshot:
     columns = header.get("columns")
     if not isinstance(columns, list) or not all(c in metrics for c in columns) or len(set(columns)) != len(columns):
         raise _bad("header \"columns\" must list distinct metrics")
-    expected = m + 4 + hlen + n * (8 + 8 * len(columns)) + n_frames * 17 + n_bytes
+    expected = pos + n * (8 + 8 * len(columns)) + n_frames * 17 + n_bytes
     if len(view) != expected:
         what = "truncated" if len(view) < expected else "followed by extra bytes"
         raise _bad(f"the columnar profile has {len(view)} bytes where its header promises {expected} ({what})")
-
-    pos = m + 4 + hlen
 
     def take(typecode: str, count: int) -> list[int]:
         nonlocal pos

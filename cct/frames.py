@@ -161,3 +161,20 @@ class Frame(NamedTuple):
 
 ROOT = Frame("other", "root")
 OTHER = Frame("other", "other")
+
+
+def python_module_of(file: str) -> str:
+    """The dotted module a Python file is (`torch.nn.modules.linear` for a file under
+    site-packages, `prep` for a script's /srv/app/prep.py); a pseudo-file (`<string>`) as is."""
+    if not file.endswith(".py"):
+        return file
+    parts = file[:-3].split("/")
+    for anchor in ("site-packages", "dist-packages"):
+        if anchor in parts:
+            parts = parts[len(parts) - parts[::-1].index(anchor):]
+            break
+    else:
+        parts = parts[-1:]
+    if len(parts) > 1 and parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(p for p in parts if p)

@@ -22,8 +22,7 @@ import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from stacklens.cct.export import python_module_of
-from stacklens.cct.frames import Frame
+from stacklens.cct.frames import Frame, python_module_of
 from stacklens.cct.snapshot import Snapshot
 
 MODEL, FULL = "model", "full"

@@ -168,6 +168,11 @@ class Snapshot:
     def total(self, metric: str) -> int:
         return self._column(self._incl, metric)[0]
 
+    def exclusive_column(self, metric: str) -> tuple[int, ...]:
+        """Every node's exclusive `metric`, indexed by node: for renderers that read them all
+        (one tuple, not a call per value)."""
+        return self._column(self._excl, metric)
+
     @property
     def threaded(self) -> frozenset[str]:
         """The metrics with a breakdown by thread."""

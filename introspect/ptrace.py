@@ -1,5 +1,5 @@
 """The one ptrace binding (Linux x86_64): the requests the injector (inject/ptrace_inject.py, a
-seized `Tracee`) and held programs (daemon/held.py, a PTRACE_TRACEME child) need.
+seized `Tracee`) and held programs (cli/held.py, a PTRACE_TRACEME child) need.
 
 Requires CAP_SYS_PTRACE or same uid + Yama scope 0/1-with-ancestry (a traced child of our own:
 any scope below 3). All requests for one tracee must come from the OS thread that seized it.

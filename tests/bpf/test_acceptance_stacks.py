@@ -60,6 +60,7 @@ def profile_with_window(pid: int, metric: str, duration: float, *extra: str):
     import tempfile
 
     from stacklens.cct import export
+    from stacklens.render.folded import to_folded
 
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "p.json"
@@ -69,7 +70,7 @@ def profile_with_window(pid: int, metric: str, duration: float, *extra: str):
         assert r.returncode == 0, r.stderr
         snap = export.load(out)
     paths = {}
-    for line in export.to_folded(snap, metric).splitlines():
+    for line in to_folded(snap, metric).splitlines():
         path, _, n = line.rpartition(" ")
         paths[tuple(path.split(";"))] = int(n)
     return paths, snap.meta["window"]

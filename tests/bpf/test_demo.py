@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.bpf, pytest.mark.integration]
 
 def test_demo_shows_the_workloads_python_and_operators(bpf_ok):
     exe = shutil.which("stacklens", path=str(Path(sys.executable).parent)) or shutil.which("stacklens")
-    cmd = [exe] if exe else [sys.executable, "-m", "stacklens.daemon.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "stacklens.cli.main"]
     r = subprocess.run(cmd + ["demo", "--duration", "6", "--plain"], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("jax")
 
-from stacklens.daemon.oneshot import profile_pid  # noqa: E402
+from stacklens.cli.oneshot import profile_pid  # noqa: E402
 
 TARGETS = Path(__file__).resolve().parents[1] / "targets"
 pytestmark = [pytest.mark.bpf, pytest.mark.integration]

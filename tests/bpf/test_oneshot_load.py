@@ -106,9 +106,10 @@ def test_record_profiles_from_the_first_line(bpf_available, hogs, tmp_path):
     own_cpu = float(r.stdout.split()[-1])   # what the program measured itself
     assert "held at its program's first line" in r.stderr, r.stderr
     from stacklens.cct import export
+    from stacklens.render.folded import to_folded
 
     snap = export.load(out)
-    rows = [ln.rsplit(" ", 1) for ln in export.to_folded(snap, "cpu_samples").splitlines()]
+    rows = [ln.rsplit(" ", 1) for ln in to_folded(snap, "cpu_samples").splitlines()]
     total = sum(int(n) for _, n in rows)
     at_module = sum(int(n) for p, n in rows if p.split(";")[0].startswith(f"py:{prog}:<module>:"))
     assert abs(total - RATE * own_cpu) <= 0.25 * RATE * own_cpu, (total, own_cpu)

@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from stacklens.cct import diff
-from stacklens.cct.export import to_pprof
+from stacklens.render.pprof import to_pprof
 from stacklens.daemon.session import ProcessSession
 from stacklens.introspect.procfs import ProcFS
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from stacklens.daemon.discovery import describe_process
 from stacklens.daemon.prom import Source, StacklensCollector
 from stacklens.daemon.session import ProcessSession
-from stacklens.daemon.textreport import render_report
+from stacklens.render.textreport import render_report
 
 pytestmark = pytest.mark.bpf
 

@@ -91,7 +91,7 @@ def test_daemon_and_cli_run_on_the_oldest_grpcio(oldest, tmp_path):
         while not sock.exists() and d.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sock.exists(), f"stacklensd did not start: {d.poll()} {d.stderr.read() if d.poll() is not None else ''}"
-        cli = ("-m", "stacklens.daemon.cli", "--socket", str(sock))
+        cli = ("-m", "stacklens.cli.main", "--socket", str(sock))
         ps = _run(oldest, *cli, "ps")
         assert ps.returncode == 0, ps.stderr
         assert ps.stdout.startswith("     PID COMM")

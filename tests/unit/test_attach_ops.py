@@ -24,7 +24,7 @@ import pytest
 from stacklens.daemon import client as client_mod
 from stacklens.daemon import core
 from stacklens.daemon import stacklens_pb2 as pb
-from stacklens.daemon.cli import main
+from stacklens.cli.main import main
 from stacklens.daemon.client import DaemonClient
 from stacklens.daemon.core import AttachOp, Daemon
 from stacklens.daemon.server import StacklensDaemon

@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from stacklens.cct import CCT, Frame, METRICS, export
-from stacklens.daemon import oneshot
-from stacklens.daemon.cli import _oneshot_output, main
+from stacklens.cli import oneshot
+from stacklens.cli.main import _oneshot_output, main
 from stacklens.daemon.session import ProcessSession
 from stacklens.errors import EXIT_USAGE, IncompleteProfile, InputError, NoSuchProcess, PermissionDenied
 from tests.fakes.sources import FakeProbes, exiting_probes

@@ -12,13 +12,13 @@ import pytest
 from stacklens import __version__
 from stacklens.cct import CCT, Frame, METRICS
 from stacklens.cct import export
-from stacklens.daemon.cli import main
+from stacklens.cli.main import main
 from stacklens.errors import InputError
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "stacklens.daemon.cli", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "stacklens.cli.main", *args], capture_output=True, text=True, timeout=60
     )
 
 

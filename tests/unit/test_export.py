@@ -12,7 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stacklens.cct import CCT, Frame, Snapshot
-from stacklens.cct.export import from_json, load, save, to_folded, to_json, to_speedscope
+from stacklens.cct.export import from_json, load, save, to_json
+from stacklens.render.folded import to_folded
+from stacklens.render.speedscope import to_speedscope
 from stacklens.errors import InputError
 
 SCHEMAS = Path(__file__).parents[1] / "data" / "schemas"

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stacklens.cct import CCT, Frame, Snapshot
-from stacklens.cct.export import pprof_function_name, to_pprof, unit_of
+from stacklens.render.pprof import pprof_function_name, to_pprof
+from stacklens.render.stacks import unit_of
 from stacklens.errors import InputError
 
 SCHEMA = Path(__file__).parents[1] / "data" / "schemas" / "profile.proto"
@@ -210,7 +211,7 @@ def test_pprof_reads_it_by_its_conventions(tmp_path: Path) -> None:
 
 
 def test_the_python_module_of_a_file() -> None:
-    from stacklens.cct.export import python_module_of
+    from stacklens.cct.frames import python_module_of
 
     assert python_module_of("/usr/lib/python3/dist-packages/torch/nn/modules/linear.py") == "torch.nn.modules.linear"
     assert python_module_of("/v/lib/python3.11/site-packages/transformers/__init__.py") == "transformers"

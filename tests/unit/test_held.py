@@ -1,4 +1,4 @@
-"""`record`'s held start (daemon/held.py): the command stops in its own exec'd image before its
+"""`record`'s held start (cli/held.py): the command stops in its own exec'd image before its
 first Python line, with a readable thread state, and runs on unchanged once released. Needs
 ptrace of our own child only; skipped where even that is refused."""
 
@@ -16,7 +16,7 @@ from stacklens.errors import InputError
 
 @pytest.fixture
 def held_cls():
-    from stacklens.daemon import held
+    from stacklens.cli import held
 
     probe = subprocess.Popen([sys.executable, "-S", "-E", "-c", held._LAUNCHER, sys.executable, "python", "-c", "pass"])
     _, status = os.waitpid(probe.pid, 0)
@@ -94,7 +94,7 @@ def test_a_module_run_with_dash_m_is_held_at_its_first_python_code(held_cls):
 
 
 def test_the_command_line_tells_which_entry_starts_the_program():
-    from stacklens.daemon.held import RUN_FILE, RUN_STRING, _main_entry
+    from stacklens.cli.held import RUN_FILE, RUN_STRING, _main_entry
 
     assert _main_entry(["python3", "prog.py", "-c", "x"]) == RUN_FILE
     assert _main_entry(["python3", "-u", "-X", "dev", "-W", "error", "prog.py"]) == RUN_FILE

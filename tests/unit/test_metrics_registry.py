@@ -1,4 +1,4 @@
-"""One metric vocabulary (cct/metrics.py) and one list of output formats (daemon/formats.py): every
+"""One metric vocabulary (cct/metrics.py) and one list of output formats (render/formats.py): every
 metric a tree can hold is declared there, and every view reads the declaration instead of keeping
 its own table of names and units."""
 
@@ -14,8 +14,8 @@ from stacklens.cct import CCT, METRICS, Frame, metrics
 
 REPO = Path(__file__).parents[2]
 # Views of a snapshot: none of them may name a metric; they read the registry.
-CONSUMERS = ("daemon/prom.py", "daemon/textreport.py", "daemon/formats.py", "tui/model.py", "tui/widgets.py",
-             "cct/export.py")
+CONSUMERS = ("daemon/prom.py", "render/textreport.py", "render/formats.py", "render/stacks.py", "render/folded.py",
+             "render/pprof.py", "render/speedscope.py", "tui/model.py", "tui/widgets.py", "cct/export.py")
 _SUFFIX = {metrics.TIME: "_ns", metrics.BYTES: "_bytes"}
 
 
@@ -70,7 +70,7 @@ def test_views_name_no_metric_of_their_own(path):
 
 def test_every_view_formats_by_the_registry_kind():
     from stacklens.daemon.prom import PROCESS_METRICS
-    from stacklens.daemon.textreport import fmt_value as text_fmt
+    from stacklens.render.textreport import fmt_value as text_fmt
     from stacklens.tui.model import fmt_value as tui_fmt
 
     assert list(PROCESS_METRICS) == list(metrics.ALL)
@@ -84,7 +84,7 @@ def test_every_view_formats_by_the_registry_kind():
 
 
 def test_text_report_totals_show_compile_time_as_time():
-    from stacklens.daemon.textreport import render_report
+    from stacklens.render.textreport import render_report
 
     t = CCT(metrics.ALL, max_nodes=None)
     t.add_many((Frame.python("/j/step.py", "grow", 3),), {"compile_time_ns": 2_500_000_000, "memset_bytes": 4096,
@@ -94,8 +94,8 @@ def test_text_report_totals_show_compile_time_as_time():
 
 
 def test_the_cli_offers_exactly_the_listed_formats_and_each_renders(tmp_path, capsys):
-    from stacklens.daemon import cli
-    from stacklens.daemon.formats import FORMATS
+    from stacklens.cli import main as cli
+    from stacklens.render.formats import FORMATS
 
     parser = cli.build_parser()
     for command in ("report", "profile", "record"):

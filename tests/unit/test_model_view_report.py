@@ -10,7 +10,7 @@ import pytest
 
 from stacklens.cct import export
 from stacklens.cct.modelview import model_view
-from stacklens.daemon import cli
+from stacklens.cli import main as cli
 from stacklens.tui.testing import gpt2_snapshot
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "cpu_gpt2_train" / "problem.json"

@@ -14,11 +14,12 @@ import time
 import pytest
 
 from stacklens.bpf.pysym import RawPyFrame, Symbolizer
-from stacklens.cct import CCT, Frame, METRICS, export
-from stacklens.daemon import doctor, oneshot
-from stacklens.daemon.cli import _oneshot_output
+from stacklens.cct import CCT, Frame, METRICS
+from stacklens.cli import doctor, oneshot
+from stacklens.cli.main import _oneshot_output
 from stacklens.daemon.session import DRAIN_GRACE_NS, ProcessSession
-from stacklens.daemon.textreport import render_report
+from stacklens.render.folded import to_folded
+from stacklens.render.textreport import render_report, window_line
 from stacklens.errors import IncompleteProfile
 from tests.fakes.sources import FakeEvent, FakeProbes, py
 from tests.unit.test_python_layouts import CODE_TYPE, LAY, FakeMemory, put_code, table_311
@@ -73,7 +74,7 @@ def test_window_drains_everything_stamped_before_its_end_then_snapshots():
     assert meta["before_window"] == 2 and meta["after_window"] == 2
     assert meta["drained"] and meta["events_late"] == 0 and meta["events_dropped"] == 0
     assert meta["seconds"] > 0 and snap.meta["window"] == meta
-    assert "late" not in export.to_folded(snap, "cpu_samples")
+    assert "late" not in to_folded(snap, "cpu_samples")
 
 
 def test_window_ends_when_the_ring_is_found_empty_after_its_end():
@@ -287,4 +288,4 @@ def test_a_call_returning_after_the_end_is_cut_and_a_sync_still_waiting_is_count
     q = span["q"]
     assert meta["cut_at_end"] == 1 and meta["in_flight_at_end"] == 1, meta
     assert by_fn == {"wait": q, "hang": 2 * q, "both": 500}, by_fn
-    assert "syncs still waiting at the end 1" in oneshot.window_line(meta)
+    assert "syncs still waiting at the end 1" in window_line(meta)

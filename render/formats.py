@@ -1,7 +1,7 @@
 """The output formats of a profile, listed once: name → renderer, media type, file extension.
 
 No privilege, no I/O: a renderer turns a `Snapshot` into text or bytes; `stacklens report`,
-`profile` and `record` (daemon/cli.py) write them. Renderers import their exporter when called, so
+`profile` and `record` (cli/main.py) write them. Renderers import their exporter when called, so
 the command line starts without loading every exporter. A new format is one `Format` line here.
 """
 
@@ -30,7 +30,7 @@ class Format:
 
 
 def _text(snap: Snapshot, metric: str) -> str:
-    from stacklens.daemon.textreport import render_report
+    from stacklens.render.textreport import render_report
 
     return render_report(snap, metric)
 
@@ -42,21 +42,21 @@ def _json(snap: Snapshot, metric: str) -> str:
 
 
 def _folded(snap: Snapshot, metric: str) -> str:
-    from stacklens.cct import export
+    from stacklens.render.folded import to_folded
 
-    return export.to_folded(snap, metric)
+    return to_folded(snap, metric)
 
 
 def _pprof(snap: Snapshot, metric: str) -> bytes:
-    from stacklens.cct import export
+    from stacklens.render.pprof import to_pprof
 
-    return export.to_pprof(snap)
+    return to_pprof(snap)
 
 
 def _speedscope(snap: Snapshot, metric: str) -> str:
-    from stacklens.cct import export
+    from stacklens.render.speedscope import to_speedscope
 
-    return json.dumps(export.to_speedscope(snap, metric)) + "\n"
+    return json.dumps(to_speedscope(snap, metric)) + "\n"
 
 
 FORMATS: dict[str, Format] = {f.name: f for f in (

@@ -67,6 +67,25 @@ def render_tree(
     return "\n".join(lines) + "\n"
 
 
+def window_line(w: dict) -> str:
+    """A one-shot profile's window account (meta["window"], cli/oneshot.py) on one line: the report
+    header shows it and `stacklens profile` / `record` print it on stderr."""
+    late = w.get("events_late")
+    return (f"window: {w['seconds']:.2f}s (monotonic {w['start_ns']}..{w['end_ns']} ns), target CPU "
+            f"{'unknown' if w.get('target_cpu_s') is None else format(w['target_cpu_s'], '.2f') + 's'}, "
+            f"cpu_samples {w.get(metrics.CPU_SAMPLES, 0)} ({_due(w)} at "
+            f"{w.get('cpu_hz')} Hz), events dropped {w.get('events_dropped', 0)}, late "
+            f"{'unknown (not drained)' if late is None else late}, unjoined {w.get('unjoined', 0)}"
+            + (f", calls cut at the end {w['cut_at_end']}" if w.get("cut_at_end") else "")
+            + (f", syncs still waiting at the end {w['in_flight_at_end']} (counted up to it)"
+               if w.get("in_flight_at_end") else ""))
+
+
+def _due(w: dict) -> str:
+    due = w.get("expected_cpu_samples")
+    return "due unknown" if due is None else f"due ≈{due}"
+
+
 def render_report(snap: Snapshot, metric: str, **kw) -> str:
     """Header with process meta and per-metric totals, then the tree for `metric`."""
     meta = snap.meta or {}
@@ -81,9 +100,7 @@ def render_report(snap: Snapshot, metric: str, **kw) -> str:
                     f"dynamo: cct/modelview.py) collapsed in {meta.get('view_collapsed_nodes', 0)} contexts; "
                     "--view full shows them")
     win = meta.get("window")
-    if isinstance(win, dict) and win.get("end_ns"):   # a one-shot profile's account (daemon/oneshot.py)
-        from stacklens.daemon.oneshot import window_line
-
+    if isinstance(win, dict) and win.get("end_ns"):   # a one-shot profile's account (cli/oneshot.py)
         head.append(window_line(win))
     head.extend(safe_text(f"note: {n}") for n in meta.get("notes") or [] if isinstance(n, str))
     totals = []

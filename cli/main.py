@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from stacklens import __version__
-from stacklens.daemon.formats import FORMATS
+from stacklens.render.formats import FORMATS
 from stacklens.errors import EXIT_USAGE, InputError, StacklensError
 
 DEFAULT_SOCKET = "/run/stacklens/stacklens.sock"
@@ -82,7 +82,7 @@ def view_of(snap, form, view: str) -> str:
 
 
 def write_output(snap, fmt: str, metric: str | None, out: str | None, view: str = "auto") -> None:
-    """Render `snap` as `fmt` (daemon/formats.py) in `view` (`view_of`) to `out` (a path) or
+    """Render `snap` as `fmt` (render/formats.py) in `view` (`view_of`) to `out` (a path) or
     stdout; without a metric, the one views open on (GPU time where measured,
     cct/metrics.py opening_metric)."""
     if metric is None:
@@ -156,7 +156,7 @@ def _oneshot_output(snap, args: argparse.Namespace) -> None:
     """Write a one-shot profile with its account: notes and the window into the snapshot's meta
     (the text header and JSON show them) and on stderr; an empty profile of a target that ran on
     CPU is an error and writes nothing, a short one is written and then reported as an error."""
-    from stacklens.daemon.oneshot import assess
+    from stacklens.cli.oneshot import assess
 
     lines, error = assess(snap)
     added = [ln[len("note: "):] for ln in lines if ln.startswith("note: ")
@@ -175,7 +175,7 @@ def _oneshot_output(snap, args: argparse.Namespace) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from stacklens.daemon.oneshot import Progress, profile_pid
+    from stacklens.cli.oneshot import Progress, profile_pid
 
     check_seconds(args.duration, "--duration")
     check_rate(args.rate)
@@ -197,7 +197,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from stacklens.daemon.demo import run_demo
+    from stacklens.cli.demo import run_demo
 
     live_view = None
     if sys.stdout.isatty() and not args.plain:
@@ -206,7 +206,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from stacklens.daemon.doctor import run_doctor
+    from stacklens.cli.doctor import run_doctor
 
     return run_doctor(pid=args.pid)
 
@@ -219,7 +219,7 @@ def cmd_daemon_call(args: argparse.Namespace) -> int:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from stacklens.daemon.oneshot import Progress, record_command
+    from stacklens.cli.oneshot import Progress, record_command
 
     cmd = [c for c in args.cmd if c != "--"]
     if not cmd:

@@ -11,12 +11,12 @@ import sys
 import time
 
 from stacklens.daemon.session import ProcessSession
-from stacklens.daemon.textreport import render_report
+from stacklens.render.textreport import render_report
 from stacklens.errors import AttachError
 
 
 def start_workload(seconds: float | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "stacklens.daemon.demo_workload"]
+    cmd = [sys.executable, "-m", "stacklens.cli.demo_workload"]
     if seconds:
         cmd.append(str(seconds))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)

@@ -22,6 +22,7 @@ from stacklens.cct import Snapshot
 from stacklens.daemon.core import check_target
 from stacklens.daemon.session import ProcessSession, process_start
 from stacklens.errors import IncompleteProfile, NoSuchProcess, StacklensError
+from stacklens.render.textreport import window_line
 
 # A window whose CPU samples fall short of rate × CPU time by more than this is reported as an
 # error: sampling itself is within a few percent (docs/benchmarks/oneshot.md).
@@ -132,7 +133,7 @@ def record_command(cmd: list[str], *, agent: bool = False, cpu_hz: int = 99,
     attach, let it run until it exits, drain. Returns (snapshot, the command's exit status).
     `program_stdout`: where the program's standard output goes (None: ours; the CLI gives
     stderr when the profile goes to stdout, so the two never mix)."""
-    from stacklens.daemon.held import HeldCommand
+    from stacklens.cli.held import HeldCommand
 
     say = progress or _silent
     say(f"starting {cmd[0]} (held until the probes are attached)")
@@ -201,23 +202,6 @@ def assess(snap: Snapshot) -> tuple[list[str], IncompleteProfile | None]:
 def _measured(snap: Snapshot) -> bool:
     """Whether the profile holds anything at all (a sample or an event of any measured metric)."""
     return any(snap.total(m) for m in snap.metrics if m not in snap.unavailable)
-
-
-def window_line(w: dict) -> str:
-    late = w.get("events_late")
-    return (f"window: {w['seconds']:.2f}s (monotonic {w['start_ns']}..{w['end_ns']} ns), target CPU "
-            f"{'unknown' if w.get('target_cpu_s') is None else format(w['target_cpu_s'], '.2f') + 's'}, "
-            f"cpu_samples {w.get('cpu_samples', 0)} ({_due(w)} at "
-            f"{w.get('cpu_hz')} Hz), events dropped {w.get('events_dropped', 0)}, late "
-            f"{'unknown (not drained)' if late is None else late}, unjoined {w.get('unjoined', 0)}"
-            + (f", calls cut at the end {w['cut_at_end']}" if w.get("cut_at_end") else "")
-            + (f", syncs still waiting at the end {w['in_flight_at_end']} (counted up to it)"
-               if w.get("in_flight_at_end") else ""))
-
-
-def _due(w: dict) -> str:
-    due = w.get("expected_cpu_samples")
-    return "due unknown" if due is None else f"due ≈{due}"
 
 
 def _why(w: dict) -> str:
