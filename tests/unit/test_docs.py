@@ -124,3 +124,11 @@ def test_every_relative_link_resolves(doc: Path):
         if not (doc.parent / path).exists():
             broken.append(target)
     assert not broken, f"{doc.relative_to(REPO)}: links that resolve to nothing: {broken}"
+
+
+def test_decisions_are_newest_first():
+    """docs/decisions.md says "newest first": the dates of its `## YYYY-MM-DD — …` entries never increase."""
+    dates = re.findall(r"^## (\d{4}-\d{2}-\d{2}) ", (REPO / "docs" / "decisions.md").read_text(), re.M)
+    assert len(dates) > 10, "the decisions page lists its decisions as `## YYYY-MM-DD — title`"
+    late = [(a, b) for a, b in zip(dates, dates[1:]) if b > a]
+    assert not late, f"docs/decisions.md: entries out of order (newest first), older then newer: {late}"
