@@ -17,23 +17,19 @@ import time
 from functools import partial
 from typing import Any
 
-from rich.console import Group
-from rich.syntax import Syntax
-from rich.text import Text
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Input, OptionList, Static, TabbedContent, TabPane
-from textual.widgets.option_list import Option
+from textual.widgets import DataTable, Footer, Header, Input, OptionList, Static, TabbedContent
 
 from stacklens import errors
-from stacklens.introspect.procfs import ProcFS
 from stacklens.tui import model
-from stacklens.tui.model import Advice, Row, Status
+from stacklens.tui.model import Status
+from stacklens.tui.panes import AdvicePane, FlamePane, HotspotCache, HotspotsPane, SourcePane, TreePane, View, put
 from stacklens.tui.source import (
     DaemonProcesses,
     Fetched,
@@ -42,18 +38,13 @@ from stacklens.tui.source import (
     ProcessSource,
     SnapshotSource,
 )
-from stacklens.tui.widgets import CCTView, IcicleView, LineTable, header_text
+from stacklens.tui.widgets import CCTView, IcicleView, LineTable
 
-ADVICE_EVERY_S = 5.0
-HOTSPOTS = 100  # rows of the hotspots table
 KEY_HELP = (
     "t tree  f flame  h hot  a advice  o source  m metric  s sort  w window  d diff  / search  n next"
     "  p pause  e hot path  c chains  x detach  esc back  q quit"
 )
-GC_FULL_EVERY = 1000  # young-generation collections between full ones (Python's default: 10)  # the advice panel re-asks this often while it is open
-
-
-_UNSET = object()
+GC_FULL_EVERY = 1000  # young-generation collections between full ones (Python's default: 10)
 
 
 class SnapshotFetched(Message):
@@ -65,14 +56,11 @@ class SnapshotFetched(Message):
         self.generation = generation
 
 
-class AdviceFetched(Message):
-    def __init__(self, advice: list[Advice] | str) -> None:
-        super().__init__()
-        self.advice = advice
-
-
 class ProfileScreen(Screen):
-    """One process (or file): tree, flame, hotspots, advice and source views of its CCT."""
+    """One process (or file): tree, flame, hotspots, advice and source views of its CCT.
+
+    The views are panes (tui/panes/); the screen fetches, keeps the state they share, handles the
+    keys and routes between the panes (a hotspot or a finding opens its node in the tree)."""
 
     BINDINGS = [
         Binding("t,1", "view('tree')", "tree"),
@@ -122,8 +110,6 @@ class ProfileScreen(Screen):
         self.diff = False
         self.paused = False
         self.collapse_chains = True
-        self.expanded: set = set()
-        self._auto_expand = True
         self.error = ""
         self.note = ""
         self.state = ""
@@ -135,35 +121,25 @@ class ProfileScreen(Screen):
         self._fetched_at = -1e9
         self._fetch_cost = 0.0
         self._retired: list[Any] = []  # replaced snapshots, dropped by the fetch worker
-        self._hot_cache: tuple = ((), [], None)  # (key, hotspots, the snapshot, kept so its id stays unique)
+        self._hot_cache = HotspotCache()
         self._inflight = False
         self._again = False
         self._timer = None
-        self._advice: list[Advice] | str = "press a to load advice"
-        self._advice_paths: list[tuple[str, ...]] = []
-        self._hotspot_nodes: list[int] = []
-        self._advice_at = -1e9
-        self._shown: dict[str, Any] = {}  # what each Static was last given (see _put)
+        self._tree = TreePane("Tree", view=self._view, id="tree")
+        self._flame = FlamePane("Flame", view=self._view, id="flame")
+        self._hot = HotspotsPane("Hotspots", view=self._view, cache=self._hot_cache, id="hotspots")
+        self._advice = AdvicePane("Advice", source=source, id="advice")
+        self._source_pane = SourcePane("Source", id="source")
 
     # ---- layout ------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False, icon="≡")
         with TabbedContent(initial="tree", id="views"):
-            with TabPane("Tree", id="tree"):
-                yield Static(id="tree-header")
-                yield Static(id="tree-empty", classes="empty")
-                yield CCTView(id="cct")
-            with TabPane("Flame", id="flame"):
-                yield IcicleView(id="icicle")
-                yield Static(id="flame-detail", classes="detail")
-            with TabPane("Hotspots", id="hotspots"):
-                yield Static(id="hot-header")
-                yield LineTable(id="hot-table")
-            with TabPane("Advice", id="advice"):
-                yield OptionList(id="advice-list")
-            with TabPane("Source", id="source"):
-                with VerticalScroll(id="source-scroll"):
-                    yield Static(id="source-view")
+            yield self._tree
+            yield self._flame
+            yield self._hot
+            yield self._advice
+            yield self._source_pane
         yield Static(id="banner")
         yield Input(placeholder="search frames (enter: go, esc: cancel)", id="search")
         yield Static(id="status")
@@ -176,7 +152,7 @@ class ProfileScreen(Screen):
         self.sub_title = self.source.name
         self.query_one("#search", Input).display = False
         self.query_one("#banner", Static).display = False
-        self._show_message("waiting for the first profile …")
+        self._tree.show_message("waiting for the first profile …")
         self.query_one(CCTView).focus()
         self.fetch_now()
         if self.source.live:
@@ -234,8 +210,7 @@ class ProfileScreen(Screen):
         self._fetch_cost = time.monotonic() - t0
         snap, metric = fetched.snapshot, self.metric
         if snap is not None and metric in snap.metrics:
-            # off the UI thread: the hotspots table then opens without a scan
-            self._hot_cache = ((id(snap), metric, diff), model.hotspots(snap, metric, k=HOTSPOTS, signed=diff), snap)
+            self._hot_cache.prime(snap, metric, diff)  # off the UI thread: the hotspots open without a scan
         self.post_message(SnapshotFetched(fetched, generation, view, raw))
 
     def on_snapshot_fetched(self, message: SnapshotFetched) -> None:
@@ -263,42 +238,29 @@ class ProfileScreen(Screen):
                 # freed by the next fetch, on the worker thread: dropping 100,000 nodes here
                 # would stall the UI for tens of ms
                 self._retired.append(self.snap)
-                self.query_one(IcicleView).snap = None
+                self._flame.forget()
             self.snap = fetched.snapshot
             if not self.metric or self.metric not in self.snap.metrics:
                 self.metric = model.default_metric(self.snap)
-            if self._auto_expand:
-                self.expanded |= model.hot_path_keys(self.snap, self.metric)
-                self._auto_expand = not self.expanded
+            self._tree.auto_expand(self.snap, self.metric)
         self.refresh_views()
 
     # ---- redrawing ---------------------------------------------------------------------------
+    def _view(self) -> View:
+        return View(self.snap, self.metric, self.diff, self.sort, self.collapse_chains, self._empty_message())
+
     def refresh_views(self, *, keep: model.Key | None = None) -> None:
         self._refresh_tree(keep=keep)
         active = self.query_one(TabbedContent).active
         if active == "flame":
-            self._refresh_flame()
+            self._flame.refresh_flame()
         elif active == "hotspots":
-            self._refresh_hotspots()
+            self._hot.refresh_hotspots()
         elif active == "source":
             self._refresh_source()
-        elif active == "advice" and time.monotonic() - self._advice_at > ADVICE_EVERY_S:
+        elif active == "advice" and self._advice.due():
             self.load_advice()
         self._update_status()
-
-    def _put(self, selector: str, content: Any, *, layout: bool = False, display: bool | None = None) -> None:
-        """Update a Static only if what it shows changed. `layout=False` (the default) is for the
-        one-line bars, whose size never changes: a layout pass re-renders the whole screen, which
-        cost ~60 ms per status update in docs/benchmarks/tui.md."""
-        widget = self.query_one(selector, Static)
-        if self._shown.get(selector, _UNSET) != content:
-            self._shown[selector] = content
-            widget.update(content, layout=layout)
-        if display is not None and widget.display != display:
-            widget.display = display
-
-    def _show_message(self, text: str) -> None:
-        self._put("#tree-empty", text, layout=True, display=bool(text))
 
     def _empty_message(self) -> str:
         if self.snap is None:
@@ -313,112 +275,19 @@ class ProfileScreen(Screen):
         return ""
 
     def _refresh_tree(self, *, keep: model.Key | None = None) -> None:
-        view = self.query_one(CCTView)
-        self._refresh_header()
-        message = self._empty_message()
-        self._show_message(message)
-        if message or self.snap is None:
-            view.set_rows([], self.metric, 0)
-            return
-        if keep is None and view.current is not None:
-            keep = view.current.key
-        rows = model.tree_rows(self.snap, self.metric, self.expanded, sort=self.sort, collapse_chains=self.collapse_chains)
-        cursor = None
-        if keep is not None:
-            cursor = model.row_index_of_key(rows, keep)
-        view.set_rows(rows, self.metric, self.snap.total(self.metric), signed=self.diff, cursor=cursor)
+        self._tree.refresh_tree(keep=keep)
 
     def _refresh_header(self) -> None:
-        width = self.query_one(CCTView).size.width or self.app.size.width
-        self._put("#tree-header", header_text(self.metric, self.sort, width))
+        self._tree.refresh_header(self.metric, self.sort)
 
     def on_resize(self) -> None:
         self.call_after_refresh(self._refresh_header)
 
-    def _refresh_flame(self) -> None:
-        icicle = self.query_one(IcicleView)
-        icicle.set_data(self.snap, self.metric)
-        self._flame_detail(icicle.selected)
-
-    def _flame_detail(self, block: Any) -> None:
-        if block is None or self.snap is None:
-            self._put("#flame-detail", self._empty_message() or "")
-            return
-        total = self.snap.total(self.metric)
-        self._put(
-            "#flame-detail",
-            f"{block.frame.label()}  {model.fmt_value(self.metric, block.value, signed=self.diff)}"
-            f"  {model.fmt_share(abs(block.value), abs(total)).strip()}  (enter: zoom, backspace: out)"
-        )
-
-    def _refresh_hotspots(self) -> None:
-        if self.snap is None:
-            return
-        spots = self._hotspots(self.snap, self.metric, self.diff)
-        cols = [c for c in dict.fromkeys((self.metric, *model.HOTSPOT_METRICS)) if c in self.snap.metrics]
-        widths = [max(11, len(model.metric_label(c))) for c in cols]
-        frame_w = min(40, max([len(model.frame_text(h.frame)) for h in spots] + [5]))
-        head = Text(no_wrap=True, style="bold")
-        for c, w in zip(cols, widths):
-            head.append(model.metric_label(c).rjust(w) + "  ")
-        head.append("frame".ljust(frame_w) + "  context")
-        self._put("#hot-header", head)
-        lines = []
-        for h in spots:
-            t = Text(no_wrap=True)
-            for c, w in zip(cols, widths):
-                if c in self.snap.unavailable:
-                    t.append("unavailable".rjust(w) + "  ", style="dim")
-                else:
-                    t.append(model.fmt_value(c, h.values.get(c, 0), signed=self.diff).rjust(w) + "  ")
-            name = model.frame_text(h.frame)
-            name = name if len(name) <= frame_w else name[: frame_w - 1] + "…"
-            t.append(name.ljust(frame_w), style=model.KIND_STYLE.get(h.frame.kind, ""))
-            t.append("  " + h.context, style="dim")
-            lines.append(t)
-        self._hotspot_nodes = [h.node for h in spots]
-        table = self.query_one("#hot-table", LineTable)
-        table.set_lines(lines)
-        if not spots:
-            table.set_lines([Text(self._empty_message() or f"no exclusive {model.metric_label(self.metric)} anywhere", style="dim")])
-            self._hotspot_nodes = []
-
-    def _hotspots(self, snap: Any, metric: str, diff: bool) -> list[model.Hotspot]:
-        """Hotspots of a snapshot, computed once (an O(nodes) scan: ~50 ms at 100,000 nodes)."""
-        key = (id(snap), metric, diff)
-        if self._hot_cache[0] != key:
-            self._hot_cache = (key, model.hotspots(snap, metric, k=HOTSPOTS, signed=diff), snap)
-        return self._hot_cache[1]
-
-    def _selected_node(self) -> int | None:
-        row = self.query_one(CCTView).current
-        if row is None or row.more:
-            return None
-        return row.node
-
     def _refresh_source(self) -> None:
-        view = self.query_one("#source-view", Static)
-        node = self._selected_node()
-        if self.snap is None or node is None:
-            view.update("select a row in the tree (t) first")
-            return
-        frame = model.nearest_python(self.snap, node)
-        roots = [str(ProcFS().root_dir(self.pid)), ""] if self.pid else [""]   # the target's files first
-        ex = model.source_excerpt(frame, roots=roots)
-        if ex.message:
-            view.update(Text(ex.message, style="dim"))
-            return
-        syntax = Syntax(
-            "\n".join(ex.lines),
-            "python",
-            line_numbers=True,
-            start_line=ex.first_line,
-            highlight_lines={frame.line},
-            theme="ansi_dark",
-            word_wrap=False,
-        )
-        head = Text(f"{frame.name}  {ex.path}:{frame.line}", style="bold green")
-        view.update(Group(head, syntax))
+        self._source_pane.show(self.snap, self._tree.selected_node(), self.pid)
+
+    def load_advice(self) -> None:
+        self._advice.load(self.window_s, self.raw)
 
     def _update_status(self) -> None:
         unavailable = tuple(sorted(self.snap.unavailable)) if self.snap is not None else ()
@@ -436,8 +305,8 @@ class ProfileScreen(Screen):
             message=self.note,
             view=self.view_mode,
         )
-        self._put("#status", model.status_text(status))
-        self._put("#banner", self.error, layout=True, display=bool(self.error))
+        put(self.query_one("#status", Static), model.status_text(status))
+        put(self.query_one("#banner", Static), self.error, layout=True, display=bool(self.error))
 
     # ---- actions -----------------------------------------------------------------------------
     def action_view(self, view: str) -> None:
@@ -456,9 +325,9 @@ class ProfileScreen(Screen):
         if focus is not None:
             self.query_one(focus).focus()
         if view == "flame":
-            self._refresh_flame()
+            self._flame.refresh_flame()
         elif view == "hotspots":
-            self._refresh_hotspots()
+            self._hot.refresh_hotspots()
         elif view == "source":
             self._refresh_source()
             self.query_one("#source-scroll").focus()
@@ -467,16 +336,14 @@ class ProfileScreen(Screen):
 
     def action_metric(self, step: int) -> None:
         self.metric = model.next_metric(self.snap, self.metric, step)
-        if self.snap is not None and not (self.expanded & model.hot_path_keys(self.snap, self.metric, max_depth=1)):
-            self.expanded |= model.hot_path_keys(self.snap, self.metric)
+        self._tree.expand_hot_if_hidden(self.snap, self.metric)
         self.refresh_views()
 
     def action_model_view(self) -> None:
         """Model view <-> full view: the next fetch comes in the other one; frames differ between
         the two, so the hot path is expanded afresh."""
         self.view_mode = model.other_view(self.view_mode)
-        self.expanded = set()
-        self._auto_expand = True
+        self._tree.reset_expansion()
         self._refetch_view()
 
     def action_sort(self) -> None:
@@ -551,12 +418,7 @@ class ProfileScreen(Screen):
             return
         if not self.snap.inclusive(node, self.metric):
             self.note = f"{self.snap.frame_of(node).label()} has no {model.metric_label(self.metric)}; press m"
-        self.expanded |= model.ancestor_keys(self.snap, node)
-        self._refresh_tree()
-        view = self.query_one(CCTView)
-        idx = model.row_index_of(view.rows, node)
-        if idx is not None:
-            view.move_to(idx)
+        self._tree.reveal(self.snap, node)
         self._update_status()
 
     def action_next_match(self, step: int) -> None:
@@ -584,42 +446,20 @@ class ProfileScreen(Screen):
             return
         self.app.detach(self.pid)
 
-    # ---- tree and view events ----------------------------------------------------------------
-    @on(CCTView.Toggle)
-    def _toggle(self, event: CCTView.Toggle) -> None:
-        row: Row = event.row
-        if row.more or not row.has_children:
-            return
-        expand = (not row.expanded) if event.expand is None else event.expand
-        if expand:
-            self.expanded.add(row.key)
-        else:
-            self.expanded = {k for k in self.expanded if k[: len(row.key)] != row.key}
-        self._auto_expand = False
-        self._refresh_tree(keep=row.key)
-
-    @on(CCTView.ExpandHot)
-    def _expand_hot(self, event: CCTView.ExpandHot) -> None:
-        if self.snap is not None:
-            self.expanded.add(event.row.key)
-            self.expanded |= {event.row.key + k[len(event.row.key) :] for k in model.hot_path_keys(self.snap, self.metric, event.row.node)}
-            self._refresh_tree(keep=event.row.key)
-
-    @on(IcicleView.Selected)
-    def _flame_selected(self, event: IcicleView.Selected) -> None:
-        self._flame_detail(event.block)
-
+    # ---- routing between panes ---------------------------------------------------------------
     @on(LineTable.Selected, "#hot-table")
     def _hotspot_selected(self, event: LineTable.Selected) -> None:
-        if 0 <= event.index < len(self._hotspot_nodes):
+        node = self._hot.node_at(event.index)
+        if node is not None:
             self.action_view("tree")
-            self.reveal(self._hotspot_nodes[event.index])
+            self.reveal(node)
 
     @on(OptionList.OptionSelected, "#advice-list")
     def _advice_selected(self, event: OptionList.OptionSelected) -> None:
-        if self.snap is None or not 0 <= event.option_index < len(self._advice_paths):
+        path = self._advice.path_at(event.option_index)
+        if self.snap is None or path is None:
             return
-        node = self.snap.find(list(self._advice_paths[event.option_index]))
+        node = self.snap.find(list(path))
         if node is None:
             self.note = ("that path is in the full view: press v" if self.view_mode == model.MODEL
                          else "that path is not in the current profile")
@@ -627,46 +467,6 @@ class ProfileScreen(Screen):
             return
         self.action_view("tree")
         self.reveal(node)
-
-    # ---- advice ------------------------------------------------------------------------------
-    def load_advice(self) -> None:
-        self._advice_at = time.monotonic()
-        if isinstance(self._advice, str):
-            self._show_advice("loading advice …")
-        self.run_worker(partial(self._advice_worker, self.window_s, self.raw), thread=True, group="advice", exclusive=True, exit_on_error=False)
-
-    def _advice_worker(self, window_s: float | None, snap: Any) -> None:
-        try:
-            advice = self.source.advice(window_s, snap)
-        except Exception as e:  # noqa: BLE001
-            advice = f"advice failed: {type(e).__name__}: {e}"
-        self.post_message(AdviceFetched(advice))
-
-    def on_advice_fetched(self, message: AdviceFetched) -> None:
-        self._show_advice(message.advice)
-
-    def _show_advice(self, advice: list[Advice] | str) -> None:
-        self._advice = advice
-        ol = self.query_one("#advice-list", OptionList)
-        keep = ol.highlighted or 0
-        ol.clear_options()
-        self._advice_paths = []
-        if isinstance(advice, str):
-            ol.add_option(Option(Text(advice, style="dim"), disabled=True))
-            return
-        if not advice:
-            ol.add_option(Option(Text("no findings: the rules flag nothing in this profile", style="dim"), disabled=True))
-            return
-        colours = {"critical": "bold red", "high": "red", "warning": "yellow", "medium": "yellow"}
-        for a in model.sort_advice(advice):
-            lines = model.advice_lines(a)
-            t = Text()
-            t.append(lines[0], style=colours.get(a.severity.lower(), "bold"))
-            for ln in lines[1:]:
-                t.append("\n" + ln, style="green" if ln.lstrip().startswith("fix:") else "")
-            ol.add_option(Option(t))
-            self._advice_paths.append(a.path)
-        ol.highlighted = min(keep, len(advice) - 1)
 
 
 class ProcessListScreen(Screen):
