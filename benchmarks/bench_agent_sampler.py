@@ -363,8 +363,10 @@ def _thread_counters(pid: int, tid: int) -> tuple[float, int]:
 
 
 def measure(kind: str, variants: dict, rounds: int, window: float) -> dict:
-    from stacklens.inject import AgentServer, AgentStats, PySample, inject_agent
-    from stacklens.inject import server as server_mod
+    from stacklens.inject.channel import server as server_mod
+    from stacklens.inject.channel.server import AgentServer
+    from stacklens.inject.injector import inject_agent
+    from stacklens.records.agent import AgentStats, PySample
 
     t = Target(kind)
     pid = t.p.pid
@@ -499,7 +501,7 @@ def main() -> None:
         if args.micro:
             return run_micro(args.micro, spec)
         return run_inproc(args.inproc, spec, args.rounds, args.window)
-    from stacklens.inject import server as server_mod
+    from stacklens.inject.channel import server as server_mod
     work = server_mod.AGENT_SRC
     known = {"none": (None, None), "base": (_agent_tree(args.base), args.hz), "new": (work, args.hz),
              "idle": (work, 0.1)}

@@ -17,7 +17,9 @@ import threading
 import time
 from pathlib import Path
 
-from stacklens.inject import AgentServer, PySample, inject_agent
+from stacklens.inject.channel.server import AgentServer
+from stacklens.inject.injector import inject_agent
+from stacklens.records.agent import PySample
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ROOT / "tests" / "targets"

@@ -14,7 +14,8 @@ class AgentLink:
                  gpu_api_records: bool = False, config: dict | None = None) -> None:
         """``config``: more agent settings (inject/agent DEFAULTS keys, e.g. ``{"gpu": False}``);
         the agent ignores keys it does not know. ``sample_hz`` None: the agent's default rate."""
-        from stacklens.inject import AgentServer, inject_agent
+        from stacklens.inject.channel.server import AgentServer
+        from stacklens.inject.injector import inject_agent
 
         self.pid = pid
         # the explicit arguments win: the session's join is built for them

@@ -254,7 +254,7 @@ class StacklensDaemon:
     def _clean_agent_leftovers(self) -> None:
         """Agent files (lock, socket, code with its bootstrap token) that a killed daemon left,
         removed now rather than at some later attach; live servers' files, of any daemon, stay."""
-        from stacklens.inject.server import clean_stale_files
+        from stacklens.inject.channel.agentdir import clean_stale_files
 
         try:
             n = clean_stale_files(getattr(self.daemon, "procfs", None))

@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol
 from stacklens.cct import Snapshot
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.errors import NoSuchProcess, StacklensError
-from stacklens.inject.gpu import VENDORS, Vendor, pick_join, vendor_for
+from stacklens.inject.channel.gpu import VENDORS, Vendor, pick_join, vendor_for
 from stacklens.introspect.procfs import ProcFS, pid_alive
 from stacklens.textsafe import safe_text
 

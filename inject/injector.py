@@ -27,7 +27,7 @@ from stacklens.inject.bootstrap import THREAD_NAME, pending_call_text, script_fi
 from stacklens.introspect.cpython import PythonTarget, find_python
 from stacklens.introspect.memory import RemoteMemory
 from stacklens.introspect.procfs import ProcFS
-from stacklens.inject.server import AgentServer, server_for
+from stacklens.inject.channel.server import AgentServer, server_for
 
 MIN_VERSION = (3, 10)
 PEP768_VERSION = (3, 14)

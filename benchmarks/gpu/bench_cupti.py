@@ -21,7 +21,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from stacklens.introspect.demangle import demangle
-from stacklens.inject import AgentServer, AgentStats, KernelRecord, Note, inject_agent
+from stacklens.inject.channel.server import AgentServer
+from stacklens.inject.injector import inject_agent
+from stacklens.records.agent import AgentStats, KernelRecord, Note
 
 TARGET = Path(__file__).resolve().parents[2] / "tests" / "targets" / "inject_cuda.py"
 

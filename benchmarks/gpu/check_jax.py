@@ -451,7 +451,8 @@ def check(a) -> int:
 def _check(a, res: dict, out_dir: Path, work: Path, t0: float) -> int:
     _importable_stacklens()
     from stacklens.daemon.join.jaxjoin import COMPILE_METRIC, JaxIndex, sanitize
-    from stacklens.inject import AgentServer, inject_agent
+    from stacklens.inject.channel.server import AgentServer
+    from stacklens.inject.injector import inject_agent
     from stacklens.records.agent import AgentStats, CompileRecord, HloMapRecord, KernelRecord, Note
 
     env = dict(os.environ)

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from stacklens.inject.server import HOST_AGENT_DIR
+from stacklens.inject.channel.agentdir import HOST_AGENT_DIR
 from tests.bpf.test_daemon_robust import Stacklensd, cli_all
 
 TARGETS = 8

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from stacklens.inject import AgentServer, inject_agent
+from stacklens.inject.channel.server import AgentServer
+from stacklens.inject.injector import inject_agent
 from stacklens.records.agent import HloMapRecord, InductorRecord
 from tests.integration.test_inject import threads, wait_for  # noqa: F401  (skips without ptrace)
 

@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 
 from stacklens.errors import AlreadyAttached
-from stacklens.inject.server import AgentServer, clean_stale_files
+from stacklens.inject.channel.agentdir import clean_stale_files
+from stacklens.inject.channel.server import AgentServer
 
 pytestmark = pytest.mark.integration
 
 WORKER = r"""
 import os, sys
-from stacklens.inject.server import AgentServer
+from stacklens.inject.channel.server import AgentServer
 d, rounds = sys.argv[1], int(sys.argv[2])
 sys.stdin.readline()                       # the start signal: all workers race from here
 problems = []
@@ -103,10 +104,10 @@ def test_a_live_servers_files_survive_a_sweep_and_a_held_pid_is_refused(tmp_path
 
 
 def test_clean_stale_files_keeps_live_servers_and_creates_nothing(tmp_path, monkeypatch):
-    from stacklens.inject import server
+    from stacklens.inject.channel import agentdir
 
     d = tmp_path / "agents"
-    monkeypatch.setattr(server, "HOST_AGENT_DIR", d)
+    monkeypatch.setattr(agentdir, "HOST_AGENT_DIR", d)
     assert clean_stale_files() == 0 and not d.exists()      # no directory: none made
     with AgentServer(os.getpid(), d):
         _leave_stale(d, 1)
@@ -119,9 +120,9 @@ def test_clean_stale_files_keeps_live_servers_and_creates_nothing(tmp_path, monk
 def test_clean_stale_files_sweeps_the_agent_directory_inside_another_root(tmp_path, monkeypatch):
     """A target in a chroot (as in a container) has its agent directory inside its root: the
     start-up sweep finds it through the process and removes stale files there, not live ones."""
-    from stacklens.inject import server
+    from stacklens.inject.channel import agentdir
 
-    monkeypatch.setattr(server, "HOST_AGENT_DIR", tmp_path / "no-host-dir")
+    monkeypatch.setattr(agentdir, "HOST_AGENT_DIR", tmp_path / "no-host-dir")
     root = tmp_path / "root"
     (root / "tmp").mkdir(parents=True)
     d = root / "tmp" / ".stacklens-agents"

@@ -25,8 +25,9 @@ import pytest
 from stacklens.cct.window import DEFAULT_MAX_BYTES
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.errors import AttachError
-from stacklens.inject import AgentServer, PySample, inject_agent
-from stacklens.inject.server import MAX_QUEUED_BYTES
+from stacklens.inject.channel.server import MAX_QUEUED_BYTES, AgentServer
+from stacklens.inject.injector import inject_agent
+from stacklens.records.agent import PySample
 
 pytestmark = pytest.mark.integration
 
@@ -348,7 +349,7 @@ def test_files_of_a_killed_daemon_are_cleaned_at_the_next_attach(tmp_path):
     victim = start([PY, "-c", LOOP])
     other = start([PY, "-c", LOOP])
     # a 'daemon' serving the victim, killed with SIGKILL: its lock, socket and code stay behind
-    daemon = start([PY, "-c", "import sys, time\nfrom stacklens.inject import AgentServer\n"
+    daemon = start([PY, "-c", "import sys, time\nfrom stacklens.inject.channel.server import AgentServer\n"
                     f"srv = AgentServer({victim.pid}, {str(d)!r})\nprint('ready', flush=True)\ntime.sleep(600)\n"])
     try:
         left = {f"agent-{victim.pid}.lock", f"agent-{victim.pid}.sock", f"agent-{victim.pid}-code"}

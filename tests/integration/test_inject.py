@@ -20,7 +20,9 @@ import pytest
 
 import stacklens
 from stacklens.errors import Timeout
-from stacklens.inject import AgentServer, PySample, inject_agent
+from stacklens.inject.channel.server import AgentServer
+from stacklens.inject.injector import inject_agent
+from stacklens.records.agent import PySample
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,9 @@ import pytest
 
 from stacklens.errors import (AlreadyAttached, AttachError, InputError, NoSuchProcess, NotApplicable,
                               PermissionDenied, UnsupportedVersion)
-from stacklens.inject import AgentServer, PySample, inject_agent
+from stacklens.inject.channel.server import AgentServer
+from stacklens.inject.injector import inject_agent
+from stacklens.records.agent import PySample
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,9 @@ import pytest
 pytest.importorskip("jax")
 
 from stacklens.daemon.join.joiner import Joiner  # noqa: E402
-from stacklens.inject import AgentServer, Note, PySample, inject_agent  # noqa: E402
+from stacklens.inject.channel.server import AgentServer  # noqa: E402
+from stacklens.inject.injector import inject_agent  # noqa: E402
+from stacklens.records.agent import Note, PySample  # noqa: E402
 from stacklens.records.agent import CompileRecord, HloMapRecord  # noqa: E402
 from tests.integration.test_inject import Target, threads  # noqa: E402  (skips without ptrace)
 

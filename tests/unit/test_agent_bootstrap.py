@@ -8,7 +8,8 @@ import sys
 import threading
 import time
 
-from stacklens.inject import AgentHello, AgentServer, PySample
+from stacklens.inject.channel.server import AgentServer
+from stacklens.records.agent import AgentHello, PySample
 from stacklens.inject.agent import Agent, Channel
 from stacklens.inject.bootstrap import THREAD_NAME, bootstrap_body, pending_call_text
 
@@ -125,7 +126,7 @@ def test_kernel_rows_travel_with_a_per_message_name_table():
     gets the same records back."""
     from stacklens.inject.agent import wire
     from stacklens.records.agent import KernelRecord
-    from stacklens.inject.server import parse_message
+    from stacklens.inject.channel.messages import parse_message
 
     a, b = socket.socketpair()
     try:

@@ -184,7 +184,7 @@ def test_pthread_ids_are_mapped_when_system_ids_are_unavailable():
 
 
 def test_rows_pass_the_daemon_validation():
-    from stacklens.inject.server import parse_message
+    from stacklens.inject.channel.messages import parse_message
     c, lib, notes, rows = make()
     c.start(lambda k, r: rows.append((k, r)))
     K = ActivityKind

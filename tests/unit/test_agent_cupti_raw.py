@@ -164,12 +164,12 @@ def test_agent_queues_raw_buffers_by_bytes_and_sends_the_layout_first():
 
 
 def test_round_trip_agent_frames_parsed_by_the_daemon_with_names_from_target_memory():
-    """What the collector sinks, parsed by the daemon's CUPTI decoder (inject/gpu/cupti.py) exactly as the server does; the
+    """What the collector sinks, parsed by the daemon's CUPTI decoder (inject/channel/gpu/cupti.py) exactly as the server does; the
     kernel name pointer points into this process's memory (the daemon reads /proc/PID/mem)."""
     import ctypes
     import os
 
-    from stacklens.inject.gpu.cupti import NameReader, parse_layout, parse_raw
+    from stacklens.inject.channel.gpu.cupti import NameReader, parse_layout, parse_raw
     from stacklens.records.agent import KernelRecord, MemcpyRecord
 
     name = ctypes.create_string_buffer(b"void gemm_kernel<float>(int)")

@@ -11,7 +11,7 @@ import weakref
 
 from stacklens.inject.agent import Agent, _SampleBatch, wire
 from stacklens.inject.agent.sampler import Sampler
-from stacklens.inject.server import parse_message
+from stacklens.inject.channel.messages import parse_message
 
 
 def _spin_in_marker(stop):

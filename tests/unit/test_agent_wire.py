@@ -3,7 +3,8 @@
 import pytest
 
 from stacklens.records.agent import ApiRecord, KernelRecord, MemcpyRecord, Note, PySample, SyncRecord
-from stacklens.inject.server import ProtocolError, parse_message
+from stacklens.inject.channel.messages import parse_message
+from stacklens.inject.channel.validate import ProtocolError
 
 
 def test_samples_share_stacks():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import stacklens.inject as inject
+from stacklens.inject import injector
+from stacklens.inject.channel import server
 from stacklens.daemon.agentlink import AgentLink
 
 
@@ -23,8 +24,8 @@ class FakeServer:
 def fakes(monkeypatch):
     FakeServer.made = []
     injected = []
-    monkeypatch.setattr(inject, "AgentServer", FakeServer)
-    monkeypatch.setattr(inject, "inject_agent",
+    monkeypatch.setattr(server, "AgentServer", FakeServer)
+    monkeypatch.setattr(injector, "inject_agent",
                         lambda pid, *, socket_path, timeout_s: injected.append((pid, socket_path)) or "ok")
     return injected
 
@@ -49,7 +50,7 @@ def test_a_failed_injection_closes_the_server(monkeypatch, fakes):
     def fail(pid, *, socket_path, timeout_s):
         raise RuntimeError("ptrace refused")
 
-    monkeypatch.setattr(inject, "inject_agent", fail)
+    monkeypatch.setattr(injector, "inject_agent", fail)
     with pytest.raises(RuntimeError):
         AgentLink(125)
     assert FakeServer.made[0].closed

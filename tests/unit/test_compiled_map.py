@@ -15,9 +15,9 @@ from stacklens.cct import Frame
 from stacklens.daemon.join.compiled import InductorIndex, build_map, parse_trace
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.inject.agent import inductor as agent_inductor
-from stacklens.inject.inductor import parse_inductor
+from stacklens.inject.channel.inductor import parse_inductor
 from stacklens.records.agent import PySample
-from stacklens.inject.validate import ProtocolError
+from stacklens.inject.channel.validate import ProtocolError
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = ROOT / "tests" / "data" / "inductor" / "compiled_mlp_cpu.json"

@@ -1,7 +1,7 @@
 """CUPTI copy and memset records (CUpti_ActivityMemcpy6 / CUpti_ActivityMemset4) from the header
 to the daemon's records: the ctypes mirrors (tests/fakes/cupti_records.py) against the installed
 cupti_activity.h, then the agent's layout taken from record dtypes, raw buffers of such records
-parsed by inject/gpu/cupti.py (direction, memory kinds, graph ids, in-flight records)."""
+parsed by inject/channel/gpu/cupti.py (direction, memory kinds, graph ids, in-flight records)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from stacklens.inject.gpu import cupti as cr
+from stacklens.inject.channel.gpu import cupti as cr
 from stacklens.inject.agent import wire
 from stacklens.records.agent import KernelRecord, MemcpyRecord
 from tests.fakes import cupti_records as cu

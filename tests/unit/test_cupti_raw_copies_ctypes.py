@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from stacklens.inject.gpu import cupti as cr
+from stacklens.inject.channel.gpu import cupti as cr
 from stacklens.inject.agent.gpu import cupti as cupti_mod
 from stacklens.records.agent import KernelRecord, MemcpyRecord
 from tests.fakes import cupti_records as cu

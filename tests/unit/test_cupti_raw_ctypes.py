@@ -80,7 +80,7 @@ def test_verified_buffers_stay_in_place_until_the_daemon_frees_them(libcupti):
     returns it to the pool; beyond max_shipped buffers fall back to the copy path."""
     import os
 
-    from stacklens.inject.gpu.cupti import NameReader
+    from stacklens.inject.channel.gpu.cupti import NameReader
 
     copied, refs = [], []
     cb = cupti_mod._ctypes_callbacks(libcupti, lambda data, offs: copied.append(data), lambda: False)
@@ -129,7 +129,7 @@ def test_agent_and_daemon_move_buffers_in_place_end_to_end(libcupti, tmp_path):
     import socket
     import time
 
-    from stacklens.inject import AgentServer
+    from stacklens.inject.channel.server import AgentServer
     from stacklens.inject.agent import Agent, wire
     from tests.unit.test_cuptiraw import K_KERNEL, KERNEL_SIZE, LAYOUT, OFF, kernel, pack_sizes
 

@@ -1,4 +1,4 @@
-"""Raw CUPTI buffers on the daemon side (inject/gpu/cupti.py, AgentServer): strict layout and header
+"""Raw CUPTI buffers on the daemon side (inject/channel/gpu/cupti.py, AgentServer): strict layout and header
 validation, both walk modes, kernel names read from real /proc/PID/mem, hostile input."""
 
 import copy
@@ -11,10 +11,11 @@ import time
 
 import pytest
 
-from stacklens.inject.gpu import cupti as cr
+from stacklens.inject.channel.gpu import cupti as cr
 from stacklens.inject.agent import wire
 from stacklens.records.agent import KernelRecord, MemcpyRecord
-from stacklens.inject.server import MAX_STR, AgentServer, ProtocolError
+from stacklens.inject.channel.server import AgentServer
+from stacklens.inject.channel.validate import MAX_STR, ProtocolError
 
 K_KERNEL, K_MEMCPY, K_MEMSET = 10, 1, 2
 KERNEL_SIZE, MEMCPY_SIZE, MEMSET_SIZE = 200, 64, 56
@@ -384,10 +385,10 @@ def test_oversize_and_pre_hello_raw_frames(tmp_path):
         srv.close()
 
 
-def test_server_reexports_protocol_error():
-    from stacklens.inject import server
-    assert server.ProtocolError is cr.ProtocolError and server.MAX_STR == cr.MAX_STR
-    assert "cupti_layout" in server.KNOWN_KINDS and "cupti_raw" in server.KNOWN_KINDS
+def test_one_protocol_error_and_the_raw_kinds_are_known():
+    from stacklens.inject.channel import messages
+    assert messages.ProtocolError is cr.ProtocolError and messages.MAX_STR == cr.MAX_STR
+    assert "cupti_layout" in messages.KNOWN_KINDS and "cupti_raw" in messages.KNOWN_KINDS
     json.dumps(LAYOUT)
 
 

@@ -1,6 +1,7 @@
-"""GPU vendors as pairs (inject/gpu): every registered vendor has a collector in the agent's tree
+"""GPU vendors as pairs (inject/channel/gpu): every registered vendor has a collector in the agent's tree
 and a decoder on the daemon side, declares its joins, and the session picks its join from that
-declaration; the injected agent loads each collector from its folder."""
+declaration; the agent server hands every GPU message to the declared decoder; the injected agent
+loads each collector from its folder."""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from stacklens.inject import AgentServer
-from stacklens.inject import gpu as vendors
+from stacklens.inject.channel.server import AgentServer
+from stacklens.inject.channel import gpu as vendors
 from stacklens.inject.agent import gpu as agent_gpu
-from stacklens.inject.gpu import JOINS, VENDORS, Vendor, pick_join, vendor_for
-from stacklens.inject.gpu.rows import ROW_KINDS
+from stacklens.inject.agent import wire
+from stacklens.inject.channel.gpu import JOINS, VENDORS, Connection, Vendor, pick_join, route, vendor_for
+from stacklens.inject.channel.gpu.rows import ROW_KINDS
+from stacklens.records.agent import ApiRecord, KernelRecord, MemcpyRecord, Note, SyncRecord
+from tests.unit.test_cuptiraw import LAYOUT, _connect, _wait, hdr, kernel, pack_sizes
 
 REPO = Path(__file__).parents[2]
 
@@ -28,13 +32,14 @@ def test_each_vendor_has_both_halves_and_declares_capabilities():
     for name, v in VENDORS.items():
         assert v.name == name
         assert (REPO / "inject/agent/gpu" / f"{name}.py").is_file()      # collector: agent tree
-        assert (REPO / "inject/gpu" / f"{name}.py").is_file()            # decoder: daemon side
+        assert (REPO / "inject/channel/gpu" / f"{name}.py").is_file()    # decoder: daemon side
         collector = importlib.import_module("stacklens.inject.agent." + v.collector)
         cls = getattr(collector, classes[name])
         assert cls.name == name
         for method in ("start", "poll", "stop", "stats"):
             assert callable(getattr(cls, method)), (name, method)
-        decoder = importlib.import_module(v.decoder)
+        decoder = v.decoder
+        assert decoder is importlib.import_module(v.decoder_module)
         assert callable(decoder.decode) and decoder.MESSAGES
         assert v.joins and set(v.joins) <= set(JOINS) and len(set(v.joins)) == len(v.joins)
         assert type(v.raw_buffers) is bool
@@ -55,6 +60,86 @@ def test_collectors_import_nothing_of_stacklens():
                 assert node.level == 0 and not (node.module or "").startswith("stacklens"), (name, node.module)
             elif isinstance(node, ast.Import):
                 assert not any(a.name.startswith("stacklens") for a in node.names), name
+
+
+ROWS = [{"t": "kernel", "n": ["k"], "r": [[0, 10, 20, 0, 7, 1, 1, 1, 1, 1, 1, 1, 0]]},
+        {"t": "api", "r": [["runtime", "cudaLaunchKernel", 5, 1, 9, 1, 211]]},
+        {"t": "memcpy", "r": [["HtoD", 64, 30, 40, 0, 7, 2]]},
+        {"t": "sync", "r": [["stream", 50, 60, 7, 3]]}]
+
+
+def _spy(monkeypatch, vendor: Vendor) -> list:
+    """Every (kind, message) the declared decoder of ``vendor`` is handed."""
+    seen = []
+    decode = vendor.decoder.decode
+
+    def spy(t, msg, conn):
+        seen.append((t, msg if type(msg) is bytes else msg.get("t")))
+        return decode(t, msg, conn)
+    monkeypatch.setattr(vendor.decoder, "decode", spy)
+    return seen
+
+
+def test_the_server_hands_every_gpu_message_to_the_declared_decoder(tmp_path, monkeypatch):
+    """Rows, CUPTI's layout, a raw frame and a buffer read in place all reach
+    ``VENDORS["cupti"].decoder.decode``: the records come out of it, nothing bypasses it."""
+    import ctypes
+
+    seen = _spy(monkeypatch, VENDORS["cupti"])
+    rocm_seen = _spy(monkeypatch, VENDORS["rocm"])
+    srv = AgentServer(os.getpid(), tmp_path / "agents")
+    try:
+        c = _connect(srv)
+        data = pack_sizes([kernel(8, 30, 40)])
+        buf = ctypes.create_string_buffer(data, len(data))
+        raw = wire.encode_raw(hdr(), pack_sizes([kernel(7, 10, 20)]))
+        for m in [*ROWS, LAYOUT]:
+            c.sendall(wire.encode(m))
+        c.sendall(raw)
+        c.sendall(wire.encode({"t": "cupti_ref", "h": hdr(), "a": ctypes.addressof(buf), "n": len(data)}))
+        c.sendall(wire.encode({"t": "note", "level": "info", "msg": "after", "t_ns": 1}))
+        assert _wait(lambda: srv.stats().get("records", 0) >= 1 + 4 + 2 + 1)
+        recs = srv.poll()[1:]
+        c.close()
+    finally:
+        srv.close()
+    assert [type(r) for r in recs] == [KernelRecord, ApiRecord, MemcpyRecord, SyncRecord, KernelRecord, KernelRecord,
+                                       Note]
+    assert [t for t, _ in seen] == ["kernel", "api", "memcpy", "sync", "cupti_layout", "cupti_raw", "cupti_ref"]
+    assert seen[5][1] == raw[4:]                # the raw frame as it came, without its length
+    assert rocm_seen == []
+
+
+def test_a_registered_vendors_decoder_decodes_what_it_declares(tmp_path, monkeypatch):
+    """A vendor added to the declaration decodes its kinds without a change to the server; rows
+    (which every collector may send) follow the connection's vendor once one of its own kinds
+    named it."""
+    fake = types.ModuleType("_stacklens_fake_gpu_decoder")
+    fake.MESSAGES = ROW_KINDS + ("fake_stats",)
+    got = []
+
+    def decode(t, msg, conn):
+        got.append(t)
+        return [Note("info", f"fake {t}", 0)]
+    fake.decode = decode
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setitem(VENDORS, "fake", Vendor("fake", joins=("order",), raw_buffers=False, module=fake.__name__))
+    conn = Connection(1)
+    assert route("kernel", conn) is VENDORS["cupti"] and conn.vendor is None      # shared, first declared
+    assert route("fake_stats", conn) is VENDORS["fake"] and conn.vendor is VENDORS["fake"]
+    assert route("kernel", conn) is VENDORS["fake"] and route("note", conn) is None
+    srv = AgentServer(os.getpid(), tmp_path / "agents")
+    try:
+        c = _connect(srv)
+        for m in [{"t": "fake_stats"}, *ROWS]:
+            c.sendall(wire.encode(m))
+        assert _wait(lambda: srv.stats().get("records", 0) >= 1 + 5)
+        recs = srv.poll()[1:]
+        c.close()
+    finally:
+        srv.close()
+    assert got == ["fake_stats", "kernel", "api", "memcpy", "sync"]
+    assert [r.message for r in recs] == [f"fake {t}" for t in got]
 
 
 def test_vendor_for_follows_the_agents_own_choice():

@@ -1,5 +1,5 @@
-"""Shared pieces of the daemon side of the agent channel: the strict checks (inject/validate.py) that
-server.py and inject/gpu/cupti.py both use, memory.read_cstring (NameReader's page-by-page reader), and the
+"""Shared pieces of the daemon side of the agent channel: the strict checks (inject/channel/validate.py)
+that messages.py and the GPU decoders (inject/channel/gpu/) use, memory.read_cstring (NameReader's page-by-page reader), and the
 injector's /proc reading of agent threads through ProcFS."""
 
 import ctypes
@@ -8,25 +8,26 @@ import os
 import pytest
 
 from stacklens.errors import NoSuchProcess
-from stacklens.inject import server, validate
-from stacklens.inject.gpu import cupti as cuptiraw
+from stacklens.inject.channel import messages, validate
+from stacklens.inject.channel.gpu import cupti as cuptiraw
+from stacklens.inject.channel.gpu import rows
 from stacklens.inject.agent import wire
 from stacklens.inject.injector import _agent_threads, _blocked_reason, _syscall_desc
 from stacklens.introspect.memory import PAGE, ProcMem, read_cstring
 from tests.fakes.memory import FakeMemory
-from stacklens.inject.validate import (ProtocolError, check_choice, check_dict, check_int, check_list,
+from stacklens.inject.channel.validate import (ProtocolError, check_choice, check_dict, check_int, check_list,
                                        check_message, check_num, check_row, check_str)
 from stacklens.introspect.procfs import ProcFS
 
 
 def test_one_protocol_error_and_limits_everywhere():
-    assert server.ProtocolError is cuptiraw.ProtocolError is validate.ProtocolError
+    assert messages.ProtocolError is cuptiraw.ProtocolError is rows.ProtocolError is validate.ProtocolError
     assert issubclass(ProtocolError, ValueError)
-    assert server.MAX_STR == cuptiraw.MAX_STR == validate.MAX_STR == 8192
-    assert server.MAX_INT == cuptiraw.MAX_INT == (1 << 63) - 1
-    assert server.MAX_BATCH == 20000
-    assert server.MEMCPY_KINDS == ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "memset", "other")
-    assert server.MEMCPY_KINDS[:len(wire.RAW_COPY_KINDS)] == wire.RAW_COPY_KINDS
+    assert messages.MAX_STR == cuptiraw.MAX_STR == validate.MAX_STR == 8192
+    assert messages.MAX_INT == cuptiraw.MAX_INT == (1 << 63) - 1
+    assert validate.MAX_BATCH == 20000
+    assert rows.MEMCPY_KINDS == ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "memset", "other")
+    assert rows.MEMCPY_KINDS[:len(wire.RAW_COPY_KINDS)] == wire.RAW_COPY_KINDS
 
 
 def test_checks_accept_exact_types_in_range():

@@ -55,7 +55,7 @@ def _defs(kind: type, name: str) -> list[str]:
 
 def test_sources_are_found():
     names = {p.relative_to(REPO).as_posix() for p in _sources()}
-    assert {"introspect/procfs.py", "bpf/session.py", "daemon/core.py", "inject/server.py"} <= names
+    assert {"introspect/procfs.py", "bpf/session.py", "daemon/core.py", "inject/channel/server.py"} <= names
     assert not any(n.startswith(("tests/", "inject/agent/")) for n in names)
 
 

@@ -16,7 +16,8 @@ from stacklens.daemon.join.jaxjoin import JaxIndex, sanitize, split_paths
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.inject.agent.jaxmeta import JaxWatcher, parse_hlo_text
 from stacklens.records.agent import ApiRecord, CompileRecord, HloKernel, HloMapRecord, KernelRecord
-from stacklens.inject.server import ProtocolError, parse_message
+from stacklens.inject.channel.messages import parse_message
+from stacklens.inject.channel.validate import ProtocolError
 from tests.fakes.sources import FakeEvent, py
 
 TARGETS = Path(__file__).resolve().parents[1] / "targets"
@@ -441,7 +442,7 @@ def test_stats_counters_may_be_negative_but_stay_bounded():
 
 def test_schema_takes_long_real_names_and_refuses_beyond_the_limits():
     from stacklens.inject.agent import jaxmeta
-    from stacklens.inject.server import HLO_LIMITS
+    from stacklens.inject.channel.messages import HLO_LIMITS
     assert {k: v for k, v in jaxmeta.LIMITS.items() if k != "site_str"} == HLO_LIMITS   # the two sides agree
     long_op = "jit(train_step)/" + "transpose(jvp(remat(vmap(" * 30 + "dot_general"       # ~800 chars
     k = [["input_concatenate_reduce_select_fusion_" * 12 + ".3", "fusion", [[long_op, "/m/a.py", 3, "f" * 600]]]]

@@ -7,7 +7,7 @@ the collector relies on: pool callback delivery, domain enable/disable, flush, c
 from stacklens.inject.agent import gpu as gpu_mod
 from stacklens.inject.agent.gpu import rocm
 from stacklens.inject.agent.gpu.rocm import RecordView, RocmCollector
-from stacklens.inject.server import parse_message
+from stacklens.inject.channel.messages import parse_message
 
 
 class FakeRoctracer:

@@ -5,17 +5,18 @@ RocTracer's records are turned into rows in the target (roctracer's kernel name 
 there), so this decoder is the shared row decoder (``rows.py``) over the kinds ROCm sends:
 kernel (grid/block 0: roctracer reports none), memcpy (kind "other": no direction), sync, and
 api (domain "hip", HIP_API always on, with correlation ids). Hence its one join, declared in
-``inject/gpu.VENDORS``: the API-record join; the order join would find no kernel whose zero
+``inject/channel/gpu.VENDORS``: the API-record join; the order join would find no kernel whose zero
 grid/block matches a BPF-seen hipLaunchKernel's, and no enable time in the collector's stats.
 """
 
 from __future__ import annotations
 
-from stacklens.inject.gpu.rows import ROW_KINDS, parse_rows
+from stacklens.inject.channel.gpu.rows import ROW_KINDS, parse_rows
 
 MESSAGES = ROW_KINDS          # the message kinds this vendor's collector sends (records)
 
 
-def decode(t: str, msg: dict) -> list:
-    """One message of kind ``t`` (of MESSAGES) -> records; ``ProtocolError`` if malformed."""
+def decode(t: str, msg: dict, conn=None) -> list:
+    """One message of kind ``t`` (of MESSAGES) -> records; ``ProtocolError`` if malformed. ROCm
+    keeps nothing of the connection (``conn``)."""
     return parse_rows(t, msg)

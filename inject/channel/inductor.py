@@ -8,9 +8,9 @@ opened. A message holds at most MAX_ROWS rows; text rows are kept as data for th
 from __future__ import annotations
 
 from stacklens.records.agent import InductorRecord
-from stacklens.inject.validate import MAX_FRAME_FILE, MAX_FRAME_NAME, ProtocolError
-from stacklens.inject.validate import check_int as _int, check_list as _list, check_row as _row
-from stacklens.inject.validate import check_str as _raw, clip_text
+from stacklens.inject.channel.validate import MAX_FRAME_FILE, MAX_FRAME_NAME, ProtocolError
+from stacklens.inject.channel.validate import check_int as _int, check_list as _list, check_row as _row
+from stacklens.inject.channel.validate import check_str as _raw, clip_text
 
 MAX_PARTS = 256
 MAX_ROWS = 20000

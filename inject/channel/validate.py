@@ -1,12 +1,11 @@
-"""Strict checks of what the agent sends (hostile input), shared by ``server.py`` (JSON messages)
-and ``inject/gpu/`` (GPU rows, raw CUPTI layout and headers).
+"""Strict checks of what the agent sends (hostile input), shared by ``messages.py`` (JSON messages)
+and ``gpu/`` (GPU rows, raw CUPTI layout and headers).
 
 Each ``check_*`` returns its value unchanged or raises ``ProtocolError`` (``what`` is the message);
 ``check_text`` and ``clip_text`` return strings made safe to print (control characters escaped,
 ``textsafe.py``), ``clip_text`` also cut to a length instead of refusing them.
 Types are exact (``type(v) is int``: a bool is not an integer here). No imports from the rest of
-``inject`` so that both modules can import it without a cycle; ``server`` and ``gpu.cupti``
-re-export ``ProtocolError`` / ``MAX_STR`` / ``MAX_INT``.
+the channel, so that every module of it can import this one without a cycle.
 """
 
 from __future__ import annotations
@@ -17,9 +16,6 @@ from stacklens.textsafe import MAX_FRAME_FILE, MAX_FRAME_NAME, clip_text, safe_t
 MAX_STR = 8192
 MAX_INT = (1 << 63) - 1
 MAX_BATCH = 20000
-
-
-
 
 
 def check_int(v, lo=0, hi=MAX_INT, what: str | None = None) -> int:

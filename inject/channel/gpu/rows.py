@@ -3,7 +3,7 @@
 Rows are the one format both vendors' collectors can send: ``{"t": "kernel"|"api"|"memcpy"|"sync",
 "r": [rows]}`` (kernel messages may name kernels by index into ``"n"``), times already
 CLOCK_MONOTONIC ns. ROCm sends only these; CUPTI sends them when records go through cupti-python
-(API records on, or no ctypes callbacks), and raw buffers otherwise (``inject/gpu/cupti.py``).
+(API records on, or no ctypes callbacks), and raw buffers otherwise (``inject/channel/gpu/cupti.py``).
 Hostile input: every field is type- and range-checked (``ProtocolError`` rejects the message).
 No privilege, no I/O.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from stacklens.inject.agent import wire
 from stacklens.records.agent import ApiRecord, KernelRecord, MemcpyRecord, SyncRecord
-from stacklens.inject.validate import ProtocolError
-from stacklens.inject.validate import check_int as _int, check_list as _list, check_row as _row
-from stacklens.inject.validate import check_text as _str
+from stacklens.inject.channel.validate import ProtocolError
+from stacklens.inject.channel.validate import check_int as _int, check_list as _list, check_row as _row
+from stacklens.inject.channel.validate import check_text as _str
 
 ROW_KINDS = ("kernel", "api", "memcpy", "sync")
 MEMCPY_KINDS = wire.RAW_COPY_KINDS + ("memset", "other")

@@ -13,12 +13,17 @@ Everything here is hostile input: the layout and every header are validated stri
 skipped and counted, never fatal. Kernel names are pointers into the target's memory, read by
 ``NameReader`` (cached, never raising).
 
-No imports from ``server.py`` (it imports this module): the checks both share, ``ProtocolError``,
-``MAX_STR`` and ``MAX_INT`` live in ``validate.py``; this module and ``server`` re-export them.
+The agent server hands every CUPTI message here through the vendor declaration
+(``gpu.VENDORS["cupti"].decoder.decode``), raw frames as their bytes; the transports (``_raw_frame``,
+``_ref_frame``) keep their per-connection state (the layout) in the server's ``Connection``.
+The checks shared with the other decoders, ``ProtocolError``, ``MAX_STR`` and ``MAX_INT`` live in
+``validate.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import operator
 import struct
 import threading
@@ -26,15 +31,18 @@ import threading
 from stacklens.inject.agent import wire
 from stacklens.errors import NoSuchProcess, PermissionDenied
 from stacklens.introspect.memory import ProcMem, read_cstring
-from stacklens.inject.gpu.rows import ROW_KINDS, parse_rows
+from stacklens.inject.channel.gpu import Connection
+from stacklens.inject.channel.gpu.rows import ROW_KINDS, parse_rows
 from stacklens.records.agent import KernelRecord, MemcpyRecord
-from stacklens.inject.validate import (MAX_INT, MAX_STR, ProtocolError, check_choice, check_dict, check_int, check_message,
+from stacklens.textsafe import safe_text
+from stacklens.inject.channel.validate import (MAX_INT, MAX_STR, ProtocolError, check_choice, check_dict, check_int, check_message,
                        check_row, check_str)
 
 # the message kinds this vendor's collector sends with records: rows, then raw buffers
 MESSAGES = ROW_KINDS + ("cupti_layout", "cupti_raw", "cupti_ref")
 MAX_DEVICE = 1 << 16
 MAX_BLOCK = wire.MAX_RAW_FRAME   # bytes of one CUPTI buffer read in place (cupti_ref)
+MAX_RAW_HEADER = 4096           # bytes of a raw frame's JSON header
 MAX_KINDS = 16
 MAX_FIELDS = 40
 MAX_OFFS = 200_000
@@ -50,12 +58,24 @@ _FORMATS = tuple(wire.RAW_FORMATS)      # one-letter struct formats (a tuple: ""
 _U32 = struct.Struct("<I")
 
 
-def decode(t: str, msg: dict) -> list:
-    """A rows message (cupti-python path) -> records. Raw buffers need the connection's layout
-    and target memory: ``parse_layout`` / ``parse_raw`` (the agent server keeps both)."""
-    if t not in ROW_KINDS:
-        raise ProtocolError(f"{t!r} is a raw-buffer message: parse_layout / parse_raw")
-    return parse_rows(t, msg)
+def decode(t: str, msg, conn: Connection) -> list:
+    """One message of kind ``t`` (of MESSAGES) -> records; ``ProtocolError`` if malformed. Rows
+    (cupti-python path) need nothing else; ``cupti_layout`` becomes this connection's layout (no
+    records); ``cupti_raw`` (``msg``: the raw frame's bytes) and ``cupti_ref`` are buffers parsed
+    with that layout, kernel names read through ``conn.memory``."""
+    if t in ROW_KINDS:
+        return parse_rows(t, msg)
+    if t == "cupti_layout":
+        conn.state["cupti"] = parse_layout(msg)     # each agent connection sends its own
+        conn.counts["cupti_layouts"] += 1
+        return []
+    if t == "cupti_raw":
+        if type(msg) is not bytes:
+            raise ProtocolError("cupti_raw travels as a raw frame")
+        return _raw_frame(msg, conn)
+    if t == "cupti_ref":
+        return _ref_frame(msg, conn)
+    raise ProtocolError(f"not a CUPTI message: {str(t)[:32]!r}")
 
 
 class KindLayout:
@@ -308,25 +328,34 @@ def parse_raw(header: dict, body, layout: Layout, names: NameReader) -> tuple[li
     mv = memoryview(body)
     if len(mv) < 4 * n_offs:
         raise ProtocolError("body shorter than its offsets")
-    buf = mv[4 * n_offs:]
-    n = len(buf)
-    kinds = layout.kinds
-    copy_kinds = layout.copy_kinds
-    u32 = _U32.unpack_from
-    out = []
-    append = out.append
-    incomplete = unknown = bad = 0
-    unresolved0 = names.unresolved
-    ncache = names.cache
-    nread = names.read
-    KR, MR = KernelRecord, MemcpyRecord
-    MI = MAX_INT
     if mode == "offsets":
         offsets = struct.unpack_from(f"<{n_offs}I", mv, 0) if n_offs else ()
         mask = 0
     else:
         offsets = None
         mask = align - 1
+    unresolved0 = names.unresolved
+    out, incomplete, unknown, bad = _records(mv[4 * n_offs:], offsets, mask, off_ns, layout, names)
+    counters = {"raw_records": len(out), "raw_incomplete": incomplete, "raw_unknown_kind": unknown,
+                "raw_bad_record": bad, "raw_unresolved_names": names.unresolved - unresolved0}
+    return out, counters
+
+
+def _records(buf, offsets, mask: int, off_ns: int, layout: Layout, names: NameReader) -> tuple[list, int, int, int]:
+    """The records of a buffer, at ``offsets`` (mode "offsets") or one after the other, each
+    aligned by ``mask`` (mode "sizes") -> (records, incomplete, unknown kind, bad). Kernels are
+    decoded inline (the hot path), copies and memsets by ``_copy``."""
+    n = len(buf)
+    n_offs = len(offsets) if offsets is not None else 0
+    kinds = layout.kinds
+    u32 = _U32.unpack_from
+    out = []
+    append = out.append
+    incomplete = unknown = bad = 0
+    ncache = names.cache
+    nread = names.read
+    KR = KernelRecord
+    MI = MAX_INT
     i = 0
     prev = -1
     off = 0
@@ -352,56 +381,135 @@ def parse_raw(header: dict, body, layout: Layout, names: NameReader) -> tuple[li
         size = kl.size
         if off + size > n:
             raise ProtocolError("record runs past the buffer")
-        rec = kl.rec
         v = kl.read(buf, off)
         if offsets is None:
             off = (off + size + mask) & ~mask
-        if rec == "kernel":
-            s, e, dev, strm, corr, gx, gy, gz, bx, by, bz, ptr, graph = v
-            if not e or e < s:
+        if kl.rec != "kernel":
+            r = _copy(kl, v, layout, off_ns)
+            if r is _INCOMPLETE:
                 incomplete += 1
-                continue
-            s += off_ns
-            e += off_ns
-            if s < 0:
-                s = 0
-            if e < 0:
-                e = 0
-            # (a | b | ...) >> 63 is non-zero iff one of them is negative or >= 2**63
-            if e > MI or (strm | corr | graph | gx | gy | gz | bx | by | bz) >> 63 or not 0 <= dev <= MAX_DEVICE:
+            elif r is _BAD:
                 bad += 1
-                continue
-            name = ncache.get(ptr)
-            if name is None:
-                name = nread(ptr)
-            append(KR(name, s, e, dev, strm, corr, (gx, gy, gz), (bx, by, bz), graph))
-        else:
-            if rec == "memcpy":
-                ck, nbytes, s, e, dev, strm, corr, src, dst, graph = v
-                kind = copy_kinds.get(ck, "other")
-                memory = layout.memory(src, dst) if kl.memory else ""
             else:
-                nbytes, s, e, dev, strm, corr, mk, graph = v
-                kind = "memset"
-                memory = layout.memory(mk) if kl.memory else ""
-            if not e:                    # in flight at a forced flush (as kernels): no GPU time yet
-                incomplete += 1
-                continue
-            if e < s:
-                e = s
-            s += off_ns
-            e += off_ns
-            if s < 0:
-                s = 0
-            if e < 0:
-                e = 0
-            if e > MI or (nbytes | strm | corr | graph) >> 63 or not 0 <= dev <= MAX_DEVICE:
-                bad += 1
-                continue
-            append(MR(kind, nbytes, s, e, dev, strm, corr, memory, graph))
-    counters = {"raw_records": len(out), "raw_incomplete": incomplete, "raw_unknown_kind": unknown,
-                "raw_bad_record": bad, "raw_unresolved_names": names.unresolved - unresolved0}
-    return out, counters
+                append(r)
+            continue
+        s, e, dev, strm, corr, gx, gy, gz, bx, by, bz, ptr, graph = v
+        if not e or e < s:
+            incomplete += 1
+            continue
+        s += off_ns
+        e += off_ns
+        if s < 0:
+            s = 0
+        if e < 0:
+            e = 0
+        # (a | b | ...) >> 63 is non-zero iff one of them is negative or >= 2**63
+        if e > MI or (strm | corr | graph | gx | gy | gz | bx | by | bz) >> 63 or not 0 <= dev <= MAX_DEVICE:
+            bad += 1
+            continue
+        name = ncache.get(ptr)
+        if name is None:
+            name = nread(ptr)
+        append(KR(name, s, e, dev, strm, corr, (gx, gy, gz), (bx, by, bz), graph))
+    return out, incomplete, unknown, bad
+
+
+_INCOMPLETE = object()      # a copy or memset still in flight (end 0)
+_BAD = object()             # a copy or memset with out-of-range values
+
+
+def _copy(kl: KindLayout, v: tuple, layout: Layout, off_ns: int):
+    """A copy's or memset's fields -> MemcpyRecord, or _INCOMPLETE / _BAD."""
+    if kl.rec == "memcpy":
+        ck, nbytes, s, e, dev, strm, corr, src, dst, graph = v
+        kind = layout.copy_kinds.get(ck, "other")
+        memory = layout.memory(src, dst) if kl.memory else ""
+    else:
+        nbytes, s, e, dev, strm, corr, mk, graph = v
+        kind = "memset"
+        memory = layout.memory(mk) if kl.memory else ""
+    if not e:                    # in flight at a forced flush (as kernels): no GPU time yet
+        return _INCOMPLETE
+    if e < s:
+        e = s
+    s += off_ns
+    e += off_ns
+    if s < 0:
+        s = 0
+    if e < 0:
+        e = 0
+    if e > MAX_INT or (nbytes | strm | corr | graph) >> 63 or not 0 <= dev <= MAX_DEVICE:
+        return _BAD
+    return MemcpyRecord(kind, nbytes, s, e, dev, strm, corr, memory, graph)
+
+
+# -- transports: how a buffer reaches the daemon (the agent server hands them here, ``decode``) --
+
+def _raw_frame(raw: bytes, conn: Connection) -> list:
+    """A raw CUPTI buffer frame (magic, header length, JSON header, body; wire.py) -> records."""
+    conn.counts["raw_frames"] += 1
+
+    def body():
+        hl = int.from_bytes(raw[4:8], "big")
+        if len(raw) < 8 or hl > MAX_RAW_HEADER or 8 + hl > len(raw):
+            raise ProtocolError("bad raw header length")
+        return json.loads(raw[8:8 + hl]), memoryview(raw)[8 + hl:]
+    return _parse_buffer(body, conn)
+
+
+def _ref_frame(msg: dict, conn: Connection) -> list:
+    """A CUPTI buffer left in place in the target (``cupti_ref``: header, address, length):
+    read through /proc/PID/mem, parsed like a raw frame, then handed back (``free``, through
+    ``conn.to_free``) so the agent can reuse it. The target sends no bulk bytes over the socket
+    for these buffers."""
+    conn.counts["ref_frames"] += 1
+
+    def body():
+        addr = check_int(msg.get("a"), 1, MAX_INT)
+        conn.to_free.append(addr)               # freed back whatever else is wrong with it
+        n = check_int(msg.get("n"), 1, MAX_BLOCK)
+        header = msg.get("h")
+        if type(header) is not dict:
+            raise ProtocolError("bad cupti_ref header")
+        data = conn.memory.read_block(addr, n) if conn.memory is not None else None
+        if data is None:
+            conn.counts["ref_unreadable"] += 1
+            raise ProtocolError("CUPTI buffer reference not readable")
+        return header, data
+    return _parse_buffer(body, conn)
+
+
+def _parse_buffer(body, conn: Connection) -> list:
+    """One CUPTI buffer (``body()`` -> header, bytes; raises ProtocolError) -> records, with the
+    parser's counters in ``conn.counts``; anything wrong raises ProtocolError (the server rejects
+    the message, counted, and the connection goes on)."""
+    try:
+        header, data = body()          # conn.memory: this connection's, opened at hello
+        layout = conn.state.get("cupti")
+        if layout is None:
+            raise ProtocolError("CUPTI buffer before any cupti_layout")
+        recs, counts = parse_raw(header, data, layout, conn.memory)
+    except (ValueError, struct.error) as e:
+        if isinstance(e, ProtocolError):
+            raise
+        raise ProtocolError(f"bad CUPTI buffer: {type(e).__name__}") from e
+    for k, v in counts.items():
+        if v:
+            conn.counts[k] += v
+    conn.counts["bytes"] += sum(len(getattr(r, "name", "")) for r in recs)
+    return _safe_names(recs)
+
+
+def _safe_names(recs: list) -> list:
+    """Records of a raw CUPTI buffer with their names (kernel names read from the target's
+    memory) escaped like every string from the agent (``textsafe.py``)."""
+    for i, r in enumerate(recs):
+        name = getattr(r, "name", None)
+        if type(name) is str:
+            safe = safe_text(name)
+            if safe is not name:
+                recs[i] = dataclasses.replace(r, name=safe)
+    return recs
 
 
 __all__ = ["ProtocolError", "Layout", "KindLayout", "NameReader", "parse_layout", "parse_raw", "MAX_STR", "MAX_INT"]
