@@ -121,7 +121,7 @@ def counts(b: BPF) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--python", default="/root/.pyenv/versions/3.11.7/bin/python3")
+    ap.add_argument("--python", default=sys.executable, help="interpreter of the target (default: this one)")
     ap.add_argument("--calls", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--depths", default="5,30")

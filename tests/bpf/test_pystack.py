@@ -22,6 +22,7 @@ import pytest
 
 from stacklens.bpf.pysym import (SL_PY_NO_TSTATE, SL_PY_OK, SL_PYF_ENTRY, Frame, RawPyStack,
                                  SlPyFrame, sl_pystack_struct)
+from tests.interpreters import pyenv_python
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = ROOT / "tests" / "targets" / "py_calls.py"
@@ -30,11 +31,11 @@ SID = Path("/var/tmp/chroot-sid")
 MAX_DEPTH = 48
 
 INTERPRETERS = {
-    "pyenv-3.10": ["/root/.pyenv/versions/3.10.13/bin/python3"],
-    "pyenv-3.11": ["/root/.pyenv/versions/3.11.7/bin/python3"],
+    "pyenv-3.10": [pyenv_python("3.10.13")],
+    "pyenv-3.11": [pyenv_python("3.11.7")],
     "debian-3.11": ["/usr/bin/python3.11"],
-    "pyenv-3.12": ["/root/.pyenv/versions/3.12.1/bin/python3"],
-    "pyenv-3.13": ["/root/.pyenv/versions/3.13.0/bin/python3"],
+    "pyenv-3.12": [pyenv_python("3.12.1")],
+    "pyenv-3.13": [pyenv_python("3.13.0")],
     "sid-3.14-chroot": ["chroot", str(SID), "python3"],
 }
 

@@ -1,6 +1,6 @@
 """Take the recording machine's paths out of recorded profiles (tests/data/README.md).
 
-A recording names files as the recording machine saw them: the checkout (`/work/main/tests/...`),
+A recording names files as the recording machine saw them: the checkout (`CHECKOUT/tests/...`),
 the venv's site-packages, pyenv's standard library, a home directory. This rewrites them in
 place, in JSON and gzip'd JSON files, and touches nothing else (the text is edited where the
 paths are, so the layout of the file stays as it was):
@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 # A path of one machine, up to what ends it in a profile: a quote, whitespace, or the `:` / `;`
-# of a folded stack (`py:/work/main/x.py:main:12;op:...`).
+# of a folded stack (`py:CHECKOUT/x.py:main:12;op:...`).
 MACHINE_PATH = re.compile(r"(?<![\w.~}\])-])/(?:work|check|root|home|tmp/pytest-of-[^/\"\s]*|tmp/fresh[^/\"\s]*)"
                           r"/[^\"\s:;,\\)\]']*")
 LIBRARY = re.compile(r"/(?:site|dist)-packages/(.*)")

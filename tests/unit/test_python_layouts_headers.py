@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from stacklens.introspect import python_layouts as pl
+from tests.interpreters import pyenv_prefix
 
 INCLUDES = {
-    (3, 10): ["/root/.pyenv/versions/3.10.13/include/python3.10"],
-    (3, 11): ["/root/.pyenv/versions/3.11.7/include/python3.11"],
-    (3, 12): ["/root/.pyenv/versions/3.12.1/include/python3.12"],
-    (3, 13): ["/root/.pyenv/versions/3.13.0/include/python3.13"],
+    (3, 10): [str(pyenv_prefix("3.10.13") / "include" / "python3.10")],
+    (3, 11): [str(pyenv_prefix("3.11.7") / "include" / "python3.11")],
+    (3, 12): [str(pyenv_prefix("3.12.1") / "include" / "python3.12")],
+    (3, 13): [str(pyenv_prefix("3.13.0") / "include" / "python3.13")],
     (3, 14): ["/var/tmp/chroot-sid/usr/include/python3.14"],  # + the multiarch pyconfig.h
 }
 
