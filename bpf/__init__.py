@@ -6,6 +6,7 @@ and does not import bcc; ProbeSession.attach() does.
 
 from stacklens.records.events import Event
 from stacklens.bpf.report import AttachReport, LibraryAttach
-from stacklens.bpf.session import ProbeConfig, ProbeSession, dump_bpf
+from stacklens.bpf.attach import ProbeConfig, dump_bpf
+from stacklens.bpf.session import ProbeSession
 
 __all__ = ["ProbeSession", "ProbeConfig", "AttachReport", "Event", "LibraryAttach", "dump_bpf"]

@@ -18,7 +18,7 @@ where it lies, one frame per library:
   pseudo-mapping: its name, e.g. Frame.other("[vdso]");
 - outside every executable mapping: Frame.other("[unknown]").
 `collapse_unsymbolized` folds a run of such frames of one library into one. The exact address
-is still named by `Symbolizer.exact_name` (kernels named from a host stub: one name per stub).
+is still named by `NativeSymbolizer.exact_name` (kernels named from a host stub: one name per stub).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def collapse_unsymbolized(frames: Iterable[Frame]) -> tuple[Frame, ...]:
     return tuple(out)
 
 
-class Symbolizer:
+class NativeSymbolizer:
     """Address -> Frame for one process: Frame.native(lib, symbol), or for an address no symbol
     covers the frame of its library or memory (see the module docstring). Answers are cached per
     address (up to CACHE_MAX addresses, then the cache starts again: a sample's leaf can be any

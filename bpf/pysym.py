@@ -17,7 +17,7 @@ it afresh when they changed (a frame already cached by offset is not checked aga
 
 Everything read from the target is untrusted: an object freed and reused between the probe and
 the read, or torn by a write while it is read, can hold anything. No such object raises out of
-`Symbolizer.frame`: each kind is counted in `SymbolizerStats` and its frame marked — an
+`PySymbolizer.frame`: each kind is counted in `SymbolizerStats` and its frame marked — an
 unreadable code object `[unreadable code object]`, a str that is none
 `[unreadable code object name]`, a line table that does not decode the function's first line.
 """
@@ -243,7 +243,7 @@ UNREADABLE_CODE = Frame.other("[unreadable code object]")
 UNREADABLE_NAME = Frame.other("[unreadable code object name]")
 
 
-class Symbolizer:
+class PySymbolizer:
     """Raw frames -> `Frame.python(file, qualname, line)`, with a bounded (addr, tag) cache."""
 
     def __init__(self, mem: ProcessMemory, layout: "PyLayout", code_type_addr: int = 0,

@@ -301,7 +301,7 @@ class PythonStackReader:
     def __init__(self, pid: int, *, max_depth: int = 48, tag: bool = True,
                  mem: Optional[ProcessMemory] = None, procfs: Optional[ProcFS] = None,
                  btf_path: str = "/sys/kernel/btf/vmlinux", force_map: bool = False) -> None:
-        from stacklens.bpf.pysym import Symbolizer
+        from stacklens.bpf.pysym import PySymbolizer
 
         self.pid = pid
         self.max_depth = max_depth
@@ -314,7 +314,7 @@ class PythonStackReader:
         self.threads = walk_threads(self.mem, self.interpreter)
         self.tls_offset = None if force_map else calibrate_tls(self.mem, self.threads)
         self.mode = "tls" if self.tls_offset else "map"
-        self.symbolizer = Symbolizer(self.mem, self.layout, self.interpreter.code_type_addr)
+        self.symbolizer = PySymbolizer(self.mem, self.layout, self.interpreter.code_type_addr)
         self._bpf = None
         self._table = "sl_py_threads"
         self._written: set[int] = set()   # host tids this reader put in the tid -> tstate map

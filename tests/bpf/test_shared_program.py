@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from stacklens.bpf.session import ProbeConfig, ProbeSession
+from stacklens.bpf import ProbeConfig, ProbeSession
 from stacklens.bpf.shared import POOL
 
 pytestmark = pytest.mark.bpf
@@ -50,7 +50,7 @@ def test_three_processes_share_one_compile_and_keep_their_own_events(bpf_ok, sta
             st = s.stats()
             assert st["samples"] >= 10 and st["drops"] == 0
         # each process's counter slot counts its own samples only
-        assert len({s._slot for s in sessions}) == 3
+        assert len({s._attacher.slot for s in sessions}) == 3
 
         sessions[0].detach()
         got = _poll_until(sessions[1:], 5)               # the others keep being served
@@ -69,7 +69,7 @@ def test_a_reattach_reuses_the_program_and_starts_from_zero(bpf_ok, start_target
     s = ProbeSession(p.pid, CONFIG)
     s.attach()
     _poll_until([s], 3)
-    shared, slot = s._shared, s._slot
+    shared, slot = s._shared, s._attacher.slot
     assert shared.counters(slot)["samples"] >= 3
     s.detach()
     # the freed slot goes to the next target with its counters zeroed (a PID no process has)

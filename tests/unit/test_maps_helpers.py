@@ -66,20 +66,20 @@ def test_op_of_native():
 
 def test_fallback_records_decode_like_the_ring():
     """Records the ring refused (perf-buffer fallback) go through the ring decoder over one
-    buffer (bpf.session._RecordList): here name events, which need no BPF maps."""
+    buffer (bpf.decode.RecordList): here name events, which need no BPF maps."""
     import struct
 
     from stacklens.bpf.events_abi import SL_EV_NAME, SL_NAME
-    from stacklens.bpf.session import _EVENT_SIZE, ProbeSession, _RecordList
+    from stacklens.bpf.decode import EVENT_SIZE, RecordList, RingDecoder
 
     def name_rec(handle: int, name: bytes, ref: int = 0) -> bytes:
         # kind, spec, pid, tid, handle, ref, name (the session decodes its own process's records)
         r = struct.pack("<IIIIQQ", SL_EV_NAME, 0, os.getpid(), 0, handle, ref) + name.ljust(SL_NAME, b"\0")
-        return r.ljust(_EVENT_SIZE, b"\0")
+        return r.ljust(EVENT_SIZE, b"\0")
 
-    s = ProbeSession(os.getpid())
-    recs = _RecordList([name_rec(0x10, b"gemm_kernel"), name_rec(0x20, b"", ref=0x10),
+    s = RingDecoder(os.getpid(), maps=None, native=None)
+    recs = RecordList([name_rec(0x10, b"gemm_kernel"), name_rec(0x20, b"", ref=0x10),
                         name_rec(0x30, b"relu")])
-    assert recs.positions() == (0, 3 * (8 + ((_EVENT_SIZE + 7) & ~7)))
-    assert s._decode_ring(recs, 1 << 30) == []
-    assert s._names == {0x10: "gemm_kernel", 0x20: "gemm_kernel", 0x30: "relu"}
+    assert recs.positions() == (0, 3 * (8 + ((EVENT_SIZE + 7) & ~7)))
+    assert s.decode(recs, 1 << 30) == []
+    assert s.names == {0x10: "gemm_kernel", 0x20: "gemm_kernel", 0x30: "relu"}

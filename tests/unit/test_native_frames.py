@@ -1,8 +1,9 @@
-"""bpf.session.native_frames: what a frame-pointer walk becomes in the tree."""
+"""bpf.decode.native_frames: what a frame-pointer walk becomes in the tree, and the decoder's
+stack lookups over fake maps and a fake symbolizer (no root)."""
 
 from stacklens.cct import Frame
 from stacklens.bpf.procmaps import ANON, UNKNOWN
-from stacklens.bpf.session import TRUNCATED, native_frames
+from stacklens.bpf.decode import TRUNCATED, RingDecoder, native_frames
 
 START = Frame.native("libc.so.6", "__libc_start_main")
 MAIN = Frame.native("python3.11", "main")
@@ -43,26 +44,25 @@ def test_a_walk_that_does_not_reach_a_thread_entry_or_fills_the_map_is_cut():
     assert native_frames(addrs, frame)[1] is True      # 127 frames: the depth limit
 
 
-class _Table:
-    def __init__(self, stacks):
-        self.stacks = stacks
+class _Maps:
+    """The two stack maps (bpf.decode.DecodeMaps); no op paths or Python stacks."""
 
-    def walk(self, key):
-        return iter(self.stacks[key])
+    def __init__(self, stacks, stacks2):
+        self.tables = {b"stacks": stacks, b"stacks2": stacks2}
+
+    def walk_stack(self, table, key):
+        return iter(self.tables[table][key])
 
 
-def _session(stacks, stacks2, frames):
-    """A ProbeSession with only what _stack reads: the two stack maps and a symbolizer."""
+def _decoder(stacks, stacks2, frames) -> RingDecoder:
+    """A RingDecoder over the two stack maps and a symbolizer that knows `frames`."""
     import types
 
-    from stacklens.bpf.session import ProbeSession
+    return RingDecoder(4242, _Maps(stacks, stacks2), types.SimpleNamespace(frame=frames.__getitem__))
 
-    s = ProbeSession.__new__(ProbeSession)
-    s._bpf = {b"stacks": _Table(stacks), b"stacks2": _Table(stacks2)}
-    s._user = {"stack_lookup_failures": 0, "truncated_stacks": 0}
-    s._stack_cache = {}
-    s._symbolizer = types.SimpleNamespace(frame=frames.__getitem__)
-    return s
+
+def _stack_counts(d: RingDecoder) -> dict:
+    return {k: d.counts[k] for k in ("stack_lookup_failures", "truncated_stacks")}
 
 
 def test_stack_ids_marked_for_the_second_map_are_read_there_with_the_caller_added():
@@ -70,30 +70,28 @@ def test_stack_ids_marked_for_the_second_map_are_read_there_with_the_caller_adde
     still the caller's); the caller from [sp] goes back in second. Ids with SL_STACK_IN_2 set
     live in `stacks2` (a collision in the first map), same id space otherwise."""
     from stacklens.bpf.events_abi import SL_STACK_IN_2
-    from stacklens.bpf.session import ProbeSession
-
     api, app, launch, other = (Frame.native("libcuda.so.1", "cuLaunchKernel"), Frame.native("app", "main"),
                                Frame.native("libfakeapp.so", "app_forward_launches"),
                                Frame.native("libfakeapp.so", "app_backward_launches"))
     frames = {1: api, 2: app, 3: START, 4: launch, 5: other}
-    s = _session({7: [1, 2, 3]}, {7: [1, 2, 3, 3]}, frames)
-    assert ProbeSession._stack(s, 7, caller=4) == (START, app, launch, api)
+    s = _decoder({7: [1, 2, 3]}, {7: [1, 2, 3, 3]}, frames)
+    assert s._stack(7, caller=4) == (START, app, launch, api)
     assert s._stack(7 | SL_STACK_IN_2, caller=5) == (START, START, app, other, api)
     assert s._stack_cache[(7, 4)] != s._stack_cache[(7 | SL_STACK_IN_2, 5)]
-    assert s._user == {"stack_lookup_failures": 0, "truncated_stacks": 0}
+    assert _stack_counts(s) == {"stack_lookup_failures": 0, "truncated_stacks": 0}
 
 
 def test_a_full_depth_walk_is_cut_but_the_added_caller_does_not_make_one():
-    from stacklens.bpf.session import STACK_DEPTH, ProbeSession
+    from stacklens.bpf.decode import STACK_DEPTH
 
     frames = {1: Frame.native("libcuda.so.1", "cuLaunchKernel"), 2: EVAL, 3: START, 4: MAIN}
     short = [1] + [2] * (STACK_DEPTH - 3) + [3]           # one short of the limit, ends at _start
     full = [1] + [2] * (STACK_DEPTH - 2) + [3]            # as deep as the map holds: maybe cut
-    s = _session({1: short, 2: full}, {}, frames)
-    out = ProbeSession._stack(s, 1, caller=4)             # + the caller: 127 addresses, not cut
-    assert out[0] == START and s._user["truncated_stacks"] == 0
+    s = _decoder({1: short, 2: full}, {}, frames)
+    out = s._stack(1, caller=4)                           # + the caller: 127 addresses, not cut
+    assert out[0] == START and s.counts["truncated_stacks"] == 0
     assert s._stack(2, caller=4)[0] == TRUNCATED
-    assert s._user["truncated_stacks"] == 1
+    assert s.counts["truncated_stacks"] == 1
 
 
 def test_header_and_python_agree_on_counters_and_the_stack_mark():
@@ -120,16 +118,15 @@ def test_a_cpu_samples_addresses_after_its_event_become_its_stack():
     length past the record or the depth limit is clamped; stacks are cached by their addresses."""
     import struct
 
-    from stacklens.bpf.session import _EVENT_SIZE
+    from stacklens.bpf.decode import EVENT_SIZE
 
     frames = {1: EVAL, 2: MAIN, 3: START}
-    s = _session({}, {}, frames)
-    s._inline_cache = {}
-    rec = bytes(8 + _EVENT_SIZE) + struct.pack("<3Q", 1, 2, 3)
+    s = _decoder({}, {}, frames)
+    rec = bytes(8 + EVENT_SIZE) + struct.pack("<3Q", 1, 2, 3)
     assert s._inline_stack(memoryview(rec), 0, 24) == (START, MAIN, EVAL)
     assert s._inline_stack(memoryview(rec), 0, 16) == (TRUNCATED, MAIN, EVAL)   # 2 of 3: no root
     assert s._inline_stack(memoryview(rec), 0, 0) == (TRUNCATED,)
-    assert len(s._inline_cache) == 3 and s._user["truncated_stacks"] == 2
+    assert len(s._inline_cache) == 3 and s.counts["truncated_stacks"] == 2
 
 
 def test_a_cpu_sample_through_the_perf_fallback_keeps_its_addresses():
@@ -140,11 +137,10 @@ def test_a_cpu_sample_through_the_perf_fallback_keeps_its_addresses():
     import collections
 
     from stacklens.bpf.events_abi import SL_STACK_INLINE, SlEvent
-    from stacklens.bpf.session import _RecordList
+    from stacklens.bpf.decode import RecordList
     from stacklens.bpf.shared import SharedProgram
 
-    s = _session({}, {}, {1: EVAL, 2: MAIN, 3: START})
-    s._inline_cache = {}
+    s = _decoder({}, {}, {1: EVAL, 2: MAIN, 3: START})
     prog = SharedProgram.__new__(SharedProgram)     # its record queues only: no BPF here
     prog._queues, prog._slots = collections.defaultdict(list), {4242: 0}
     prog.dropped, prog.orphans = collections.Counter(), 0
@@ -153,7 +149,7 @@ def test_a_cpu_sample_through_the_perf_fallback_keeps_its_addresses():
     raw = bytes(ev) + struct.pack("<3Q", 1, 2, 3) + b"\0\0\0\0"      # + the perf record's padding
     buf = ctypes.create_string_buffer(raw, len(raw))
     prog._on_fallback(0, ctypes.addressof(buf), len(raw))
-    rl = _RecordList(prog.take(4242))                  # queued for its process
+    rl = RecordList(prog.take(4242))                  # queued for its process
     assert s._inline_stack(rl.data, 0, 24) == (START, MAIN, EVAL)
 
 
@@ -162,7 +158,7 @@ def test_header_and_python_agree_on_the_inline_stack_marks():
     from pathlib import Path
 
     from stacklens.bpf import events_abi
-    from stacklens.bpf.session import STACK_DEPTH
+    from stacklens.bpf.decode import STACK_DEPTH
 
     text = (Path(events_abi.__file__).parent / "programs" / "stacklens.h").read_text()
     assert int(re.search(r"#define SL_STACK_INLINE \((-?\d+)\)", text).group(1)) == events_abi.SL_STACK_INLINE

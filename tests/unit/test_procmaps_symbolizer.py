@@ -1,4 +1,4 @@
-"""bpf.procmaps.Symbolizer over a /proc tree written by the test: frames name functions, never
+"""bpf.procmaps.NativeSymbolizer over a /proc tree written by the test: frames name functions, never
 addresses (one frame per library for what no symbol covers), runs of them collapse, and
 `exact_name` still names each address. Builds two small libraries with the C compiler (one
 `gcc -s`); no root needed."""
@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from stacklens.bpf import procmaps
-from stacklens.bpf.procmaps import ANON, UNKNOWN, Symbolizer, collapse_unsymbolized
+from stacklens.bpf.procmaps import ANON, UNKNOWN, NativeSymbolizer, collapse_unsymbolized
 from stacklens.cct import Frame
 from stacklens.introspect.elf import SHT_SYMTAB, ElfFile
 
@@ -71,7 +71,7 @@ def proc(tmp_path, libs):
 
 def test_symbolized_frames_keep_their_names(proc, libs):
     _, off = libs
-    s = Symbolizer(PID, proc=proc)
+    s = NativeSymbolizer(PID, proc=proc)
     assert s.frame(SYM_BASE + off["inner_a"] + 3) == Frame.native("libsym.so", "inner_a")
     assert s.frame(SYM_BASE + off["sl_exported"]) == Frame.native("libsym.so", "sl_exported")
     # in the stripped copy the export is still in .dynsym
@@ -82,7 +82,7 @@ def test_unsymbolized_addresses_of_a_library_are_one_frame(proc, libs):
     """Internal functions of a stripped library: no per-address name (each would be a new CCT
     node) and not the export before them (that would name the wrong function)."""
     _, off = libs
-    s = Symbolizer(PID, proc=proc)
+    s = NativeSymbolizer(PID, proc=proc)
     frames = [s.frame(STRIPPED_BASE + off[f] + k) for f in ("inner_a", "inner_b") for k in (0, 5, 9)]
     assert set(frames) == {Frame.native("libstripped.so", "[stripped]")}
     assert all(f is frames[0] for f in frames)  # one object: the per-address cache holds no copies
@@ -93,7 +93,7 @@ def test_unsymbolized_addresses_of_a_library_are_one_frame(proc, libs):
 
 
 def test_memory_without_a_file_and_unknown_addresses(proc):
-    s = Symbolizer(PID, proc=proc)
+    s = NativeSymbolizer(PID, proc=proc)
     assert s.frame(ANON_BASE + 0x10) == s.frame(ANON_BASE + 0x8000) == ANON == Frame.other("[anon]")
     assert s.frame(VDSO_BASE + 0x100) == Frame.other("[vdso]")
     assert s.frame(0x60000010) == UNKNOWN  # not executable: not in the symbolizer's maps
@@ -104,7 +104,7 @@ def test_memory_without_a_file_and_unknown_addresses(proc):
 def test_exact_name_still_names_each_address(proc, libs):
     """What must stay apart per address (kernels named from a HIP host stub) keeps the old names."""
     _, off = libs
-    s = Symbolizer(PID, proc=proc)
+    s = NativeSymbolizer(PID, proc=proc)
     assert s.exact_name(STRIPPED_BASE + off["inner_a"]) == f"0x{off['inner_a']:x}"
     assert s.exact_name(STRIPPED_BASE + off["inner_b"]) == f"0x{off['inner_b']:x}"
     assert s.exact_name(SYM_BASE + off["inner_b"]) == "inner_b"
@@ -115,7 +115,7 @@ def test_exact_name_still_names_each_address(proc, libs):
 
 def test_stack_collapses_a_run_of_unsymbolized_frames(proc, libs):
     _, off = libs
-    s = Symbolizer(PID, proc=proc)
+    s = NativeSymbolizer(PID, proc=proc)
     a, b, exp = (STRIPPED_BASE + off[f] + 4 for f in ("inner_a", "inner_b", "sl_exported"))
     stripped = Frame.native("libstripped.so", "[stripped]")
 
@@ -141,7 +141,7 @@ def test_collapse_only_merges_equal_unsymbolized_neighbours():
 def test_the_address_cache_is_bounded(proc, libs, monkeypatch):
     _, off = libs
     monkeypatch.setattr(procmaps, "CACHE_MAX", 8)
-    s = Symbolizer(PID, proc=proc)
+    s = NativeSymbolizer(PID, proc=proc)
     for k in range(50):
         s.frame(STRIPPED_BASE + off["inner_a"] + k)
         s.exact_name(ANON_BASE + k)

@@ -3,7 +3,7 @@
 No privilege: the target is a `tests.fakes.memory.FakeMemory` (the `ProcessMemory` Protocol over
 sparse regions; a read outside them raises MemoryReadError as an unmapped page does). What a
 target's memory holds is untrusted: a code object freed and reused between the probe and the read
-can hold anything. Nothing may raise out of `Symbolizer.frame`; every bad object is counted by
+can hold anything. Nothing may raise out of `PySymbolizer.frame`; every bad object is counted by
 kind and its frame marked (issue 26: one IndexError in `line_ranges_311` ended whole sessions).
 The random cases run from fixed seeds: a failure names its seed and replays.
 """
@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from stacklens.introspect import python_layouts as pl
-from stacklens.bpf.pysym import (SL_PYF_NOCODE, UNREADABLE_CODE, UNREADABLE_NAME, BadObject, RawPyFrame,
-                                 RawPyStack, Symbolizer, line_ranges_310, line_ranges_311)
+from stacklens.bpf.pysym import (SL_PYF_NOCODE, UNREADABLE_CODE, UNREADABLE_NAME, BadObject, PySymbolizer,
+                                 RawPyFrame, RawPyStack, line_ranges_310, line_ranges_311)
 from stacklens.cct import Frame
 from tests.fakes.memory import FakeMemory
 
@@ -108,13 +108,13 @@ def good_table(lay) -> bytes:
 TAG = FILE ^ NAME
 
 
-def symbolize_all(sym: Symbolizer, frames: list[RawPyFrame]) -> tuple[Frame, ...]:
+def symbolize_all(sym: PySymbolizer, frames: list[RawPyFrame]) -> tuple[Frame, ...]:
     out = sym.symbolize(RawPyStack(0, False, tuple(frames)))
     assert len(out) == len(frames) and all(isinstance(f, Frame) for f in out)
     return out
 
 
-def accounted(sym: Symbolizer) -> int:
+def accounted(sym: PySymbolizer) -> int:
     st = sym.stats
     return st.hits + st.misses + st.stale + st.errors + st.bad_strings
 
@@ -157,7 +157,7 @@ def test_random_bytes_as_line_tables(seed):
 def test_a_truncated_line_table_marks_the_line_and_is_counted(lay):
     table = good_table(lay)
     mem = target(lay, table=table[:3])       # cut inside the first (long form) entry
-    sym = Symbolizer(mem, lay, CODE_TYPE)
+    sym = PySymbolizer(mem, lay, CODE_TYPE)
     fr = sym.frame(RawPyFrame(CODE, TAG, 8))
     assert fr == Frame.python("/app/loader.py", "DataLoader.__iter__" if lay.code_qualname >= 0 else "__iter__", 10)
     assert sym.stats.bad_linetables == 1 and sym.stats.errors == 0
@@ -181,14 +181,14 @@ def test_bad_strings_mark_the_frame_and_are_counted(lay):
     for why, bad in cases.items():
         # 3.10 has no co_qualname: its frames are named by co_name
         for field in ("file", "qual" if lay.code_qualname >= 0 else "name"):
-            sym = Symbolizer(target(lay, table=good_table(lay), **{field: bad}), lay, CODE_TYPE)
+            sym = PySymbolizer(target(lay, table=good_table(lay), **{field: bad}), lay, CODE_TYPE)
             assert sym.frame(RawPyFrame(CODE, TAG, 0)) == UNREADABLE_NAME, (why, field)
             assert sym.stats.bad_strings == 1 and sym.stats.errors == 0, (why, field)
 
 
 @pytest.mark.parametrize("lay", LAYOUTS, ids=lambda lay: f"{lay.version[0]}.{lay.version[1]}")
 def test_an_unreadable_header_is_an_unreadable_code_object(lay):
-    sym = Symbolizer(target(lay, table=b"", code=code_obj(lay)[:lay.code_filename]), lay, CODE_TYPE)
+    sym = PySymbolizer(target(lay, table=b"", code=code_obj(lay)[:lay.code_filename]), lay, CODE_TYPE)
     assert sym.frame(RawPyFrame(CODE, TAG, 0)) == UNREADABLE_CODE
     assert sym.stats.errors == 1 and sym.stats.bad_strings == sym.stats.bad_linetables == 0
 
@@ -200,7 +200,7 @@ def test_an_unreadable_line_table_keeps_the_function_at_its_first_line(lay, tabl
         table_obj = bytes_obj(lay, b"\x80", size=1 << 50)
     elif table_obj == "past the region":
         table_obj = bytes_obj(lay, b"\x80", size=4000)
-    sym = Symbolizer(target(lay, table=b"", table_obj=table_obj), lay, CODE_TYPE)
+    sym = PySymbolizer(target(lay, table=b"", table_obj=table_obj), lay, CODE_TYPE)
     assert sym.frame(RawPyFrame(CODE, TAG, 6)).line == 10
     assert sym.stats.bad_linetables == 1 and sym.stats.errors == 0
 
@@ -244,7 +244,7 @@ def fuzz(lay, seed: int) -> dict[str, int]:
                      qual=mangle(str_obj(lay, "DataLoader.__iter__"), rng),
                      name=mangle(str_obj(lay, "__iter__"), rng),
                      table_obj=mangle(bytes_obj(lay, mangle(table, rng)), rng))
-        sym = Symbolizer(mem, lay, rng.choice((CODE_TYPE, 0)), max_entries=rng.choice((1, 4, 64)))
+        sym = PySymbolizer(mem, lay, rng.choice((CODE_TYPE, 0)), max_entries=rng.choice((1, 4, 64)))
         frames = [RawPyFrame(rng.choice((CODE, CODE + 8, 0, 0xdead0000)), rng.choice((TAG, 0, rng.getrandbits(64))),
                              rng.randrange(-4, 1 << 16), rng.choice((0, 1, SL_PYF_NOCODE)))
                   for _ in range(rng.randrange(1, 12))]

@@ -16,7 +16,7 @@ import pytest
 
 from stacklens.introspect import python_layouts as pl
 from stacklens.bpf.python_process import bpf_defines
-from stacklens.bpf.pysym import RawPyFrame, RawPyStack, Symbolizer, line_of, line_ranges_310, line_ranges_311
+from stacklens.bpf.pysym import PySymbolizer, RawPyFrame, RawPyStack, line_of, line_ranges_310, line_ranges_311
 from stacklens.cct import Frame
 from stacklens.errors import MemoryReadError, UnsupportedVersion
 from stacklens.introspect.debug_offsets import DEBUG_COOKIE
@@ -202,7 +202,7 @@ def test_symbolize_order_lines_and_truncation():
     m = FakeMemory()
     tag_a = put_code(m, 0x100000, "/app/train.py", "step", 40, table_311((3, 1), (4, 2)))
     tag_b = put_code(m, 0x200000, "/app/mödel.py", "Net.forward", 10, table_311((2, 7)))
-    s = Symbolizer(m, LAY, CODE_TYPE)
+    s = PySymbolizer(m, LAY, CODE_TYPE)
     raw = RawPyStack(0, True, (RawPyFrame(0x200000, tag_b, 2), RawPyFrame(0x100000, tag_a, 8)))
     fr = s.symbolize(raw)
     assert fr[0] == Frame.other("[truncated]")
@@ -213,7 +213,7 @@ def test_symbolize_order_lines_and_truncation():
 def test_cache_hits_and_reuse_detection():
     m = FakeMemory()
     tag = put_code(m, 0x100000, "/app/a.py", "f", 1, table_311((4, 0)))
-    s = Symbolizer(m, LAY, CODE_TYPE)
+    s = PySymbolizer(m, LAY, CODE_TYPE)
     raw = RawPyFrame(0x100000, tag, 0)
     s.frame(raw)
     reads = m.reads
@@ -225,14 +225,14 @@ def test_cache_hits_and_reuse_detection():
     assert tag2 != tag
     assert s.frame(RawPyFrame(0x100000, tag2, 0)) == ("python", "g", "/app/b.py", 5)
     # an event recorded before the reuse cannot be read any more: marked, not misnamed
-    s2 = Symbolizer(m, LAY, CODE_TYPE)
+    s2 = PySymbolizer(m, LAY, CODE_TYPE)
     assert s2.frame(RawPyFrame(0x100000, tag, 0)) == Frame.other("[stale code object]")
     assert s2.stats.stale == 1
 
 
 def test_unreadable_and_non_code_objects_are_marked():
     m = FakeMemory()
-    s = Symbolizer(m, LAY, CODE_TYPE)
+    s = PySymbolizer(m, LAY, CODE_TYPE)
     assert s.frame(RawPyFrame(0xdead000, 1, 0)) == Frame.other("[unreadable code object]")
     m.put(0x500000, b"\0" * 256)  # ob_type is not PyCode_Type
     assert s.frame(RawPyFrame(0x500000, 0, 0)) == Frame.other("[stale code object]")

@@ -1,7 +1,7 @@
 """A session outlives every bad read (issue 26): the ring decoder, the daemon's session, `ps`.
 
-No privilege: `ProbeSession._decode_ring` reads records laid out as the ring holds them
-(`_RecordList`, the perf-fallback path) with its Python-stack map and symbolizer replaced by
+No privilege: `bpf.decode.RingDecoder` reads records laid out as the ring holds them
+(`RecordList`, the perf-fallback path) with its Python-stack map and symbolizer given as
 fakes (a dict, `tests.fakes.memory.FakeMemory`); the daemon's `ProcessSession` runs over
 `FakeProbes`. Nothing here waits on a clock: a session's end is waited for on its on_close.
 """
@@ -14,8 +14,8 @@ import threading
 import types
 
 from stacklens.bpf.events_abi import SL_EV_SAMPLE, SlEvent
-from stacklens.bpf.pysym import UNREADABLE_CODE, RawPyFrame, Symbolizer, sl_pystack_struct
-from stacklens.bpf.session import PY_UNDECODABLE, ProbeSession, _RecordList
+from stacklens.bpf.pysym import UNREADABLE_CODE, PySymbolizer, RawPyFrame, sl_pystack_struct
+from stacklens.bpf.decode import PY_UNDECODABLE, RecordList, RingDecoder
 from stacklens.cct import Frame
 from stacklens.daemon.client import ps_lines
 from stacklens.daemon.session import ProcessSession
@@ -28,10 +28,18 @@ DEPTH = 4
 GOOD, TRUNCATED_TABLE, UNMAPPED = CODE, CODE + 0x1000, 0xdead0000
 
 
-class PyTable(dict):
-    """`sl_py_stacks` as _py_stack reads it: table[table.Key(id)] -> the raw struct."""
+class PyMaps:
+    """The decoder's maps: `sl_py_stacks` (id -> the raw struct); no op paths (op hash 0 is
+    cached as the empty path)."""
 
-    Key = int
+    def __init__(self, py_stacks: dict[int, bytes]):
+        self.py_stacks = py_stacks
+
+    def py_stack(self, pyid: int) -> bytes:
+        return self.py_stacks[pyid]
+
+    def op_path(self, h: int):
+        raise TypeError("no op-path map here")
 
 
 def py_leaf(*frames: RawPyFrame) -> bytes:
@@ -48,17 +56,17 @@ def sample(pid: int, pyid: int) -> bytes:
     return bytes(ev)
 
 
-def session_over(mem, symbolize=None) -> ProbeSession:
-    """A ProbeSession whose Python stacks come from `mem` (nothing attached: no root)."""
-    s = ProbeSession(os.getpid())
-    sym = Symbolizer(mem, LAY, CODE_TYPE)
-    s._py = types.SimpleNamespace(symbolizer=sym, max_depth=DEPTH, symbolize=symbolize or sym.symbolize)
-    s._py_table = PyTable({
+def decoder_over(mem, symbolize=None) -> RingDecoder:
+    """A RingDecoder whose Python stacks come from `mem` (nothing attached: no root)."""
+    sym = PySymbolizer(mem, LAY, CODE_TYPE)
+    if symbolize is not None:
+        sym.symbolize = symbolize
+    maps = PyMaps({
         1: py_leaf(RawPyFrame(GOOD, TAG, 8)),
         2: py_leaf(RawPyFrame(TRUNCATED_TABLE, TAG, 8), RawPyFrame(GOOD, TAG, 8)),
         3: py_leaf(RawPyFrame(UNMAPPED, TAG, 0), RawPyFrame(GOOD, TAG, 8)),
     })
-    return s
+    return RingDecoder(os.getpid(), maps, native=None, py=sym, py_max_depth=DEPTH)
 
 
 def dataloader_target():
@@ -77,17 +85,17 @@ def test_the_ring_decode_goes_on_past_bad_code_objects_and_counts_them():
     line table ends mid-entry (it raised IndexError out of poll()), one through an unmapped
     code object, then a good one — every sample decodes, the bad frames marked, counted in
     stats() and named in read_notes()."""
-    s = session_over(dataloader_target())
-    recs = _RecordList([sample(s.pid, 2), sample(s.pid, 3), sample(s.pid, 1)])
-    evs = s._decode_ring(recs, 1 << 30)
+    s = decoder_over(dataloader_target())
+    recs = RecordList([sample(s.pid, 2), sample(s.pid, 3), sample(s.pid, 1)])
+    evs = s.decode(recs, 1 << 30)
     assert [ev.kind for ev in evs] == ["cpu_sample"] * 3
     good = Frame.python("/app/loader.py", "DataLoader.__iter__", 12)
     assert evs[2].py_stack == (good,)
     assert evs[0].py_stack == (good, Frame.python("/app/loader.py", "DataLoader.__iter__", 10))   # first line
     assert evs[1].py_stack == (good, UNREADABLE_CODE)
-    st = s._py.symbolizer.stats
+    st = s.py.stats
     assert (st.bad_linetables, st.errors, st.bad_strings) == (1, 1, 0)
-    assert s._user["py_stacks_undecodable"] == s._user["records_undecodable"] == 0
+    assert s.counts["py_stacks_undecodable"] == s.counts["records_undecodable"] == 0
     notes = s.read_notes()
     assert len(notes) == 1 and "1 line table(s) not decodable" in notes[0] and "1 frame(s) without" in notes[0]
 
@@ -102,27 +110,26 @@ def test_a_symbolizer_that_raises_marks_the_stack_and_the_next_ones_decode(caplo
         calls.append(raw)
         if len(calls) == 1:
             raise IndexError("index out of range")
-        return sym.symbolize(raw)
+        return PySymbolizer.symbolize(s.py, raw)
 
-    s = session_over(mem, symbolize=flaky)
-    sym = s._py.symbolizer
-    with caplog.at_level(logging.WARNING, logger="stacklens.bpf.session"):
-        evs = s._decode_ring(_RecordList([sample(s.pid, 1), sample(s.pid, 1)]), 1 << 30)
+    s = decoder_over(mem, symbolize=flaky)
+    with caplog.at_level(logging.WARNING, logger="stacklens.bpf.decode"):
+        evs = s.decode(RecordList([sample(s.pid, 1), sample(s.pid, 1)]), 1 << 30)
     assert [ev.py_stack for ev in evs] == [PY_UNDECODABLE, (Frame.python("/app/loader.py", "DataLoader.__iter__", 12),)]
-    assert s._user["py_stacks_undecodable"] == 1
+    assert s.counts["py_stacks_undecodable"] == 1
     notes = s.read_notes()
     assert len(notes) == 1 and "IndexError: index out of range" in notes[0] and "python stack at" in notes[0]
     assert any(r.exc_info and r.exc_info[0] is IndexError for r in caplog.records)
 
 
 def test_a_record_that_cannot_be_decoded_is_dropped_and_counted():
-    s = session_over(dataloader_target())
+    s = decoder_over(dataloader_target())
     s._op_cache = {}          # op hash 0 not cached: the op-path map is read for this record ...
-    s._bpf = None             # ... and there is none: a TypeError, not the KeyError _op_path expects
-    assert s._decode_ring(_RecordList([sample(s.pid, 1)]), 1 << 30) == []
-    assert s._user["records_undecodable"] == 1
+    # ... and it raises a TypeError (PyMaps.op_path), not the KeyError op_path expects
+    assert s.decode(RecordList([sample(s.pid, 1)]), 1 << 30) == []
+    assert s.counts["records_undecodable"] == 1
     s._op_cache = {0: ()}
-    assert len(s._decode_ring(_RecordList([sample(s.pid, 1)]), 1 << 30)) == 1
+    assert len(s.decode(RecordList([sample(s.pid, 1)]), 1 << 30)) == 1
     assert "1 record(s) dropped" in s.read_notes()[0]
 
 
