@@ -4,7 +4,7 @@
 
 Why (issue 9): a ViT inference job on the H200 makes ~25k kernel launches/s; the daemon's one
 aggregation thread gets a BPF launch event and a CUPTI kernel record for each, and fell behind.
-This replays that load through `Joiner(pid, agent=True, api_records=False)` (daemon/join/orderjoin.py)
+This replays that load through `Joiner(pid, agent=True, join=JoinKind.ORDER)` (daemon/join/orderjoin.py)
 the way the session loop feeds it, and reports µs per launch+kernel pair.
 
 Workload (all built before the timed region; events are real `bpf.events.Event` tuples with the
@@ -45,6 +45,7 @@ import time
 from stacklens.records.events import make_event
 from stacklens.cct import Frame
 from stacklens.daemon.join.joiner import Joiner
+from stacklens.records.agent import JoinKind
 from stacklens.daemon.join.orderjoin import SETTLE_NS
 from stacklens.records.agent import AgentStats, KernelRecord
 
@@ -125,7 +126,7 @@ def digest(snap) -> str:
 
 def run_once(launches, arrivals, step_ns: int, batch: int, flush_each_batch: bool = False) -> dict:
     clock = SimClock()
-    j = Joiner(1, agent=True, api_records=False, clock=clock)
+    j = Joiner(1, agent=True, join=JoinKind.ORDER, clock=clock)
     j.on_agent(AgentStats(0, 0.0, 0.0, {}, {"active": 1, "api_records": 0, "enabled_at_ns": 1}))
     flush = getattr(j, "flush", None) if flush_each_batch else None
     on_bpf, on_agent, expire = j.on_bpf, j.on_agent, j.expire

@@ -21,6 +21,7 @@ from stacklens.cct import Snapshot
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.errors import NoSuchProcess, StacklensError
 from stacklens.inject.channel.gpu import VENDORS, Vendor, pick_join, vendor_for
+from stacklens.records.agent import JoinKind
 from stacklens.introspect.procfs import ProcFS, pid_alive
 from stacklens.textsafe import safe_text
 
@@ -232,8 +233,8 @@ class ProcessSession:
         self.agent_config = dict(agent_config or {})   # more agent settings (benchmarks' variants)
         self._bpf_python = False        # the probes read Python stacks on CPU samples (attach report)
         self.gpu_vendor = VENDORS[gpu_vendor] if gpu_vendor is not None else detect_gpu_vendor(pid)
-        self.gpu_join = pick_join(self.gpu_vendor, self.gpu_api_records)   # "order" | "api_records"
-        self.joiner = Joiner(pid, agent=agent, max_nodes=max_nodes, api_records=self.gpu_join == "api_records",
+        self.join_kind = pick_join(self.gpu_vendor, self.gpu_api_records)
+        self.joiner = Joiner(pid, agent=agent, max_nodes=max_nodes, join=self.join_kind,
                              thread_name=functools.partial(thread_name, ProcFS(), pid))
         self.probes: EventSource | None = None
         self.agent: AgentSource | None = None
@@ -285,7 +286,7 @@ class ProcessSession:
                 getattr(report, "cpu_sampling_hz", self.cpu_hz) > 0
             if self.want_agent:
                 # the agent sends API records exactly when the session's join reads them
-                kw = {"gpu_api_records": True} if self.gpu_join == "api_records" else {}
+                kw = {"gpu_api_records": True} if self.join_kind is JoinKind.API_RECORDS else {}
                 if self.agent_config:
                     kw["config"] = self.agent_config
                 hz = self.agent_config.get("sample_hz", self._default_sample_hz())

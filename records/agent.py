@@ -8,7 +8,15 @@ Slotted: up to 250k records wait in a server's queue, a ``__dict__`` each would 
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+class JoinKind(str, enum.Enum):
+    """How a session's GPU records find their launch (daemon/join/gpujoin.py): a vendor declares
+    which it supports (inject/channel/gpu ``VENDORS``), ``pick_join`` picks one, the joiner builds it."""
+    ORDER = "order"               # LaunchOrderJoin: by launch order and grid/block, no API records
+    API_RECORDS = "api_records"   # ApiRecordJoin: exact, through API records (tid, interval, correlation)
+
 
 PyFrame = tuple[str, str, int]          # (file, function/qualname, line)
 # a sample's frame may also name a module call: (file, qualname, line, attribute path, class)

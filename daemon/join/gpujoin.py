@@ -5,7 +5,7 @@ Pure (no privilege, no I/O); runs on the session's aggregation thread, inside th
 A `GpuJoin` takes the BPF launches and copy/memset calls (each already given its path by the
 `Joiner`) and the agent's CUPTI records, and says, per record, which call it belongs to by calling
 the `Charges` it was built with (the `Joiner`, which owns the tree). It never touches the tree.
-Two implementations, chosen once per session (`ProcessSession.gpu_join`) by `inject/gpu.pick_join`
+Two implementations, chosen once per session (`ProcessSession.join_kind`, a `records.agent.JoinKind`) by `inject/channel/gpu.pick_join`
 from the GPU vendor's declared joins (`inject/gpu.VENDORS`) and the agent's configuration:
 - `ApiRecordJoin` (daemon/join/apijoin.py, agent `gpu_api_records=True`): exact, through CUPTI API
   records (thread id + host interval, then the correlation id);

@@ -44,7 +44,7 @@ from stacklens.daemon.join.gpujoin import CopyCall, GpuJoin, Path
 from stacklens.daemon.join.jaxjoin import SPLIT_NOTE, JaxIndex
 from stacklens.daemon.join.orderjoin import LaunchOrderJoin
 from stacklens.records.agent import (AgentRecord, AgentStats, ApiRecord, CompileRecord, HloMapRecord, InductorRecord,
-                                      KernelRecord, MemcpyRecord, Note, PySample)
+                                      JoinKind, KernelRecord, MemcpyRecord, Note, PySample)
 
 if TYPE_CHECKING:
     from stacklens.records.events import Event
@@ -277,15 +277,16 @@ class Joiner:
         bucket_s: float = 1.0,
         horizon_s: float = 120.0,
         clock=time.monotonic,
-        api_records: bool = True,
+        join: JoinKind = JoinKind.API_RECORDS,
         thread_name: Callable[[int], str] | None = None,
     ) -> None:
         """`thread_name(tid)`: the thread's name ("" if unknown), asked once per thread."""
         self.pid = pid
         self.agent = agent
         self._clock = clock
-        # without CUPTI API records (agent config gpu_api_records=False) kernels join by launch order
-        self.gpu_join: GpuJoin = (LaunchOrderJoin(self, clock) if (agent and not api_records)
+        # the session's JoinKind (inject/channel/gpu.pick_join); without the agent there are no
+        # kernel records, and the API-record join has nothing to wait for
+        self.gpu_join: GpuJoin = (LaunchOrderJoin(self, clock) if (agent and join is JoinKind.ORDER)
                                   else ApiRecordJoin(self, clock))
         self._copy_frames: dict[tuple[str, str], Frame] = {}
         self._memset_units: dict[str, int] = {}

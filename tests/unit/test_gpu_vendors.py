@@ -20,7 +20,7 @@ from stacklens.inject.agent import gpu as agent_gpu
 from stacklens.inject.agent import wire
 from stacklens.inject.channel.gpu import JOINS, VENDORS, Connection, Vendor, pick_join, route, vendor_for
 from stacklens.inject.channel.gpu.rows import ROW_KINDS
-from stacklens.records.agent import ApiRecord, KernelRecord, MemcpyRecord, Note, SyncRecord
+from stacklens.records.agent import ApiRecord, JoinKind, KernelRecord, MemcpyRecord, Note, SyncRecord
 from tests.unit.test_cuptiraw import LAYOUT, _connect, _wait, hdr, kernel, pack_sizes
 
 REPO = Path(__file__).parents[2]
@@ -190,14 +190,14 @@ def test_the_session_picks_the_join_from_the_declaration(monkeypatch):
     from stacklens.daemon.join.orderjoin import LaunchOrderJoin
 
     s, kw = _session("cupti", False)
-    assert s.gpu_join == "order" and type(s.joiner.gpu_join) is LaunchOrderJoin and "gpu_api_records" not in kw
+    assert s.join_kind is JoinKind.ORDER and type(s.joiner.gpu_join) is LaunchOrderJoin and "gpu_api_records" not in kw
     s, kw = _session("cupti", True)
     assert type(s.joiner.gpu_join) is ApiRecordJoin and kw["gpu_api_records"] is True
     s, kw = _session("rocm", False)     # ROCm declares the API-record join only
-    assert s.gpu_join == "api_records" and type(s.joiner.gpu_join) is ApiRecordJoin
+    assert s.join_kind is JoinKind.API_RECORDS and type(s.joiner.gpu_join) is ApiRecordJoin
     assert kw["gpu_api_records"] is True
     # a new vendor's declaration, not its name, decides
-    monkeypatch.setitem(VENDORS, "newgpu", Vendor("newgpu", joins=("order",), raw_buffers=False))
+    monkeypatch.setitem(VENDORS, "newgpu", Vendor("newgpu", joins=(JoinKind.ORDER,), raw_buffers=False))
     s, kw = _session("newgpu", True)
     assert type(s.joiner.gpu_join) is LaunchOrderJoin and "gpu_api_records" not in kw
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from stacklens.cct import Frame, WindowedCCT
 from stacklens.cct import window as window_mod
 from stacklens.daemon.join.joiner import Joiner
+from stacklens.records.agent import JoinKind
 from stacklens.daemon.join.orderjoin import SETTLE_NS, OrderJoin, launch_sig
 from stacklens.records.agent import AgentStats, KernelRecord
 from tests.fakes.sources import FakeEvent, py
@@ -161,7 +162,7 @@ def kernel(corr, start, dur, name="k"):
 
 def order_joiner(t: float = 0.0):
     clock = Clock(t)
-    j = Joiner(1, agent=True, api_records=False, clock=clock)
+    j = Joiner(1, agent=True, join=JoinKind.ORDER, clock=clock)
     j.on_agent(AgentStats(0, 0.0, 0.0, {}, {"active": 1, "api_records": 0, "enabled_at_ns": 1}))
     return j, clock
 

@@ -8,6 +8,7 @@ from stacklens.cct import Frame
 from stacklens.cct.export import decode_profile, encode_profile
 from stacklens.daemon.join.apijoin import COPY_WAIT_MAX_NS
 from stacklens.daemon.join.joiner import Joiner
+from stacklens.records.agent import JoinKind
 from stacklens.daemon.join.orderjoin import SETTLE_NS
 from stacklens.records.agent import AgentStats, ApiRecord, MemcpyRecord
 from tests.fakes.sources import FakeEvent, py
@@ -39,7 +40,7 @@ def base(stack, api):
 
 def make(api_records=False):
     clock = Clock()
-    j = Joiner(1, agent=True, api_records=api_records, clock=clock)
+    j = Joiner(1, agent=True, join=JoinKind.API_RECORDS if api_records else JoinKind.ORDER, clock=clock)
     j.on_agent(AgentStats(0, 0.0, 0.0, {}, {"active": 1, "api_records": int(api_records), "enabled_at_ns": 1_000}))
     return j, clock
 

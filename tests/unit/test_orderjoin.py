@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from stacklens.daemon.join.joiner import Joiner
+from stacklens.records.agent import JoinKind
 from stacklens.daemon.join.orderjoin import REORDER_NS, SETTLE_NS
 from stacklens.records.agent import AgentStats, KernelRecord as _Kernel
 from tests.fakes.sources import FakeEvent, py
@@ -35,7 +36,7 @@ def kernel(corr, start, dur, dims, name="k", graph_id=0):
 
 def make():
     clock = Clock()
-    j = Joiner(1, agent=True, api_records=False, clock=clock)
+    j = Joiner(1, agent=True, join=JoinKind.ORDER, clock=clock)
     j.on_agent(AgentStats(0, 0.0, 0.0, {}, {"active": 1, "api_records": 0, "enabled_at_ns": 1_000}))
     return j, clock
 

@@ -28,20 +28,21 @@ import importlib
 from dataclasses import dataclass, field
 
 from stacklens.inject.agent.gpu import COLLECTORS, vendor_of
+from stacklens.records.agent import JoinKind
 
 MAX_FREE = 256              # addresses per "free" message back to the agent
 
-# The GpuJoin implementations (daemon/join/gpujoin.py) a vendor may declare:
-# "order": LaunchOrderJoin, by launch order and grid/block, needs no API records but the
-#          collector's enable time (stats enabled_at_ns) and kernels' grid/block;
-# "api_records": ApiRecordJoin, exact, through API records (thread id, interval, correlation id).
-JOINS = ("order", "api_records")
+# The GpuJoin implementations (daemon/join/gpujoin.py) a vendor may declare (records/agent.py):
+# ORDER: LaunchOrderJoin, by launch order and grid/block, needs no API records but the
+#        collector's enable time (stats enabled_at_ns) and kernels' grid/block;
+# API_RECORDS: ApiRecordJoin, exact, through API records (thread id, interval, correlation id).
+JOINS = tuple(JoinKind)
 
 
 @dataclass(frozen=True)
 class Vendor:
     name: str                  # GpuCollector.name; the module name of both halves
-    joins: tuple[str, ...]     # of JOINS, the vendor's default first
+    joins: tuple[JoinKind, ...]   # the vendor's default first
     raw_buffers: bool          # ships activity buffers as bytes (copies or read in place), not only rows
     module: str = ""           # the decoder's module; "" is this package's ``<name>`` module
 
@@ -63,14 +64,14 @@ class Vendor:
 
 VENDORS: dict[str, Vendor] = {
     # CUPTI: kernel/copy activity alone by default (order join, raw buffers); API records on request
-    "cupti": Vendor("cupti", joins=("order", "api_records"), raw_buffers=True),
+    "cupti": Vendor("cupti", joins=(JoinKind.ORDER, JoinKind.API_RECORDS), raw_buffers=True),
     # ROCm: HIP API records always on, kernels without grid/block, no enable time: exact join only
-    "rocm": Vendor("rocm", joins=("api_records",), raw_buffers=False),
+    "rocm": Vendor("rocm", joins=(JoinKind.API_RECORDS,), raw_buffers=False),
 }
 
 # The joins when no vendor library is mapped at attach (a collector, if any, starts later): the
 # choice made before vendors declared theirs (CUPTI's).
-DEFAULT_JOINS = ("order", "api_records")
+DEFAULT_JOINS = (JoinKind.ORDER, JoinKind.API_RECORDS)
 
 
 def vendor_for(libraries) -> Vendor | None:
@@ -80,15 +81,15 @@ def vendor_for(libraries) -> Vendor | None:
     return VENDORS.get(name) if name is not None else None
 
 
-def pick_join(vendor: Vendor | None, api_records: bool) -> str:
+def pick_join(vendor: Vendor | None, api_records: bool) -> JoinKind:
     """The join for a session: the API-record join when asked for and supported, else the order
     join when supported, else the one join the vendor supports."""
     joins = vendor.joins if vendor is not None else DEFAULT_JOINS
-    if api_records and "api_records" in joins:
-        return "api_records"
-    if not api_records and "order" in joins:
-        return "order"
-    return joins[0]
+    if api_records and JoinKind.API_RECORDS in joins:
+        return JoinKind.API_RECORDS
+    if not api_records and JoinKind.ORDER in joins:
+        return JoinKind.ORDER
+    return JoinKind(joins[0])
 
 
 @dataclass(eq=False)
