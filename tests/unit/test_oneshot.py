@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from stacklens.bpf.pysym import RawPyFrame, Symbolizer
+from stacklens.bpf.pysym import PySymbolizer, RawPyFrame
 from stacklens.cct import CCT, Frame, METRICS
 from stacklens.cli import doctor, oneshot
 from stacklens.cli.main import _oneshot_output
@@ -215,7 +215,7 @@ def test_code_cache_rereads_an_address_reused_with_the_same_tag():
     m = FakeMemory()
     objs = 0x600000   # both code objects point at the same filename/name strings: same tag
     tag = put_code(m, 0x100000, "/app/a.py", "f.<locals>.<lambda>", 10, table_311((4, 0)), objs=objs)
-    s = Symbolizer(m, LAY, CODE_TYPE)
+    s = PySymbolizer(m, LAY, CODE_TYPE)
     assert s.frame(RawPyFrame(0x100000, tag, 0)) == ("python", "f.<locals>.<lambda>", "/app/a.py", 10)
     # freed; another lambda of the same file allocated at the same address
     m.put(0x100000 + LAY.code_qualname, (0x700000).to_bytes(8, "little"))
@@ -232,11 +232,11 @@ def test_a_code_object_freed_since_the_probe_is_named_from_its_remains():
     # freed by malloc: its links over ob_refcnt/ob_type, the line table freed with it
     m.put(0x100000, (0x5619_6955_ebb0).to_bytes(8, "little") * 2)
     m.put(0x100000 + LAY.code_linetable, (0xdead_0000).to_bytes(8, "little"))
-    s = Symbolizer(m, LAY, CODE_TYPE)
+    s = PySymbolizer(m, LAY, CODE_TYPE)
     assert s.frame(RawPyFrame(0x100000, tag, 6)) == ("python", "<module>", "/usr/lib/python3.11/pathlib.py", 1)
     assert s.stats.remains == 1 and s.stats.stale == 0
     # reused by another object since: the tag no longer matches, so it stays marked
-    s2 = Symbolizer(m, LAY, CODE_TYPE)
+    s2 = PySymbolizer(m, LAY, CODE_TYPE)
     assert s2.frame(RawPyFrame(0x100000, tag ^ 0x40, 6)) == Frame.other("[stale code object]")
 
 
