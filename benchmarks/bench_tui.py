@@ -120,10 +120,12 @@ class TimedApp(StacklensApp):
 def record_effects(app) -> None:
     """Timestamp (synchronously, inside the app) every method that changes what a key shows."""
     from stacklens.tui.app import ProfileScreen
+    from stacklens.tui.panes.tree import TreePane
     from stacklens.tui.widgets import IcicleView, LineTable
 
     targets = [
         (ProfileScreen, ("_refresh_tree", "_on_view", "_update_status")),
+        (TreePane, ("refresh_tree",)),   # a toggle redraws the tree pane itself
         (CCTView, ("move_to",)),
         (IcicleView, ("_changed",)),
         (LineTable, ("action_cursor",)),

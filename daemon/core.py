@@ -21,11 +21,7 @@ so a daemon that saw 2,000 sessions holds what one holds (tests/unit/test_daemon
 from __future__ import annotations
 
 import collections
-import ctypes
-import ctypes.util
-import gc
 import inspect
-import itertools
 import logging
 import os
 import re
@@ -36,8 +32,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from stacklens.cct import Snapshot
-from stacklens.cct.export import decode_profile, encode_profile
+from stacklens.daemon.attachop import ATTACH_GATE_ENV, AttachOp
 from stacklens.daemon.discovery import ProcFS, ProcessInfo, describe_process, scan
+from stacklens.introspect.procfs import check_pid_range
+from stacklens.daemon.retired import ClosedSession, release_memory
 from stacklens.daemon.session import ProcessSession, process_start
 from stacklens.errors import (AlreadyAttached, AttachCancelled, DaemonUnavailable, InputError, NoSuchProcess,
                               PermissionDenied, StacklensError, StillAttaching)
@@ -48,15 +46,8 @@ log = logging.getLogger(__name__)
 MAX_SESSIONS = 64
 MAX_CLOSED = 32                 # ended sessions whose final profile is kept for `report`
 MAX_CLOSED_BYTES = 64 << 20     # ... and at most this many bytes of their encoded profiles
-PID_MAX = 2**31 - 1             # the kernel's pid_t; pid_max itself is at most 2**22
 PF_KTHREAD = 0x00200000         # /proc/PID/stat flags: a kernel thread
 RELEASE_EVERY_S = 1.0
-
-
-def check_pid_range(pid: int) -> None:
-    """InputError unless 1 <= pid <= 2**31 - 1 (what a pid_t and the gRPC int32 field hold)."""
-    if not isinstance(pid, int) or not 1 <= pid <= PID_MAX:
-        raise InputError(f"invalid PID {pid}: a process id is an integer in 1..{PID_MAX} (see `stacklens ps`)")
 
 
 _CAPS = ("chown", "dac_override", "dac_read_search", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap",
@@ -134,149 +125,8 @@ def _has_exe(procfs: ProcFS, pid: int) -> bool:
 WARM_UP_BUILDS = 2
 # the state of a process worth profiling that no session of this daemon ever attached to
 NOT_ATTACHED = "not attached"
-ATTACHING = "attaching"
 KEPT_ATTACH_OPS = 256       # ended attaches whose outcome a client that follows them can still fetch
 CANCEL_WAIT_S = 90.0        # a detach waits this long for the attach it cancels (client: 120 s)
-# Test hook, read only by tests that slow an attach on purpose: while the file this names does
-# not exist, every attach waits in a step of its own ("held by ...") before it starts.
-ATTACH_GATE_ENV = "STACKLENSD_TEST_ATTACH_GATE"
-
-
-class ClosedSession:
-    """What stays of an ended session: final cumulative profile (encoded) and stats, nothing live.
-
-    Window views are no longer meaningful once nothing is added: every `snapshot()` is the final
-    cumulative profile of the session, whatever window is asked for.
-    """
-
-    agent = None
-
-    def __init__(self, s: ProcessSession) -> None:
-        self.pid = s.pid
-        self.proc_start = getattr(s, "proc_start", None)
-        self.comm = s.comm
-        self.state = s.state if s.state not in ("attached", "starting") else "detached"
-        self.started = s.started
-        self.notes = list(s.notes)
-        self._profile = encode_profile(s.snapshot())
-        try:
-            self._stats = {k: int(v) for k, v in s.stats().items()}
-        except StacklensError:
-            self._stats = {}
-
-    @property
-    def nbytes(self) -> int:
-        return len(self._profile)
-
-    def snapshot(self, window_s: float | None = None) -> Snapshot:
-        return decode_profile(self._profile)
-
-    def stats(self) -> dict[str, int]:
-        return dict(self._stats)
-
-
-def _libc_malloc_trim():
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl): freed memory stays in the process
-        return None
-
-
-_MALLOC_TRIM = _libc_malloc_trim()
-
-
-def release_memory() -> None:
-    """Frees cyclic garbage and returns free heap pages to the OS (glibc keeps them otherwise)."""
-    gc.collect()
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
-_OP_IDS = itertools.count(1)
-
-
-class AttachOp:
-    """One attach the daemon runs for a PID, from its first step to its end: what `ps` shows as
-    "attaching", what clients follow (`wait`), what a detach cancels (`cancel`). It goes on
-    whether or not a client follows it; its outcome (notes, or the error) stays for those that do.
-
-    `advance` is the session's progress callback (`ProcessSession.start(progress=...)`): each call
-    begins a step, and a cancelled attach stops there (AttachCancelled goes up through the
-    session's and the probes' attach, which tear down what they had set up)."""
-
-    agent = None            # `ps`: no agent until attached
-
-    def __init__(self, pid: int, *, agent: bool, cpu_hz: int, ops: bool, comm: str = "",
-                 proc_start: int | None = None) -> None:
-        self.id = next(_OP_IDS)
-        self.pid = pid
-        self.options = (agent, cpu_hz, ops)
-        self.comm = comm
-        self.proc_start = proc_start
-        self.started = time.time()
-        self._t0 = time.monotonic()
-        self.phase = "starting"
-        self._since = self._t0
-        self.step = 0
-        self.cancelled = False
-        self.ended = False
-        self.notes: list[str] = []
-        self.error: BaseException | None = None
-        self._tb = None
-        self._cv = threading.Condition()
-
-    @property
-    def state(self) -> str:
-        phase, phase_s, elapsed_s = self.progress()
-        return f"{ATTACHING}: {phase} ({phase_s:.0f}s in this step, {elapsed_s:.0f}s in all)"
-
-    def progress(self) -> tuple[str, float, float]:
-        """(current step, seconds in it, seconds since the attach began)."""
-        with self._cv:
-            now = time.monotonic()
-            return self.phase, now - self._since, now - self._t0
-
-    def advance(self, phase: str) -> None:
-        """A step begins; a cancelled attach stops instead (its phase stays the step it was in)."""
-        with self._cv:
-            if self.cancelled:
-                raise AttachCancelled(f"the attach of {self.pid} was cancelled by a detach; nothing stays attached")
-            self.phase, self._since = phase, time.monotonic()
-            self.step += 1
-            self._cv.notify_all()
-
-    def cancel(self) -> None:
-        with self._cv:
-            self.cancelled = True
-            self._cv.notify_all()
-
-    def end(self, notes: list[str] | None = None, error: BaseException | None = None) -> None:
-        with self._cv:
-            self.notes = list(notes or [])
-            self.error, self._tb = error, (error.__traceback__ if error is not None else None)
-            self.ended = True
-            self._cv.notify_all()
-
-    def wait(self, seen_step: int | None = None, timeout: float | None = None) -> bool:
-        """Waits until the attach ended or, given `seen_step`, a step after it began (at most
-        `timeout` seconds; None: no limit). True once the attach has ended."""
-        with self._cv:
-            self._cv.wait_for(lambda: self.ended or (seen_step is not None and self.step > seen_step), timeout)
-            return self.ended
-
-    def wait_gate(self, path: str) -> None:
-        """The test hook (ATTACH_GATE_ENV): a step that lasts until `path` exists or a cancel."""
-        self.advance(f"held by {ATTACH_GATE_ENV} until {path} exists")
-        with self._cv:
-            while not os.path.exists(path) and not self.cancelled:
-                self._cv.wait(0.05)
-        self.advance("gate open")
-
-    def result(self) -> list[str]:
-        """The notes of an attach that ended well; its error (raised) otherwise."""
-        if self.error is not None:
-            raise self.error.with_traceback(self._tb)
-        return list(self.notes)
 
 
 def _takes_progress(start) -> bool:

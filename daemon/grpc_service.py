@@ -13,7 +13,7 @@ MAX_STREAMS concurrent streams, Attach and WaitAttach calls that wait at MAX_ATT
 reflection at MAX_REFLECTION streams (RESOURCE_EXHAUSTED beyond, with what to do); health Watch
 streams hold no worker (grpc's non-blocking handler). The server has WORKERS threads, so at least
 WORKERS - MAX_STREAMS - MAX_ATTACHES - MAX_REFLECTION are always free for the rest. An attach
-itself runs on a thread of the daemon's (core.AttachOp), not on a worker: a client waits for it
+itself runs on a thread of the daemon's (attachop.AttachOp), not on a worker: a client waits for it
 at most MAX_ATTACH_WAIT_S per call and follows it with WaitAttach. A stream waits
 between snapshots on an Event that its cancellation (`context.add_callback`) and `close()` (daemon
 stop) set, so it gives its worker back at once.
@@ -39,7 +39,8 @@ from stacklens.cct import CCT, Frame, Snapshot, diff
 from stacklens.cct.export import encode_profile
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon import stacklens_pb2_grpc as pbg
-from stacklens.daemon.core import ATTACHING, NOT_ATTACHED, AttachOp, Daemon
+from stacklens.daemon.attachop import ATTACHING, AttachOp
+from stacklens.daemon.core import NOT_ATTACHED, Daemon
 from stacklens.errors import DaemonUnavailable, InputError, StacklensError
 from stacklens.introspect.procfs import check_pid_range
 

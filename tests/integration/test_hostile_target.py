@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.interpreters import pyenv_python
 from stacklens.cct.window import DEFAULT_MAX_BYTES
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.errors import AttachError
@@ -33,8 +34,7 @@ pytestmark = pytest.mark.integration
 
 TARGETS = Path(__file__).resolve().parents[1] / "targets"
 PY = sys.executable
-PYENV = {v: f"/root/.pyenv/versions/{full}/bin/python{v}"
-         for v, full in (("3.10", "3.10.13"), ("3.12", "3.12.1"), ("3.13", "3.13.0"))}
+PYENV = {v: pyenv_python(full) for v, full in (("3.10", "3.10.13"), ("3.12", "3.12.1"), ("3.13", "3.13.0"))}
 LOOP = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(0.01)\n"
 SESSION_BUDGET = DEFAULT_MAX_BYTES + MAX_QUEUED_BYTES        # 192 + 64 = 256 MiB
 
@@ -156,7 +156,7 @@ def test_unique_frame_flood_stays_within_the_session_budget(tmp_path):
 
 # ---- point 5: a container whose /tmp is an absolute symlink ------------------------------------
 
-PYROOT = "/root/.pyenv/versions/3.11.7"        # the venv's interpreter, bind-mounted into the root
+PYROOT = sys.base_prefix        # the venv's interpreter's prefix, bind-mounted into the root
 
 
 def chroot_target(root: Path, escape: str, inside: bool):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import stacklens
+from tests.interpreters import pyenv_python
 from stacklens.errors import Timeout
 from stacklens.inject.channel.server import AgentServer
 from stacklens.inject.injector import inject_agent
@@ -29,8 +30,7 @@ pytestmark = pytest.mark.integration
 TARGETS = Path(__file__).resolve().parents[1] / "targets"
 PACKAGE = str(Path(stacklens.__file__).resolve().parent)
 PY = sys.executable
-PYENV = {v: f"/root/.pyenv/versions/{full}/bin/python{v}"
-         for v, full in (("3.10", "3.10.13"), ("3.12", "3.12.1"), ("3.13", "3.13.0"))}
+PYENV = {v: pyenv_python(full) for v, full in (("3.10", "3.10.13"), ("3.12", "3.12.1"), ("3.13", "3.13.0"))}
 CYCLES = int(os.environ.get("STACKLENS_INJECT_CYCLES", "100"))
 
 

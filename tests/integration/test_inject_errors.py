@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.interpreters import pyenv_prefix
 from stacklens.errors import (AlreadyAttached, AttachError, InputError, NoSuchProcess, NotApplicable,
                               PermissionDenied, UnsupportedVersion)
 from stacklens.inject.channel.server import AgentServer
@@ -93,8 +94,8 @@ def test_non_python_process(tmp_path):
         p.wait()
 
 
-@pytest.mark.parametrize("exe", ["/root/.pyenv/versions/3.9.18/bin/python3.9",
-                                 "/root/.pyenv/versions/2.7.18/bin/python2.7"])
+@pytest.mark.parametrize("exe", [str(pyenv_prefix("3.9.18") / "bin" / "python3.9"),
+                                 str(pyenv_prefix("2.7.18") / "bin" / "python2.7")])
 def test_unsupported_python(exe, tmp_path):
     if not os.path.exists(exe):
         pytest.skip(f"{exe} not installed")

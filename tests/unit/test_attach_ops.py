@@ -26,7 +26,8 @@ from stacklens.daemon import core
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.cli.main import main
 from stacklens.daemon.client import DaemonClient
-from stacklens.daemon.core import AttachOp, Daemon
+from stacklens.daemon.attachop import AttachOp
+from stacklens.daemon.core import Daemon
 from stacklens.daemon.server import StacklensDaemon
 from stacklens.daemon.session import ProcessSession
 from stacklens.errors import AlreadyAttached, AttachCancelled, AttachError, NoSuchProcess, StillAttaching

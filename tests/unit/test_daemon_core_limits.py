@@ -18,7 +18,8 @@ import pytest
 
 from stacklens.cct import Frame
 from stacklens.daemon import core
-from stacklens.daemon.core import ClosedSession, Daemon
+from stacklens.daemon.core import Daemon
+from stacklens.daemon.retired import ClosedSession
 from stacklens.daemon.discovery import ProcFS
 from stacklens.daemon.session import ProcessSession
 from stacklens.errors import AttachError, InputError, NoSuchProcess, PermissionDenied

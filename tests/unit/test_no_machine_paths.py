@@ -36,14 +36,6 @@ ALLOWED = {
     "tests/unit/test_no_machine_paths.py": "this test's own examples",
     "tests/unit/test_docs.py": "test cases of the README's machine-path check",
 }
-# Hits in files other changes of issue 34 were editing; they move to tests/interpreters.py
-# (pyenv's builds under PYENV_ROOT). Remove an entry when its file is clean: a test says when.
-PENDING = {
-    "tests/integration/test_hostile_target.py": "pyenv interpreters",
-    "tests/integration/test_inject.py": "pyenv interpreters",
-    "tests/integration/test_inject_errors.py": "pyenv interpreters",
-    "tests/unit/test_python_layouts.py": "pyenv interpreters",
-}
 
 
 def _tracked() -> list[str]:
@@ -90,7 +82,7 @@ def test_the_patterns_see_machine_paths_and_leave_system_paths():
 def test_no_tracked_file_names_a_machine_path():
     found = {}
     for rel in _tracked():
-        if rel in ALLOWED or rel in PENDING:
+        if rel in ALLOWED:
             continue
         text = _text(REPO / rel)
         if text is not None and (hits := machine_paths(rel, text)):
@@ -102,12 +94,6 @@ def test_no_tracked_file_names_a_machine_path():
 @pytest.mark.parametrize("rel", sorted(ALLOWED))
 def test_every_allowed_file_is_tracked(rel):
     assert (REPO / rel).is_file(), f"{rel} is in ALLOWED but gone: drop it from the list"
-
-
-@pytest.mark.parametrize("rel", sorted(PENDING))
-def test_every_pending_file_still_has_a_hit(rel):
-    text = _text(REPO / rel)
-    assert text is not None and machine_paths(rel, text), f"{rel} is clean now: drop it from PENDING"
 
 
 def test_the_relativizer_leaves_no_machine_path():

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from tests.interpreters import pyenv_python
 from stacklens.introspect import python_layouts as pl
 from stacklens.bpf.python_process import bpf_defines
 from stacklens.bpf.pysym import PySymbolizer, RawPyFrame, RawPyStack, line_of, line_ranges_310, line_ranges_311
@@ -22,10 +23,10 @@ from stacklens.errors import MemoryReadError, UnsupportedVersion
 from stacklens.introspect.debug_offsets import DEBUG_COOKIE
 
 INTERPRETERS = {
-    (3, 10): "/root/.pyenv/versions/3.10.13/bin/python3",
-    (3, 11): "/root/.pyenv/versions/3.11.7/bin/python3",
-    (3, 12): "/root/.pyenv/versions/3.12.1/bin/python3",
-    (3, 13): "/root/.pyenv/versions/3.13.0/bin/python3",
+    (3, 10): pyenv_python("3.10.13"),
+    (3, 11): pyenv_python("3.11.7"),
+    (3, 12): pyenv_python("3.12.1"),
+    (3, 13): pyenv_python("3.13.0"),
 }
 
 
