@@ -7,19 +7,15 @@ report may render a snapshot file from anywhere.
 
 from __future__ import annotations
 
-from stacklens.cct import Frame, Snapshot, metrics
-from stacklens.cct.modelview import MODEL, module_text
+from stacklens.cct import Snapshot, metrics
+from stacklens.cct.labels import frame_text
+from stacklens.cct.modelview import MODEL
 from stacklens.textsafe import safe_text
 
 
 def fmt_value(metric: str, value: int) -> str:
     """Human units from the registry (cct/metrics.py); counts as exact integers."""
     return metrics.fmt_value(metric, value, exact=True)
-
-
-def frame_text(frame: Frame) -> str:
-    """A frame's label; a module call as the model view names it (`transformer.h.3.attn · GPT2Attention`)."""
-    return module_text(frame) if frame.kind == "module" else frame.label()
 
 
 def render_tree(
@@ -54,7 +50,7 @@ def render_tree(
                 continue
             shown += 1
             excl = snap.exclusive(child, metric)
-            label = safe_text(frame_text(snap.frame_of(child)))
+            label = safe_text(frame_text(snap.frame_of(child), full=True))
             row = (
                 f"{fmt_value(metric, incl):>10} {fmt_value(metric, excl):>10} "
                 f"{100.0 * incl / total:5.1f}% {'  ' * depth}{label}"
