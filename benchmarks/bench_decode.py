@@ -10,7 +10,11 @@ No privilege. What `stacklens top` does once a second in its fetch worker (under
 Rounds interleave the readers so that a loaded machine slows them alike; the garbage collector
 is off while decoding, as in the TUI's fetch worker.
 
-    .venv/bin/python benchmarks/bench_decode.py --nodes 100000 --rounds 7
+`--rings N`: also the BPF ring decoder's CPU per event (bpf/decode.py RingDecoder, what
+ProbeSession.poll does under the GIL), over each recorded ring of tests/data/rings repeated N
+times (the decoder's caches warm after the first copy, as in a long session).
+
+    .venv/bin/python benchmarks/bench_decode.py --nodes 100000 --rounds 7 [--rings 2000]
 """
 
 from __future__ import annotations
@@ -52,11 +56,34 @@ def old_export(ref: str):
     return module
 
 
+def ring_decode(copies: int, rounds: int) -> None:
+    """CPU ns per event of RingDecoder.decode over the recorded rings (no root: tests/replay)."""
+    sys.path.insert(0, str(ROOT))   # tests.replay
+    from stacklens.bpf.decode import RecordList
+    from tests.replay.rings import load
+
+    print(f"# ring decode: each recorded ring x{copies}, {rounds} rounds (CPU ns per event)")
+    print("| ring | events a round | median ns/event | min ns/event |")
+    print("|---|---|---|---|")
+    for name in ("named_loop", "fake_cuda"):
+        ring = load(name)
+        records = RecordList(ring.records * copies)
+        per = []
+        gc.disable()
+        for _ in range(rounds):
+            c0 = time.thread_time()
+            n = len(ring.decoder.decode(records, 1 << 30))
+            per.append((time.thread_time() - c0) / n * 1e9)
+        gc.enable()
+        print(f"| {name} | {n:,} | {statistics.median(per):.0f} | {min(per):.0f} |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=100_000)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--baseline-ref", default="573f0fe", help="git revision whose from_json is the 'old' reader")
+    p.add_argument("--rings", type=int, default=0, help="also time the BPF ring decoder (copies of each ring)")
     args = p.parse_args()
 
     snap = synthetic_snapshot(args.nodes)
@@ -96,6 +123,8 @@ def main() -> int:
     print("|---|---|---|---|")
     for name in readers:
         print(f"| {name} | {1000 * statistics.median(times[name]):.0f} | {1000 * min(times[name]):.0f} | {1000 * statistics.median(cpu[name]):.0f} |")
+    if args.rings:
+        ring_decode(args.rings, args.rounds)
     return 0
 
 

@@ -141,7 +141,13 @@ class RecordList:
 
 class RingDecoder:
     """One process's ring records -> Events. `specs`, `op_names` and `vtables` are the attacher's
-    (it extends the last two as it finds libraries); `py` is None when Python stacks are not read."""
+    (it extends the last two as it finds libraries); `py` is None when Python stacks are not read.
+
+    decode() walks the ring once: one struct unpack per record for its header and event head,
+    one more for the arguments of API events; each event is one tuple.__new__ (Event is a tuple
+    subclass) and launch/graph/sync arguments stay raw until `Event.args` is read. The consumer
+    position is handed back every COMMIT_BYTES, not only at the end, so a long batch does not
+    keep the producers from the space already decoded."""
 
     def __init__(self, pid: int, maps: DecodeMaps, native: AddressNames, *, specs: list[ProbeSpec] = (),
                  py: PyFrames | None = None, py_max_depth: int = PY_MAX_DEPTH, op_names: list[str] | None = None,
@@ -174,12 +180,8 @@ class RingDecoder:
         self._undecodable = earlier._undecodable
 
     def decode(self, reader, max_events: int) -> list[Event]:
-        """Walks the mapped ring once: one struct unpack per record for its header and event
-        head, one more for the arguments of API events; each event is one tuple.__new__ (Event
-        is a tuple subclass) and launch/graph/sync arguments stay raw until `Event.args` is
-        read. The consumer position is handed back every COMMIT_BYTES, not only at the end, so
-        a long batch does not keep the producers from the space already decoded. `reader`: a
-        RingBufReader or a RecordList (data, mask, positions(), commit())."""
+        """Walks the mapped ring once (see the class docstring). `reader`: a RingBufReader or a
+        RecordList (data, mask, positions(), commit())."""
         out: list[Event] = []
         append = out.append
         rec, args_s = _REC.unpack_from, _ARGS.unpack_from
@@ -187,6 +189,7 @@ class RingDecoder:
         cons, prod = reader.positions()
         shapes = self._shapes
         stack_cache, op_cache, py_cache = self._stack_cache, self._op_cache, self._py_cache
+        names = self.names
         new = _tuple_new
         me = self.pid
         commit_at = cons + COMMIT_BYTES
@@ -203,8 +206,7 @@ class RingDecoder:
                     break
             if ln & DISCARD or pid != me:
                 continue
-            # a record's contents come from the target (arguments, names, stacks): one that
-            # cannot be decoded is counted and dropped, never the end of the session
+            # a record's contents come from the target: one not decodable is counted and dropped
             try:
                 if kind == SL_EV_NAME:
                     self._name_event(data, off + 8)
@@ -238,8 +240,14 @@ class RingDecoder:
                 a = args_s(data, off + _ARGS_REC)
                 blob = bytes(data[off + _BLOB_REC:off + _BLOB_REC + SL_BLOB]) if sh[5] else b""
                 if sh[6]:  # launch / graph / sync: nothing below needs the decoded arguments
+                    kernel = ""
                     h = sh[3]
-                    kernel = "" if h < 0 else self._kernel_name(a[h], sh[4])
+                    if h >= 0:
+                        h = a[h]
+                        if sh[4]:
+                            kernel = self.native.exact_name(h) if h else "unresolved:0x0"
+                        else:
+                            kernel = names.get(h) or self._unresolved(h)
                     # args: raw (spec, values, blob), decoded by Event.args on access
                     append(new(Event, (sh[1], sh[2], pid, tid, t, dur, (sh[0], a, blob), ops, stack, pys[0], kernel,
                                        0, "", ret, pys[1], bwd)))
@@ -251,11 +259,6 @@ class RingDecoder:
         reader.commit(cons)
         self.counts["decoded"] += len(out)
         return out
-
-    def _kernel_name(self, h: int, from_host_stub: bool) -> str:
-        if from_host_stub:
-            return self.native.exact_name(h) if h else "unresolved:0x0"
-        return self.names.get(h) or self._unresolved(h)
 
     def _api_event(self, spec: ProbeSpec, a, blob: bytes, pid: int, tid: int, t: int, dur: int, ops, stack, pys,
                    ret: int, outv: int, bwd: int) -> Event:
