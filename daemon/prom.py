@@ -162,6 +162,29 @@ class StacklensCollector(Collector):
                 self._node_exported[name] = max(self._node_exported.get(name, 0), value(h))
             return dict(self._node_exported)
 
+    def _add_hotspots(self, hot: dict, src: Source, lv: list[str], measured: list[str], budget: int) -> int:
+        """One process's hotspot series into `hot` (by metric), within `budget` series; returns
+        the budget left (a process past it loses its families, counted in series_evicted)."""
+        snap = src.snapshot
+        for m in HOTSPOT_METRICS:
+            if m not in measured:
+                continue
+            if m in SECONDS_METRICS:
+                if not src.cpu_hz:
+                    continue
+                scale = 1 / src.cpu_hz
+            else:
+                scale = PROCESS_METRICS[m][1]
+            if budget <= 0:
+                self.series_evicted += 1
+                continue
+            # room for fewer than top-k + [other]: the top that fits, the rest in [other]
+            series = hotspots(snap, m, min(self.top_k, budget - 1))
+            budget -= len(series)
+            for context, line, v in series:
+                hot[m].add_metric(lv + [context, line], v * scale)
+        return budget
+
     def collect(self):
         labels = ["pid", "comm", "container"]
         fams = {
@@ -207,23 +230,8 @@ class StacklensCollector(Collector):
             drops.add_metric(lv, _drops(src.stats))
             if src.agent_connected is not None:
                 agent.add_metric(lv, 1 if src.agent_connected else 0)
-            for m in HOTSPOT_METRICS if self.hotspots_on else ():
-                if m not in measured:
-                    continue
-                if m in SECONDS_METRICS:
-                    if not src.cpu_hz:
-                        continue
-                    scale = 1 / src.cpu_hz
-                else:
-                    scale = PROCESS_METRICS[m][1]
-                if budget <= 0:
-                    self.series_evicted += 1
-                    continue
-                # room for fewer than top-k + [other]: the top that fits, the rest in [other]
-                series = hotspots(snap, m, min(self.top_k, budget - 1))
-                budget -= len(series)
-                for context, line, v in series:
-                    hot[m].add_metric(lv + [context, line], v * scale)
+            if self.hotspots_on:
+                budget = self._add_hotspots(hot, src, lv, measured, budget)
             if self.findings is not None:
                 try:
                     for rule, n in self.findings(src.pid, snap).items():

@@ -67,71 +67,87 @@ def hotspots(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     for where, metric, total in sources:
         col = view.col(metric)
         assert col is not None
-        per_line, per_top = _line_self(view, col)
-        tops: dict[int, tuple[int, int]] = {}
-        for (ln, top), v in per_top.items():
-            if top and v > tops.get(ln, (0, 0))[1]:
-                tops[ln] = (top, v)
-        ranked = sorted(per_line.items(), key=lambda kv: -kv[1])
-        reported = set()
-        for ln, v in ranked[:top_k]:
-            share = v / total
-            if share < min_share:
-                break
-            reported.add(ln)
-            ev = {metric: v, f"share_of_{metric}": round(share, 4), **missing}
-            add_time_base(view, ev)
-            # GPU time is never the Python line's own: without a dominant op it is spread.
-            what = "several operators" if metric == "gpu_time_ns" or not ln else "its own Python code"
-            if ln in tops:
-                top, tv = tops[ln]
-                ev["top_frame_share_of_line"] = round(tv / v, 4)
-                if tv * 2 >= v:
-                    what = view.frames[top].label()
-            out.append(
-                Finding(
-                    rule=RULE,
-                    severity="medium" if share >= 0.5 else "low",  # informational: ranks below fixes
-                    # No Python frame above the cost (BPF stacks without Python): the op or kernel.
-                    path=view.labels(ln) if ln else (view.labels(tops[ln][0]) if ln in tops else ()),
-                    title=f"{where} hotspot (exclusive): {100 * share:.0f}% of {metric} "
-                    + (f"at this line, mostly {short(what)}" if ln else f"in {short(what)} (these stacks carry no Python frames)"),
-                    evidence=ev,
-                    fix=f"Start here: this line's own work is the largest {where} cost. "
-                    f"Check whether {short(what)} must run every step, runs at the right size and dtype, "
-                    "and see the other findings for this path.",
-                )
-            )
-
-        incl = _inclusive(view, col)
-        frames, parents, line = view.frames, view.parents, view.line
-        hot_child_of: set[int] = set()
-        for i in range(1, view.n):
-            if frames[i].kind == "python" and incl[i] >= incl_share * total:
-                hot_child_of.add(line[parents[i]])
-        cands = [
-            i
-            for i in range(1, view.n)
-            if frames[i].kind == "python"
-            and incl[i] >= incl_share * total
-            and i not in hot_child_of
-            and i not in reported
-        ]
-        cands.sort(key=lambda i: -incl[i])
-        for i in cands[:top_k]:
-            share = incl[i] / total
-            own = per_line.get(i, 0)
-            ev = {f"inclusive_{metric}": incl[i], f"share_of_{metric}": round(share, 4),
-                  f"exclusive_{metric}": own, **missing}
-            out.append(
-                Finding(
-                    rule=RULE,
-                    severity="low",
-                    path=view.labels(i),
-                    title=f"{where} hotspot (inclusive): {100 * share:.0f}% of {metric} under this call, spread over its callees",
-                    evidence=ev,
-                    fix="No single line below dominates: profile this function's callees together "
-                    "(torch.compile of the whole function, or fewer calls with larger batches).",
-                )
-            )
+        per_line, reported, found = _exclusive(view, col, where, metric, total, missing, min_share, top_k)
+        out += found
+        out += _inclusive_findings(view, col, where, metric, total, missing, incl_share, top_k, per_line, reported)
     return out
+
+
+def _exclusive(view, col, where: str, metric: str, total, missing: dict, min_share: float, top_k: int):
+    """The lines whose own cost is the largest (the top `top_k` over `min_share`): (each line's
+    own cost, the lines reported, their findings)."""
+    found: list[Finding] = []
+    per_line, per_top = _line_self(view, col)
+    tops: dict[int, tuple[int, int]] = {}
+    for (ln, top), v in per_top.items():
+        if top and v > tops.get(ln, (0, 0))[1]:
+            tops[ln] = (top, v)
+    ranked = sorted(per_line.items(), key=lambda kv: -kv[1])
+    reported = set()
+    for ln, v in ranked[:top_k]:
+        share = v / total
+        if share < min_share:
+            break
+        reported.add(ln)
+        ev = {metric: v, f"share_of_{metric}": round(share, 4), **missing}
+        add_time_base(view, ev)
+        # GPU time is never the Python line's own: without a dominant op it is spread.
+        what = "several operators" if metric == "gpu_time_ns" or not ln else "its own Python code"
+        if ln in tops:
+            top, tv = tops[ln]
+            ev["top_frame_share_of_line"] = round(tv / v, 4)
+            if tv * 2 >= v:
+                what = view.frames[top].label()
+        found.append(
+            Finding(
+                rule=RULE,
+                severity="medium" if share >= 0.5 else "low",  # informational: ranks below fixes
+                # No Python frame above the cost (BPF stacks without Python): the op or kernel.
+                path=view.labels(ln) if ln else (view.labels(tops[ln][0]) if ln in tops else ()),
+                title=f"{where} hotspot (exclusive): {100 * share:.0f}% of {metric} "
+                + (f"at this line, mostly {short(what)}" if ln else f"in {short(what)} (these stacks carry no Python frames)"),
+                evidence=ev,
+                fix=f"Start here: this line's own work is the largest {where} cost. "
+                f"Check whether {short(what)} must run every step, runs at the right size and dtype, "
+                "and see the other findings for this path.",
+            )
+        )
+    return per_line, reported, found
+
+
+def _inclusive_findings(view, col, where: str, metric: str, total, missing: dict, incl_share: float, top_k: int,
+                        per_line: dict, reported: set) -> list[Finding]:
+    """Calls whose callees together are hot though no line below them dominates."""
+    found: list[Finding] = []
+    incl = _inclusive(view, col)
+    frames, parents, line = view.frames, view.parents, view.line
+    hot_child_of: set[int] = set()
+    for i in range(1, view.n):
+        if frames[i].kind == "python" and incl[i] >= incl_share * total:
+            hot_child_of.add(line[parents[i]])
+    cands = [
+        i
+        for i in range(1, view.n)
+        if frames[i].kind == "python"
+        and incl[i] >= incl_share * total
+        and i not in hot_child_of
+        and i not in reported
+    ]
+    cands.sort(key=lambda i: -incl[i])
+    for i in cands[:top_k]:
+        share = incl[i] / total
+        own = per_line.get(i, 0)
+        ev = {f"inclusive_{metric}": incl[i], f"share_of_{metric}": round(share, 4),
+              f"exclusive_{metric}": own, **missing}
+        found.append(
+            Finding(
+                rule=RULE,
+                severity="low",
+                path=view.labels(i),
+                title=f"{where} hotspot (inclusive): {100 * share:.0f}% of {metric} under this call, spread over its callees",
+                evidence=ev,
+                fix="No single line below dominates: profile this function's callees together "
+                "(torch.compile of the whole function, or fewer calls with larger batches).",
+            )
+        )
+    return found

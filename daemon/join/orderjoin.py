@@ -243,37 +243,41 @@ class OrderJoin:
                             for r in recs:
                                 charge(path, r)
                         continue
-                pick = None  # the oldest (index 0) did not fit: look further
-                for i in range(1, min(LOOKAHEAD, len(times))):
-                    if times[i] > latest:
-                        break
-                    s0 = sigs[i]
-                    if s0 is None or s0 == sig:
-                        pick = i
-                        break
-                if recs is None:
-                    recs = (first,)
-                if pick is None:
-                    stats["order_unseen_groups"] += 1
-                    for r in recs:
-                        charge(None, r)
-                    continue
-                claim_t, claim_path = times[pick], paths[pick]
-                stats["order_sig_mismatch_skips"] += 1
-                del times[pick], paths[pick], sigs[pick]
-                keep_from = claim_t - REORDER_NS
-                while times and times[0] < keep_from and pick:
-                    qpop()
-                    pick -= 1
-                    stats["order_skipped_launches"] += 1
-                if pick:  # launches from just before the claim stay: another thread's, id not yet seen
-                    stats["order_reordered"] += 1
-                for r in recs:
-                    charge(claim_path, r)
+                self._claim_further(recs if recs is not None else (first,), sig, latest, charge)
         finally:
             stats["order_groups"] += n
             stats["order_before_enable"] += before_enable
         return n
+
+    def _claim_further(self, recs, sig, latest: int, charge: Callable[[Any, GpuRecord], None]) -> None:
+        """The group's oldest pending launch did not fit (later than `latest`, or another
+        signature): the first fitting one of the next LOOKAHEAD claims it, or nothing does."""
+        times, paths, sigs, stats = self.times, self.paths, self.sigs, self.stats
+        pick = None
+        for i in range(1, min(LOOKAHEAD, len(times))):
+            if times[i] > latest:
+                break
+            s0 = sigs[i]
+            if s0 is None or s0 == sig:
+                pick = i
+                break
+        if pick is None:
+            stats["order_unseen_groups"] += 1
+            for r in recs:
+                charge(None, r)
+            return
+        claim_t, claim_path = times[pick], paths[pick]
+        stats["order_sig_mismatch_skips"] += 1
+        del times[pick], paths[pick], sigs[pick]
+        keep_from = claim_t - REORDER_NS
+        while times and times[0] < keep_from and pick:
+            self._pop()
+            pick -= 1
+            stats["order_skipped_launches"] += 1
+        if pick:  # launches from just before the claim stay: another thread's, id not yet seen
+            stats["order_reordered"] += 1
+        for r in recs:
+            charge(claim_path, r)
 
 
 def _start_of(rec: GpuRecord) -> int:

@@ -148,7 +148,7 @@ def _metadata(body):
     return {k: _unquote(v) for k, v in _KV.findall(inner)}
 
 
-def parse_hlo_text(text):
+def parse_hlo_text(text):  # long: agent code, one pass over HLO text; split with the GPU matrix run
     """HLO module text -> (module name, kernel entries).
 
     Entries, in schedule order of the computations that run kernels (ENTRY with the computations

@@ -1,3 +1,4 @@
+# long: runs inside users' processes; split it only with the GPU safety matrix run (docs/agent-in-target.md)
 """CUPTI collector through cupti-python: the activity API while attached, CUPTI torn down at detach.
 
 Runs in the target. Kinds: CONCURRENT_KERNEL, MEMCPY, MEMSET, and RUNTIME/DRIVER API records
