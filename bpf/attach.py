@@ -218,7 +218,7 @@ class ProbeAttacher:
         self.fallback = cfg.force_fallback or not _uprobe_multi_supported()
         if self.fallback:
             self.notes.append("uprobe_multi unavailable: per-probe uprobes with a short op list "
-                               f"({len(FALLBACK_OPS)} ops); detach takes ~0.1 s per probe")
+                              f"({len(FALLBACK_OPS)} ops); detach takes ~0.1 s per probe")
         src = program.build_source(
             gpu=cfg.gpu, ops=cfg.ops, cpu=cfg.cpu_sample_hz > 0, native_stacks=cfg.native_stacks,
             python_stacks=bool(py_flags), pystack_cflags=py_flags, max_specs=max(64, len(self.specs)), ringbuf_pages=cfg.ringbuf_pages,
@@ -245,7 +245,7 @@ class ProbeAttacher:
         self.compiled = bool(compiled)
         if not compiled:
             self.notes.append(f"BPF program: compiled before, shared with {self.shared.users - 1} other "
-                               "attached process(es) or kept from an earlier attach")
+                              "attached process(es) or kept from an earlier attach")
         self.bpf = self.shared.bpf
         loaded = self.shared.loaded
         self._api_entry, self._api_return = loaded.get("api_entry"), loaded.get("api_return")
@@ -300,8 +300,8 @@ class ProbeAttacher:
                         self._attach_gpu_library(lib, specs)
             if initial and not found_any:
                 self.notes.append("GPU API probes: not applicable: the process maps no libcuda/"
-                                   "libamdhip64 (CPU sampling and operator probes still apply; "
-                                   "libraries loaded later are picked up by rescan)")
+                                  "libamdhip64 (CPU sampling and operator probes still apply; "
+                                  "libraries loaded later are picked up by rescan)")
         if cfg.ops:
             libs = find_libraries(self.pid, LIBTORCH_RE, maps=maps)
             for lib in libs:
@@ -320,31 +320,31 @@ class ProbeAttacher:
         role = next((r for k, r in _ROLE.items() if k in os.path.basename(lib.path)), "gpu")
         if not present:
             self.notes.append(f"GPU API probes: not applicable: {lib.path} exports none of the "
-                               f"{len(specs)} probed symbols")
+                              f"{len(specs)} probed symbols")
             self.libraries.append(LibraryAttach(lib.path, role, 0, missing))
             return
         if self.fallback:
             for p in present:
                 self.bpf.attach_uprobe(name=lib.host_path.encode(), sym=p.export.encode(),
-                                        fn_name=f"sl_api_entry_{p.spec.index}".encode(), pid=self.pid)
+                                       fn_name=f"sl_api_entry_{p.spec.index}".encode(), pid=self.pid)
                 if p.spec.ret:
                     self.bpf.attach_uretprobe(name=lib.host_path.encode(), sym=p.export.encode(),
-                                               fn_name=f"sl_api_return_{p.spec.index}".encode(), pid=self.pid)
+                                              fn_name=f"sl_api_return_{p.spec.index}".encode(), pid=self.pid)
         else:
             self.links.append(self._link(self._api_entry.fd, lib.host_path,
-                                          [p.offset for p in present], [p.spec.index for p in present]))
+                                         [p.offset for p in present], [p.spec.index for p in present]))
             rets = [p for p in present if p.spec.ret]
             if rets:
                 self.links.append(self._link(self._api_return.fd, lib.host_path,
-                                              [p.offset for p in rets], [p.spec.index for p in rets],
-                                              retprobe=True))
+                                             [p.offset for p in rets], [p.spec.index for p in rets],
+                                             retprobe=True))
         if missing:
             self.notes.append(f"{lib.path}: {len(missing)} probed symbols not exported "
-                               f"({', '.join(missing[:6])}{'…' if len(missing) > 6 else ''})")
+                              f"({', '.join(missing[:6])}{'…' if len(missing) > 6 else ''})")
         if res.summary():
             self.notes.append(f"{lib.path}: probes on exported versions: {res.summary()}")
         self.libraries.append(LibraryAttach(lib.path, role, len(present), missing,
-                                             tuple((p.spec.symbol, p.export) for p in present)))
+                                            tuple((p.spec.symbol, p.export) for p in present)))
 
     def _attach_torch(self, lib: LibraryFile) -> None:
         self._attached_files.add(lib.key)
@@ -364,12 +364,12 @@ class ProbeAttacher:
             with ElfFile(lib.host_path) as elf:  # BCC takes a virtual address and converts it
                 for o in ops:
                     self.bpf.attach_uprobe(name=lib.host_path.encode(), addr=elf.offset_to_vaddr(o.offset),
-                                            fn_name=f"sl_op_entry_{wanted[o.name]}".encode(), pid=self.pid)
+                                           fn_name=f"sl_op_entry_{wanted[o.name]}".encode(), pid=self.pid)
         else:
             base = len(self.op_names)
             self.op_names.extend(o.name for o in ops)
             self.links.append(self._link(self._op_entry.fd, lib.host_path, [o.offset for o in ops],
-                                          list(range(base, base + len(ops)))))
+                                         list(range(base, base + len(ops)))))
         self.libraries.append(LibraryAttach(lib.path, "torch", len(ops)))
 
     def _attach_autograd(self, lib: LibraryFile, maps) -> None:
@@ -384,18 +384,18 @@ class ProbeAttacher:
         missing = [s for s in autograd.SYMBOLS if s not in offsets]
         if missing or bias is None:
             self.notes.append(f"backward link: unavailable: {lib.path} does not export "
-                               f"{'the autograd entry points' if missing else 'a mapping we can place'} "
-                               "(backward work keeps the stacks of the autograd threads)")
+                              f"{'the autograd entry points' if missing else 'a mapping we can place'} "
+                              "(backward work keeps the stacks of the autograd threads)")
             return
         self.vtables.add(lib.host_path, bias)
         self._add_node_classes(maps)
         if self.fallback:
             for i, sym in enumerate(autograd.SYMBOLS):
                 self.bpf.attach_uprobe(name=lib.host_path.encode(), sym=sym.encode(),
-                                        fn_name=f"sl_autograd_{i}".encode(), pid=self.pid)
+                                       fn_name=f"sl_autograd_{i}".encode(), pid=self.pid)
         else:
             self.links.append(self._link(self._ag_entry.fd, lib.host_path,
-                                          [offsets[s] for s in autograd.SYMBOLS], [0, 1]))
+                                         [offsets[s] for s in autograd.SYMBOLS], [0, 1]))
         self.notes.append("backward link: on (autograd nodes created and evaluated are probed)")
 
     def _add_node_classes(self, maps) -> None:
