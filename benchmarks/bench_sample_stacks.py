@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from stacklens.bpf import ProbeConfig, ProbeSession  # noqa: E402
-from stacklens.bpf.session import TRUNCATED  # noqa: E402
+from stacklens.bpf.decode import TRUNCATED  # noqa: E402
 
 
 def main() -> int:
