@@ -11,7 +11,7 @@ import sys
 import time
 
 from stacklens.daemon.session import ProcessSession
-from stacklens.render.textreport import render_report
+from stacklens.render.textreport import render_report, short_note
 from stacklens.errors import AttachError
 
 
@@ -36,7 +36,7 @@ def run_demo(duration_s: float | None = None, metric: str = "cpu_samples", live_
         session = ProcessSession(proc.pid, agent=False)
         t0 = time.monotonic()
         for note in session.start():
-            print(f"demo: {note}")
+            print(f"demo: {short_note(note, proc.pid)}")
         print(f"demo: attached in {time.monotonic() - t0:.2f}s", flush=True)
         try:
             if live_view is not None:

@@ -1,15 +1,19 @@
 """`stacklens doctor`: preflight of what attaching needs, with the fix for each failed check.
 
-Reads procfs/sysfs only; loading a trivial BPF program needs root (or CAP_BPF + CAP_PERFMON).
+Reads procfs/sysfs and, with a PID, the ELF symbols of its GPU libraries (which exports each
+probe would attach to: the full list the attach notes shorten); loading a trivial BPF program
+needs root (or CAP_BPF + CAP_PERFMON). `--json` prints the same checks as one JSON document.
 Exit status 1 when any check fails. A check that does not apply (libcuda on a CPU job, Python
 stacks in a process that is not Python) reads "n/a" and fails nothing.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,14 +106,65 @@ def process_checks(pid: int) -> list[Check]:
         paths = info.libraries.get(lib, [])
         out.append(Check(lib, bool(paths), ", ".join(paths) or f"not mapped: {probes} do not apply",
                          applies=bool(paths)))
+    return out + probe_checks(pid)
+
+
+def probe_checks(pid: int) -> list[Check]:
+    """For each GPU library the process maps, the probed symbols it exports, those it does not,
+    and the exported versions probes attach to, in full (an attach note shows their first part)."""
+    from stacklens.bpf.procmaps import find_libraries
+    from stacklens.bpf.spec import DEFAULT_SPEC, load_specs, resolve_library
+
+    by_re: dict[str, list] = {}
+    for s in load_specs(DEFAULT_SPEC):
+        by_re.setdefault(s.library, []).append(s)
+    out = []
+    for pattern, specs in by_re.items():
+        try:
+            libs = find_libraries(pid, re.compile(pattern))
+        except Exception:   # the process went away or its maps are unreadable: process_checks said so
+            return out
+        for lib in libs:
+            name = f"probes {os.path.basename(lib.path)}"
+            try:
+                res = resolve_library(lib.host_path, specs)
+            except Exception as e:   # unreadable or not an ELF file: say so, fail nothing else
+                out.append(Check(name, False, f"{lib.path}: cannot read its symbols ({e})",
+                                 "run as root (the file is read through /proc/PID/root)"))
+                continue
+            parts = [f"{len(res.sites)} probe sites for {len(specs) - len(res.missing)}/{len(specs)} probed symbols"]
+            if res.missing:
+                parts.append(f"not exported: {', '.join(res.missing)}")
+            if res.summary():
+                parts.append(f"probes on exported versions: {res.summary()}")
+            out.append(Check(name, bool(res.sites), "; ".join(parts),
+                             "the library exports none of the probed symbols: GPU API probes do not apply",
+                             applies=bool(res.sites)))
     return out
 
 
-def run_doctor(pid: int | None = None) -> int:
+def run_doctor(pid: int | None = None, *, as_json: bool = False) -> int:
     checks = system_checks()
     if pid is not None:
         checks += process_checks(pid)
-    return report(checks)
+    return report_json(checks) if as_json else report(checks)
+
+
+def check_status(c: Check) -> str:
+    return "n/a" if not c.applies else "ok" if c.ok else "fail"
+
+
+def report_json(checks: list[Check], out=None) -> int:
+    """The checks as one JSON document (`ok`: no check failed; each check's status is "ok",
+    "fail" or "n/a"); the exit status as `report` gives it."""
+    failed = any(c.failed for c in checks)
+    doc = {"ok": not failed,
+           "checks": [{"name": c.name, "status": check_status(c), "detail": c.detail, "fix": c.fix if c.failed else ""}
+                      for c in checks]}
+    out = out or sys.stdout
+    json.dump(doc, out, indent=2)
+    out.write("\n")
+    return 1 if failed else 0
 
 
 def report(checks: list[Check], out=None) -> int:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from stacklens import __version__
 from stacklens.render.formats import FORMATS
-from stacklens.errors import EXIT_USAGE, InputError, StacklensError
+from stacklens.render.textreport import short_note
+from stacklens.errors import EXIT_INTERRUPTED, EXIT_USAGE, InputError, StacklensError, exit_codes
 
 DEFAULT_SOCKET = "/run/stacklens/stacklens.sock"
 PID_MAX = 2**31 - 1  # pid_t (the daemon's gRPC field is an int32)
@@ -166,6 +167,8 @@ def _oneshot_output(snap, args: argparse.Namespace) -> None:
     in_output = FORMATS[args.format].shows_notes
     for ln in lines:
         if not in_output or ln.startswith("window: ") or ln[len("note: "):] in added:
+            if ln.startswith("note: "):   # whole in the profile's meta (JSON), short here
+                ln = "note: " + short_note(ln[len("note: "):], snap.meta.get("pid"))
             print(f"stacklens: {ln}", file=sys.stderr)
     if error is not None and not snap.meta.get("window", {}).get("cpu_samples"):
         raise error
@@ -208,7 +211,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from stacklens.cli.doctor import run_doctor
 
-    return run_doctor(pid=args.pid)
+    return run_doctor(pid=args.pid, as_json=args.json)
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    from stacklens.cli.daemoncmds import run_ps
+
+    return run_ps(_socket_path(args), as_json=args.json)
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from stacklens.cli.daemoncmds import run_advise
+
+    return run_advise(_socket_path(args), args.pid, as_json=args.json)
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from stacklens.cli.completion import script
+
+    sys.stdout.write(script(build_parser(), args.shell))
+    return 0
 
 
 def cmd_daemon_call(args: argparse.Namespace) -> int:
@@ -245,22 +267,62 @@ def cmd_top(args: argparse.Namespace) -> int:
     return run_top(pid=args.pid, input_path=args.input, socket_path=_socket_path(args))
 
 
+def exit_codes_epilog() -> str:
+    """The exit codes, as `stacklens --help` ends: from the one table (errors.exit_codes)."""
+    return "exit codes:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in exit_codes())
+
+
+def add_pid(sp: argparse.ArgumentParser, *, required: bool, what: str) -> None:
+    """The one way to name a PID: `-p PID` / `--pid PID` on every command that takes one, and a
+    bare PID as well (the form `report`, `top`, `attach`, `detach` and `advise` always took);
+    `resolve_pid` makes them one `args.pid`."""
+    sp.add_argument("pid", nargs="?", type=pid_arg, metavar="PID", help=f"{what} (same as -p PID)")
+    sp.add_argument("-p", "--pid", dest="pid_opt", type=pid_arg, metavar="PID", help=what)
+    sp.set_defaults(pid_required=required)
+
+
+def resolve_pid(args: argparse.Namespace, sp: argparse.ArgumentParser) -> None:
+    """`args.pid` from `PID` or `-p PID`; a usage error (exit 64) for two different ones or none
+    where one is required."""
+    if not hasattr(args, "pid_opt"):
+        return
+    if args.pid is not None and args.pid_opt is not None and args.pid != args.pid_opt:
+        sp.error(f"two PIDs given ({args.pid} and -p {args.pid_opt}): give one")
+    if args.pid_opt is not None:
+        args.pid = args.pid_opt
+    if args.pid is None and args.pid_required:
+        sp.error("give a PID: -p PID (see `stacklens ps`)")
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The subcommands' parsers by name (for the PID check and the completion scripts)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="stacklens",
         description="Whole-stack profiler for running PyTorch/JAX processes: "
         "Python line -> operator -> native frame -> GPU API -> GPU kernel.",
+        epilog=exit_codes_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"stacklens {__version__}")
     p.add_argument("--socket", help=f"daemon socket (default $STACKLENS_SOCKET or {DEFAULT_SOCKET})")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
+    def command(name: str, hlp: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=hlp, description=hlp, epilog="exit codes: see `stacklens --help`")
+
     def out_opts(sp: argparse.ArgumentParser, default_fmt: str = "text") -> None:
-        sp.add_argument("--format", choices=FORMATS, default=default_fmt)
+        sp.add_argument("-f", "--format", choices=FORMATS, default=default_fmt, help=f"output format (default {default_fmt})")
         sp.add_argument("--metric", default=None,
                         help="metric for " + "/".join(n for n, f in FORMATS.items() if f.per_metric)
                         + " (default: GPU time where it was measured, else CPU samples)")
-        sp.add_argument("-o", "--output", help="write to FILE instead of stdout")
+        sp.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
         sp.add_argument("--view", choices=("auto", "model", "full"), default="auto",
                         help="model: torch module calls named (transformer.h.3.attn · GPT2Attention), framework "
                         "frames (module call wrappers, decorators, dynamo) collapsed; full: every frame; "
@@ -268,37 +330,43 @@ def build_parser() -> argparse.ArgumentParser:
                         + "/".join(n for n, f in FORMATS.items() if f.model_view)
                         + " where the profile has module calls, full for the other formats")
 
-    r = sub.add_parser("report", help="render a profile: a saved file (--input) or a PID via the daemon")
-    r.add_argument("pid", nargs="?", type=pid_arg)
-    r.add_argument("--input", "-i", help="saved profile (stacklens JSON, .json.gz)")
-    r.add_argument("--window", type=float, default=None, help="last N seconds (daemon only)")
+    def json_opt(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--json", action="store_true", help="machine-readable output: one JSON document")
+
+    r = command("report", "render a profile: a saved file (--input) or a PID via the daemon")
+    add_pid(r, required=False, what="the process to report, through the daemon")
+    r.add_argument("-i", "--input", metavar="FILE", help="saved profile (stacklens JSON, .json.gz)")
+    r.add_argument("--window", type=float, default=None, metavar="SECONDS", help="last N seconds (daemon only)")
     out_opts(r)
     r.set_defaults(func=cmd_report)
 
-    pr = sub.add_parser("profile", help="one-shot: attach to PID for a duration, print the profile (root)")
-    pr.add_argument("--pid", type=pid_arg, required=True)
-    pr.add_argument("--duration", type=float, default=5.0)
-    pr.add_argument("--rate", type=int, default=99, help="CPU sampling rate in Hz")
+    pr = command("profile", "one-shot: attach to PID for a duration, print the profile (root)")
+    add_pid(pr, required=True, what="the process to profile")
+    pr.add_argument("-d", "--duration", type=float, default=5.0, metavar="SECONDS",
+                    help="how long to profile (default 5)")
+    pr.add_argument("-r", "--rate", type=int, default=99, metavar="HZ", help="CPU sampling rate in Hz (default 99)")
     pr.add_argument("--agent", action="store_true", help="also inject the in-process agent (GPU time, Python sampler)")
     pr.add_argument("--no-ops", action="store_true", help="skip libtorch operator probes")
     out_opts(pr)
     pr.set_defaults(func=cmd_profile)
 
-    rec = sub.add_parser("record", help="start a command and profile it until it exits (root)")
-    rec.add_argument("cmd", nargs=argparse.REMAINDER)
-    rec.add_argument("--rate", type=int, default=99)
-    rec.add_argument("--agent", action="store_true")
+    rec = command("record", "start a command and profile it until it exits (root)")
+    rec.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command and its arguments")
+    rec.add_argument("-r", "--rate", type=int, default=99, metavar="HZ", help="CPU sampling rate in Hz (default 99)")
+    rec.add_argument("--agent", action="store_true", help="also inject the in-process agent")
     out_opts(rec)
     rec.set_defaults(func=cmd_record)
 
-    d = sub.add_parser("demo", help="start a bundled PyTorch workload, attach by PID, show the live tree")
-    d.add_argument("--duration", type=float, default=None, help="stop after N seconds (default: until Ctrl-C)")
+    d = command("demo", "start a bundled PyTorch workload, attach by PID, show the live tree")
+    d.add_argument("-d", "--duration", type=float, default=None, metavar="SECONDS",
+                   help="stop after N seconds (default: until Ctrl-C)")
     d.add_argument("--metric", default="cpu_samples")
     d.add_argument("--plain", action="store_true", help="plain text refresh instead of the TUI")
     d.set_defaults(func=cmd_demo)
 
-    doc = sub.add_parser("doctor", help="check kernel, headers, tracefs, ptrace scope, BCC, a target's Python/CUDA")
-    doc.add_argument("--pid", type=pid_arg)
+    doc = command("doctor", "check kernel, headers, tracefs, ptrace scope, BCC, a target's Python/CUDA")
+    add_pid(doc, required=False, what="also check this process (its Python, GPU libraries, probed symbols)")
+    json_opt(doc)
     doc.set_defaults(func=cmd_doctor)
 
     for name, hlp in (
@@ -306,22 +374,33 @@ def build_parser() -> argparse.ArgumentParser:
         ("detach", "detach the daemon from PID"),
         ("advise", "advice for PID from the daemon's analyzer"),
     ):
-        sp = sub.add_parser(name, help=hlp)
-        sp.add_argument("pid", type=pid_arg)
+        sp = command(name, hlp)
+        add_pid(sp, required=True, what="the process")
         if name == "attach":
             sp.add_argument("--agent", action="store_true", help="inject the in-process agent too")
             sp.add_argument("--wait", type=float, default=None, metavar="SECONDS",
                             help="follow the attach at most this long (default: as long as it makes progress); "
                             "it goes on in the daemon after, `stacklens ps` shows it attaching")
-        sp.set_defaults(func=cmd_daemon_call)
-    ps = sub.add_parser("ps", help="processes with a GPU driver, torch or JAX loaded (GPU or not), "
-                                   "with their state: attached, not attached (never) or detached")
-    ps.set_defaults(func=cmd_daemon_call)
+            sp.set_defaults(func=cmd_daemon_call)
+        elif name == "detach":
+            sp.set_defaults(func=cmd_daemon_call)
+        else:
+            json_opt(sp)
+            sp.set_defaults(func=cmd_advise)
+    ps = command("ps", "processes with a GPU driver, torch or JAX loaded (GPU or not), "
+                       "with their state: attached, not attached (never) or detached")
+    json_opt(ps)
+    ps.set_defaults(func=cmd_ps)
 
-    t = sub.add_parser("top", help="live terminal UI (through the daemon, or --input FILE)")
-    t.add_argument("pid", nargs="?", type=pid_arg)
-    t.add_argument("--input", "-i")
+    t = command("top", "live terminal UI (through the daemon, or --input FILE)")
+    add_pid(t, required=False, what="the process to show, through the daemon")
+    t.add_argument("-i", "--input", metavar="FILE", help="saved profile (stacklens JSON, .json.gz)")
     t.set_defaults(func=cmd_top)
+
+    c = command("completion", "print a shell completion script: "
+                "`eval \"$(stacklens completion bash)\"` (bash), `stacklens completion zsh > ~/.zfunc/_stacklens` (zsh)")
+    c.add_argument("shell", choices=("bash", "zsh"))
+    c.set_defaults(func=cmd_completion)
     return p
 
 
@@ -329,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if getattr(args, "command", None):
+            resolve_pid(args, subcommands(parser)[args.command])
     except SystemExit as e:  # argparse: --help/--version exit 0, misuse exits 2 -> EX_USAGE
         code = e.code if isinstance(e.code, int) else 1
         return 0 if code == 0 else EXIT_USAGE
@@ -341,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stacklens: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # `stacklens report … | head` closes stdout early: not an error.
         try:

@@ -210,28 +210,15 @@ def _attach_progress(pid: int) -> Callable[[pb.AttachResponse], None]:
 
 
 def run_client_command(args, socket_path: str) -> int:
+    from stacklens.render.textreport import short_note
+
     with DaemonClient(socket_path) as c:
         if args.command == "attach":
             for note in c.attach(args.pid, agent=args.agent, wait_s=args.wait, on_progress=_attach_progress(args.pid)):
-                print(note)
+                print(short_note(note, args.pid))   # whole in `stacklens doctor --pid PID`
             print(f"attached to {args.pid}")
         elif args.command == "detach":
             print(c.detach(args.pid))
-        elif args.command == "ps":
-            for line in ps_lines(c.processes()):
-                print(line)
-        elif args.command == "advise":
-            findings = c.advice(args.pid)
-            if not findings:
-                print(f"no findings for {args.pid} (yet): the profile shows nothing the rules flag")
-            for f in findings:
-                print(f"[{f.severity}] {f.rule}: {f.title}")
-                print("    at " + " → ".join(f.path[-4:]))
-                for ev in f.evidence:
-                    print(f"    {ev.metric} = {ev.value:g}")
-                print(f"    fix: {f.fix}")
-                if f.estimated_saving_share:
-                    print(f"    estimated saving: {100 * f.estimated_saving_share:.0f}%")
         else:
             raise errors.InputError(f"unknown command {args.command}")
     return 0

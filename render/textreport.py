@@ -13,6 +13,27 @@ from stacklens.cct.modelview import MODEL
 from stacklens.textsafe import safe_text
 
 
+NOTE_MAX = 200   # characters of a note the text report and the CLI print whole
+
+
+def short_note(note: str, pid: object = None, limit: int = NOTE_MAX) -> str:
+    """`note` as text output prints it: whole up to `limit` characters; a longer one (the list of
+    every probed driver symbol) cut after the items of its list ("; " or ", " apart) that fit, or
+    after `limit` characters, saying how many more there are and where the whole is (JSON output
+    keeps every note whole; `stacklens doctor --pid PID` lists the probed symbols)."""
+    if len(note) <= limit:
+        return note
+    where = f"`stacklens doctor --pid {pid if pid is not None else 'PID'}` or --json"
+    for sep in ("; ", ", "):
+        items = note.split(sep)
+        if len(items) > 2 and len(items[0]) <= limit:
+            kept = 1
+            while len(sep.join(items[:kept + 1])) <= limit:
+                kept += 1
+            return f"{sep.join(items[:kept])}… ({len(items) - kept} more: {where})"
+    return f"{note[:limit]}… ({len(note) - limit} more characters: {where})"
+
+
 def fmt_value(metric: str, value: int) -> str:
     """Human units from the registry (cct/metrics.py); counts as exact integers."""
     return metrics.fmt_value(metric, value, exact=True)
@@ -98,7 +119,8 @@ def render_report(snap: Snapshot, metric: str, **kw) -> str:
     win = meta.get("window")
     if isinstance(win, dict) and win.get("end_ns"):   # a one-shot profile's account (cli/oneshot.py)
         head.append(window_line(win))
-    head.extend(safe_text(f"note: {n}") for n in meta.get("notes") or [] if isinstance(n, str))
+    head.extend(safe_text(f"note: {short_note(n, meta.get('pid'))}") for n in meta.get("notes") or []
+                if isinstance(n, str))
     totals = []
     for m in snap.metrics:
         if m in snap.unavailable:

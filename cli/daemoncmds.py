@@ -1,0 +1,70 @@
+"""`stacklens ps` and `stacklens advise`: the daemon's answers as text or, with --json, as one JSON
+document (`to_json`: every field of the gRPC message, NaN as null).
+
+Talks to a running `stacklensd` over its Unix socket; no privilege of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from stacklens.daemon.client import DaemonClient, ps_lines
+
+
+def to_json(msg) -> dict:
+    """A protobuf message as a JSON-ready dict: every field under its proto name (unset ones with
+    their defaults), nested messages as dicts, a NaN ("unavailable") as null."""
+    def value(v):
+        if hasattr(v, "DESCRIPTOR"):
+            return to_json(v)
+        if isinstance(v, float) and math.isnan(v):
+            return None
+        return v
+
+    out = {}
+    for field in msg.DESCRIPTOR.fields:
+        v = getattr(msg, field.name)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            out[field.name] = {k: value(x) for k, x in v.items()}
+        elif field.label == field.LABEL_REPEATED:
+            out[field.name] = [value(x) for x in v]
+        else:
+            out[field.name] = value(v)
+    return out
+
+
+def dump(doc) -> None:
+    json.dump(doc, sys.stdout, indent=2, allow_nan=False)
+    sys.stdout.write("\n")
+
+
+def run_ps(socket_path: str, *, as_json: bool = False) -> int:
+    with DaemonClient(socket_path) as c:
+        rows = c.processes()
+    if as_json:
+        dump({"processes": [to_json(p) for p in rows]})
+    else:
+        for line in ps_lines(rows):
+            print(line)
+    return 0
+
+
+def run_advise(socket_path: str, pid: int, *, as_json: bool = False) -> int:
+    with DaemonClient(socket_path) as c:
+        findings = c.advice(pid)
+    if as_json:
+        dump({"pid": pid, "findings": [to_json(f) for f in findings]})
+        return 0
+    if not findings:
+        print(f"no findings for {pid} (yet): the profile shows nothing the rules flag")
+    for f in findings:
+        print(f"[{f.severity}] {f.rule}: {f.title}")
+        print("    at " + " → ".join(f.path[-4:]))
+        for ev in f.evidence:
+            print(f"    {ev.metric} = {ev.value:g}")
+        print(f"    fix: {f.fix}")
+        if f.estimated_saving_share:
+            print(f"    estimated saving: {100 * f.estimated_saving_share:.0f}%")
+    return 0
