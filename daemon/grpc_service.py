@@ -5,16 +5,19 @@ the daemon's token (`authorization: Bearer …`, read from the root:stacklens 06
 the socket), so a connection that gets past the file mode — or a TCP client — still needs it.
 
 Standard services beside stacklens.v1.Stacklens (`add_standard_services`): grpc.health.v1.Health
-(SERVING for "" and the stacklens service; NOT_SERVING from the start of a stop) and server
-reflection (grpc.reflection.v1alpha, what grpcurl and grpc_cli ask), behind the same token.
+(SERVING for "" and the stacklens service; NOT_SERVING from the start of a stop), whose Check and
+Watch need no token (`OPEN_METHODS`: kubelet's gRPC probe cannot send one), and server reflection,
+grpc.reflection.v1 (grpcurl, newer clients) and v1alpha (grpc_cli, older ones), behind the token:
+it shows only the published schema, but its streams hold workers that a client without the token
+should not be able to take.
 
 Workers: unary calls must never wait behind long-lived calls, so `StreamSnapshots` is capped at
 MAX_STREAMS concurrent streams, Attach and WaitAttach calls that wait at MAX_ATTACHES and
 reflection at MAX_REFLECTION streams (RESOURCE_EXHAUSTED beyond, with what to do); health Watch
-streams hold no worker (grpc's non-blocking handler). The server has WORKERS threads, so at least
-WORKERS - MAX_STREAMS - MAX_ATTACHES - MAX_REFLECTION are always free for the rest. An attach
-itself runs on a thread of the daemon's (attachop.AttachOp), not on a worker: a client waits for it
-at most MAX_ATTACH_WAIT_S per call and follows it with WaitAttach. A stream waits
+streams hold no worker (grpc's non-blocking handler; at most MAX_WATCHES). The server has WORKERS
+threads, so at least WORKERS - MAX_STREAMS - MAX_ATTACHES - MAX_REFLECTION are always free for the
+rest. An attach itself runs on a thread of the daemon's (attachop.AttachOp), not on a worker: a
+client waits for it at most MAX_ATTACH_WAIT_S per call and follows it with WaitAttach. A stream waits
 between snapshots on an Event that its cancellation (`context.add_callback`) and `close()` (daemon
 stop) set, so it gives its worker back at once.
 Errors: StacklensError → its status code; anything else → INTERNAL with a short message naming
@@ -53,6 +56,11 @@ WORKERS = 32
 MAX_STREAMS = 8
 MAX_ATTACHES = 16
 MAX_REFLECTION = 2  # a reflection client holds its stream (and a worker) while it asks
+MAX_WATCHES = 64    # health Watch streams (open without the token; they hold no worker)
+# Health/Check and Health/Watch need no token: kubelet's gRPC probe and grpc_health_probe cannot
+# send one, and the answer (SERVING or not) reveals nothing. Exact paths: grpc matches them so.
+OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 MAX_ATTACH_WAIT_S = 30.0   # one Attach/WaitAttach call waits at most this long for progress
 DEFAULT_ATTACH_WAIT_S = 10.0
 
@@ -401,15 +409,73 @@ class StacklensServicer(pbg.StacklensServicer):
 
 
 def add_standard_services(server: grpc.Server):
-    """Adds grpc.health.v1.Health and server reflection to `server`; returns the health servicer,
-    SERVING for "" and stacklens.v1.Stacklens until its `enter_graceful_shutdown()`. Reflection
-    describes only what stacklens.proto already publishes; both sit behind the TokenInterceptor
-    like every other call."""
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    """Adds grpc.health.v1.Health and server reflection (v1 and v1alpha) to `server`; returns the
+    health servicer, SERVING for "" and stacklens.v1.Stacklens until its `enter_graceful_shutdown()`.
+    Reflection describes only what stacklens.proto already publishes, behind the TokenInterceptor
+    like every other call; Health answers without the token (`OPEN_METHODS`)."""
+    from grpc_health.v1 import health, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+
+    stacklens_name = pb.DESCRIPTOR.services_by_name["Stacklens"].full_name
+    checker = _health_servicer((health.OVERALL_HEALTH, stacklens_name))
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    servicer = _reflection_servicer((stacklens_name, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1))
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+    server.add_generic_rpc_handlers((_reflection_v1_handler(servicer),))
+    return checker
+
+
+def _health_servicer(names):
+    """grpc's HealthServicer, SERVING for `names`. Watch is open to clients without the token, so it
+    is bounded: at most MAX_WATCHES streams, and a name this daemon does not serve gets
+    SERVICE_UNKNOWN and the end of its stream (grpc's servicer would keep a set for every name a
+    client sends, for ever; the daemon's services never change while it runs)."""
+    from grpc_health.v1 import health, health_pb2
+
+    known = frozenset(names)
+    slots = _Slots(MAX_WATCHES, f"at most {MAX_WATCHES} health Watch streams at once: use Check, or retry when "
+                   "one has ended")
+
+    class BoundedHealth(health.HealthServicer):
+        def Watch(self, request, context, send_response_callback=None):
+            if request.service not in known:
+                unknown = health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+                if send_response_callback is None:
+                    return iter((unknown,))
+                send_response_callback(unknown)
+                send_response_callback(None)    # ends the stream with OK
+                return None
+            try:
+                slots.take()
+            except Busy as e:
+                _abort(context, e)
+            if not context.add_callback(slots.give):  # already over
+                slots.give()
+            return super().Watch(request, context, send_response_callback)
+
+    checker = BoundedHealth()  # non-blocking Watch: holds no worker
+    for name in names:
+        checker.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return checker
+
+
+def _reflection_servicer(names):
+    """grpcio-reflection's servicer (v1alpha messages) capped at MAX_REFLECTION streams, which also
+    describes grpc.reflection.v1 itself (`_reflection_v1_file`)."""
+    from google.protobuf import descriptor_pool
+    from grpc_reflection.v1alpha import reflection, reflection_pb2
 
     slots = _Slots(MAX_REFLECTION, f"at most {MAX_REFLECTION} reflection streams at once: retry when a "
                    "client such as grpcurl has finished")
+    v1_file = _reflection_v1_file()
+    v1_bytes = v1_file.SerializeToString()
+    v1_pool = descriptor_pool.DescriptorPool()
+    v1_pool.AddSerializedFile(v1_bytes)
+
+    def v1_answer(request):
+        return reflection_pb2.ServerReflectionResponse(
+            file_descriptor_response=reflection_pb2.FileDescriptorResponse(file_descriptor_proto=[v1_bytes]),
+            original_request=request)
 
     class CappedReflection(reflection.ReflectionServicer):
         def ServerReflectionInfo(self, request_iterator, context):
@@ -422,14 +488,57 @@ def add_standard_services(server: grpc.Server):
             finally:
                 slots.give()
 
-    stacklens_name = pb.DESCRIPTOR.services_by_name["Stacklens"].full_name
-    checker = health.HealthServicer()  # non-blocking Watch: holds no worker
-    for name in (health.OVERALL_HEALTH, stacklens_name):
-        checker.set(name, health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
-    names = (stacklens_name, health.SERVICE_NAME, reflection.SERVICE_NAME)
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(CappedReflection(names), server)
-    return checker
+        def _file_by_filename(self, request, filename):
+            if filename == v1_file.name:
+                return v1_answer(request)
+            return super()._file_by_filename(request, filename)
+
+        def _file_containing_symbol(self, request, fully_qualified_name):
+            try:
+                v1_pool.FindFileContainingSymbol(fully_qualified_name)
+            except KeyError:
+                return super()._file_containing_symbol(request, fully_qualified_name)
+            return v1_answer(request)
+
+    return CappedReflection(names)
+
+
+def _reflection_v1_file():
+    """grpc.reflection.v1's reflection.proto, made from v1alpha's by renaming its package: the two
+    are wire-identical (same messages, field names, numbers and types; compared with grpc's
+    src/proto/grpc/reflection/v1/reflection.proto, and by tests/unit/test_grpc_standard.py against
+    a v1 client built from that file's fields). grpcio-reflection ships only v1alpha up to at least
+    1.85; grpcurl and newer clients ask v1 first."""
+    from google.protobuf import descriptor_pb2
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    fd = descriptor_pb2.FileDescriptorProto()
+    reflection_pb2.DESCRIPTOR.CopyToProto(fd)
+    old, new = fd.package, REFLECTION_V1.rsplit(".", 1)[0]
+    fd.name = fd.name.replace("v1alpha", "v1")
+    fd.package = new
+    fd.ClearField("options")
+    for m in fd.message_type:
+        for f in m.field:
+            if f.type_name.startswith(f".{old}."):
+                f.type_name = f".{new}." + f.type_name[len(old) + 2:]
+    for s in fd.service:
+        for meth in s.method:
+            meth.input_type = meth.input_type.replace(f".{old}.", f".{new}.")
+            meth.output_type = meth.output_type.replace(f".{old}.", f".{new}.")
+    return fd
+
+
+def _reflection_v1_handler(servicer) -> grpc.GenericRpcHandler:
+    """grpc.reflection.v1.ServerReflection served by the v1alpha servicer: the bytes on the wire
+    are the same, so v1alpha's message classes decode and encode them."""
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    info = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)
+    return grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": info})
 
 
 def finding_to_pb(f) -> pb.Finding:
@@ -445,7 +554,7 @@ def finding_to_pb(f) -> pb.Finding:
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
-    """Refuses every call without the daemon's bearer token (UNAUTHENTICATED)."""
+    """Refuses every call without the daemon's bearer token (UNAUTHENTICATED), but OPEN_METHODS."""
 
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}".encode()
@@ -462,10 +571,12 @@ class TokenInterceptor(grpc.ServerInterceptor):
         }
 
     def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler_call_details.method in OPEN_METHODS:
+            return handler
         md = dict(handler_call_details.invocation_metadata or ())
         got = md.get("authorization", "")
-        handler = continuation(handler_call_details)
-        if hmac.compare_digest(got.encode(), self._expected):
+        if isinstance(got, str) and hmac.compare_digest(got.encode(), self._expected):
             return handler
         if handler is None:
             return self._deny[(False, False)]

@@ -1,8 +1,8 @@
 """stacklensd: the node daemon. gRPC on a Unix socket (+ optional TCP with TLS), Prometheus on HTTP.
 
 Requires root or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE (+ CAP_DAC_READ_SEARCH for /proc of other
-users). The socket is 0660 (group `stacklens` when that group exists) and every call needs the
-token in a 0640 `token` file (see `prepare_socket_dir`).
+users). The socket is 0660 (group `stacklens` when that group exists) and every call but the health
+check needs the token in a 0640 `token` file (see `prepare_socket_dir`).
 
 Socket directory: the daemon never changes the mode or owner of a directory it did not create
 (`--socket /tmp/x.sock` once turned /tmp into 0750 for every user; issue 17).
@@ -20,8 +20,10 @@ removes the socket and the token file it wrote, not the directories. At start it
 killed daemon's socket and token, and removes the agent files (lock, socket, code and bootstrap
 token per target) it left (`inject.server.clean_stale_files`).
 
-Standard gRPC services: grpc.health.v1.Health (SERVING; NOT_SERVING once stopping) and server
-reflection, token-gated like the rest (`grpc_service.add_standard_services`); e.g.
+Standard gRPC services (`grpc_service.add_standard_services`): grpc.health.v1.Health (SERVING;
+NOT_SERVING once stopping), the one service that needs no token, for kubelet's gRPC probe and
+`grpc_health_probe -addr unix:///run/stacklens/stacklens.sock`; server reflection v1 and v1alpha,
+token-gated like the rest, e.g.
 `grpcurl -plaintext -unix -H "authorization: Bearer $(cat /run/stacklens/token)" /run/stacklens/stacklens.sock list`.
 
 Metrics: `MetricsServer` (daemon/prom.py), bounded threads and connections; hotspot series only
@@ -41,11 +43,15 @@ import signal
 import stat
 import sys
 import threading
-import tomllib
 from concurrent import futures
 from pathlib import Path
 
 import grpc
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as the `tomli` package (a dependency there)
+    import tomli as tomllib  # type: ignore[no-redef]
 
 from stacklens import __version__
 from stacklens.daemon import grpc_service

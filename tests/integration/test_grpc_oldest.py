@@ -101,8 +101,8 @@ def test_daemon_and_cli_run_on_the_oldest_grpcio(oldest, tmp_path):
         assert health.stdout.split()[1] == "0"
         std = _run(oldest, "-c", STANDARD_SERVICES, str(sock))
         assert std.returncode == 0, std.stderr
-        assert std.stdout.split() == ["SERVING", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
-                                      "stacklens.v1.Stacklens"]
+        assert std.stdout.split() == ["SERVING", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+                                      "grpc.reflection.v1alpha.ServerReflection", "stacklens.v1.Stacklens"]
         adv = _run(oldest, *cli, "advise", str(2**22 + 1))   # above pid_max: never a process
         assert adv.returncode != 0 and "not attached" in adv.stderr, (adv.returncode, adv.stdout, adv.stderr)
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
