@@ -22,6 +22,11 @@ was lost) is charged to `backward:NAME` at the root with the evaluating thread's
 (where backward() was called, or none), and counted; nodes with no forward op (AccumulateGrad,
 GraphRoot: sequence number UINT64_MAX) likewise, counted apart.
 
+The caller view (cct/backwardview.py) needs where each linked head was evaluated from: the
+evaluating thread's own Python path, which the forward view drops (`note_caller`). One entry
+per head, the common path of its callers, CALLERS_MAX heads (least recently noted dropped
+first, counted); the snapshot carries it as `meta["backward_callers"]` (`callers_meta`).
+
 Memory: one entry per node created and not yet evaluated — one step's graph — capped at
 FORWARD_MAX (oldest dropped first, counted: nodes of graphs that never ran backward, e.g. a
 forward with grad enabled and no backward), and the EVALUATED_MAX nodes evaluated last (a
@@ -35,11 +40,13 @@ import collections
 from typing import Any
 
 from stacklens.cct import Frame
+from stacklens.cct.backwardview import head_key
 
 FORWARD_MAX = 131_072       # nodes awaiting evaluation (a 48-layer LLM step creates ~20k)
 EVALUATED_MAX = 16_384      # nodes evaluated lately: a second backward (retain_graph) finds them
 EVALS_PER_THREAD = 64       # nodes being evaluated at once on one thread (reentrant backward)
 MEMO_MAX = 65_536
+CALLERS_MAX = 65_536        # linked heads whose caller is kept (the caller view)
 NO_SEQUENCE = (1 << 64) - 1  # Node(sequence_nr=UINT64_MAX): AccumulateGrad, GraphRoot
 
 
@@ -53,6 +60,10 @@ class BackwardLink:
         self._evals: dict[int, collections.OrderedDict[int, tuple[tuple[Frame, ...], bool]]] = {}
         self._contexts: dict[tuple[int, int], tuple] = {}   # (id(py), id(ops)) -> (py, ops, context)
         self._heads: dict[tuple[int, str], tuple[tuple[Frame, ...], tuple[Frame, ...]]] = {}
+        # head -> (its key in the snapshot's table, the common path of the callers it was run from)
+        self._callers: collections.OrderedDict[tuple[Frame, ...], tuple[str, tuple[Frame, ...]]] = \
+            collections.OrderedDict()
+        self._caller_paths: dict[tuple[Frame, ...], tuple[Frame, ...]] = {}   # interned: one tuple per path
         self.stats = collections.Counter()
 
     # ---- events ---------------------------------------------------------------------------
@@ -100,6 +111,50 @@ class BackwardLink:
         if h is None:
             self.stats["autograd_eval_missing"] += 1
         return h
+
+    def note_caller(self, head: tuple[Frame, ...], caller: tuple[Frame, ...]) -> None:
+        """A linked head was evaluated on a thread whose own Python path is `caller` (() on a
+        thread with no Python: autograd's CUDA workers). Called once per distinct (head, stacks),
+        not per event. A second, different caller narrows the entry to the common path."""
+        m = self._callers.get(head)
+        if m is not None:
+            old = m[1]
+            if old is not caller and old != caller:
+                n = 0
+                while n < len(old) and n < len(caller) and old[n] == caller[n]:
+                    n += 1
+                if n < len(old):
+                    self.stats["autograd_caller_mixed"] += 1
+                    self._callers[head] = (m[0], self._intern(old[:n]))
+            self._callers.move_to_end(head)
+            return
+        self._callers[head] = (head_key(f.label() for f in head), self._intern(caller))
+        if len(self._callers) > CALLERS_MAX:
+            self._callers.popitem(last=False)
+            self.stats["autograd_caller_evicted"] += 1
+
+    def _intern(self, path: tuple[Frame, ...]) -> tuple[Frame, ...]:
+        got = self._caller_paths.get(path)
+        if got is None:
+            if len(self._caller_paths) >= MEMO_MAX:
+                self._caller_paths.clear()
+            got = self._caller_paths[path] = path
+        return got
+
+    def callers_meta(self) -> dict[str, object]:
+        """The caller table as the snapshot carries it (cct/backwardview.py); {} when empty."""
+        if not self._callers:
+            return {}
+        ids: dict[int, int] = {}
+        callers: list[list[str]] = []
+        heads: dict[str, int] = {}
+        for key, caller in self._callers.values():
+            i = ids.get(id(caller))
+            if i is None:
+                i = ids[id(caller)] = len(callers)
+                callers.append([f.label() for f in caller])
+            heads[key] = i
+        return {"callers": callers, "heads": heads}
 
     # ---- memoized parts -------------------------------------------------------------------
     def _context(self, ev: Any) -> tuple[Frame, ...]:

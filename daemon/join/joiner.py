@@ -407,19 +407,22 @@ class Joiner:
         node's own operators and native frames below the engine's evaluate_function. An
         unlinked node's head follows the thread's own Python frames (where backward() ran)."""
         py, nat, ops = ev.py_stack, ev.native_stack, ev.op_path
-        # a compiled backward's wrapper line: its model lines follow the head (daemon/join/compiled.py)
-        tail = self.compiled.tail(py) if linked and self.compiled is not None else None
-        if linked and tail is None:
-            py = ()
+        # keyed by the thread's own Python stack even where the path drops it: the caller view's table
         key = (id(head), id(py), id(nat), id(ops))
         m = self._backward_memo.get(key)
         if m is not None and m.head is head and m.nat is nat and m.ops is ops and m.py is py:
             return m
-        native = tuple(nat)
-        below = next((i for i in range(len(native) - 1, -1, -1) if "evaluate_function" in native[i].name), -1)
+        # a compiled backward's wrapper line: its model lines follow the head (daemon/join/compiled.py)
+        tail = self.compiled.tail(py) if linked and self.compiled is not None else None
         own = splice(tuple(py), tuple(getattr(ev, "py_entries", ()) or ()), (), ()) if py and tail is None else ()
         if own and self.compiled is not None:
             own = self.compiled.rewrite(own)
+        if linked:
+            if tail is None:
+                self.backward.note_caller(head, own)   # where backward() ran: the caller view
+            own = ()
+        native = tuple(nat)
+        below = next((i for i in range(len(native) - 1, -1, -1) if "evaluate_function" in native[i].name), -1)
         path = own + head + (tail or ()) + splice((), (), tuple(ops), native[below + 1:] if below >= 0 else native)
         if len(self._backward_memo) >= 65_536:
             self._backward_memo.clear()
@@ -681,4 +684,7 @@ class Joiner:
             meta["threads"] = named
         if self.backward.stats:   # how much backward work found its forward context
             meta["backward_link"] = dict(self.backward.stats)
+            callers = self.backward.callers_meta()
+            if callers:           # linked heads' callers: the caller view (cct/backwardview.py)
+                meta["backward_callers"] = callers
         return self.tree.snapshot(window_s=window_s, meta=meta, unavailable=self.unavailable())
