@@ -41,16 +41,16 @@ def head_key(labels: Iterable[str]) -> str:
 
 def split_view(view: str) -> tuple[str, str]:
     """("auto"|"model"|"full", "forward"|"caller") of a `--view` value: the model-view part and
-    the backward part, comma-separated, either one optional ("caller", "model,caller", "full")."""
+    the backward part, joined by "+" (or ","), either one optional ("caller", "model+caller", "full")."""
     shape, backward = "auto", FORWARD
-    for part in filter(None, (p.strip() for p in view.split(","))):
+    for part in filter(None, (p.strip() for p in view.replace(",", "+").split("+"))):
         if part in BACKWARD_VIEWS:
             backward = part
         elif part in ("auto", "model", "full"):
             shape = part
         else:
             raise ValueError(f"unknown view {part!r}: choose auto, model or full, and/or forward or caller "
-                             "(comma-separated, e.g. model,caller)")
+                             "(joined by +, e.g. model+caller)")
     return shape, backward
 
 

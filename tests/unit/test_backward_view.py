@@ -137,8 +137,8 @@ def test_the_views_travel_through_a_saved_profile_and_compose_with_the_model_vie
 
 
 @pytest.mark.parametrize("text, want", [
-    ("auto", ("auto", "forward")), ("caller", ("auto", "caller")), ("model,caller", ("model", "caller")),
-    ("full", ("full", "forward")), ("caller,full", ("full", "caller")), ("forward", ("auto", "forward")),
+    ("auto", ("auto", "forward")), ("caller", ("auto", "caller")), ("model+caller", ("model", "caller")), ("model,caller", ("model", "caller")),
+    ("full", ("full", "forward")), ("caller+full", ("full", "caller")), ("forward", ("auto", "forward")),
 ])
 def test_split_view(text, want):
     assert split_view(text) == want
@@ -146,4 +146,25 @@ def test_split_view(text, want):
 
 def test_split_view_refuses_unknown_parts():
     with pytest.raises(ValueError, match="unknown view 'callers'"):
-        split_view("model,callers")
+        split_view("model+callers")
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "folded"])
+def test_report_view_caller_and_the_default_unchanged(tmp_path, fmt):
+    from stacklens.cli import main as cli
+
+    saved = tmp_path / "p.json.gz"
+    export.save(training_join().snapshot(), saved)
+    out = {v: tmp_path / f"{v}.out" for v in ("default", "forward", "caller", "full+caller")}
+    assert cli.main(["report", "--input", str(saved), "--format", fmt, "-o", str(out["default"])]) == 0
+    for v in ("forward", "caller", "full+caller"):
+        assert cli.main(["report", "--input", str(saved), "--format", fmt, "--view", v, "-o", str(out[v])]) == 0
+    text = {v: p.read_text() for v, p in out.items()}
+    assert text["forward"] == text["default"]
+    assert text["caller"] != text["default"]
+    if fmt == "folded":   # the backward work under the loss.backward() line, in both shapes
+        rows = [ln for ln in text["full+caller"].splitlines() if "backward:AddmmBackward0" in ln]
+        assert rows and all(ln.startswith("<module> (train.py:20);step (train.py:12);") for ln in rows), rows
+    else:                 # the output says which view it is
+        assert "backward view: caller" in text["caller"] and "backward view: caller" not in text["default"]
+        assert "backward_view" in text["caller"] and "backward_view" not in text["default"]
