@@ -28,7 +28,7 @@ def to_json(msg) -> dict:
         v = getattr(msg, field.name)
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             out[field.name] = {k: value(x) for k, x in v.items()}
-        elif field.label == field.LABEL_REPEATED:
+        elif field.is_repeated:
             out[field.name] = [value(x) for x in v]
         else:
             out[field.name] = value(v)
