@@ -94,6 +94,10 @@ def write_output(snap, fmt: str, metric: str | None, out: str | None, view: str 
     form = FORMATS.get(fmt)
     if form is None:  # argparse restricts choices; keep the error honest anyway
         raise InputError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    from stacklens.cct.backwardview import pick_backward_view, split_view
+
+    view, backward = split_view(view)
+    snap = pick_backward_view(snap, backward)   # before the model view: the engine's frames collapse too
     if view_of(snap, form, view) == "model":
         from stacklens.cct.modelview import model_view
 
@@ -323,12 +327,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="metric for " + "/".join(n for n, f in FORMATS.items() if f.per_metric)
                         + " (default: GPU time where it was measured, else CPU samples)")
         sp.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
-        sp.add_argument("--view", choices=("auto", "model", "full"), default="auto",
+        sp.add_argument("--view", choices=("auto", "model", "full", "forward", "caller", "model+caller", "full+caller"),
+                        default="auto",
                         help="model: torch module calls named (transformer.h.3.attn · GPT2Attention), framework "
                         "frames (module call wrappers, decorators, dynamo) collapsed; full: every frame; "
                         "auto (default): model for "
                         + "/".join(n for n, f in FORMATS.items() if f.model_view)
-                        + " where the profile has module calls, full for the other formats")
+                        + " where the profile has module calls, full for the other formats. "
+                        "Backward work: forward (default) on the forward line that caused it, caller under "
+                        "the call that ran it (loss.backward(), as py-spy shows it), with auto, or with model/full "
+                        "as model+caller / full+caller (docs/backward.md)")
 
     def json_opt(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--json", action="store_true", help="machine-readable output: one JSON document")
