@@ -184,7 +184,8 @@ def ps_lines(rows) -> list[str]:
     width = max([5] + [len(h) for h in heads])    # a long state's first word fits whole
     out = [f"{'PID':>8} {'COMM':16} {'STATE':{width}} {'AGENT':5} {'GPU%':>6} {'LAUNCH/s':>9} {'SYNC%':>6}  PYTHON"]
     for p, st, short in zip(rows, states, heads):
-        gpu = "n/a" if math.isnan(p.gpu_time_share) else f"{100 * p.gpu_time_share:.1f}"
+        share = p.gpu_time_share if not hasattr(p, "HasField") or p.HasField("gpu_time_share") else math.nan
+        gpu = "n/a" if math.isnan(share) else f"{100 * share:.1f}"   # unset: not measured; NaN: an older daemon
         out.append(f"{p.pid:>8} {p.comm[:16]:16} {short:{width}} {'yes' if p.agent else 'no':5} {gpu:>6} "
                    f"{p.launches_per_s:>9.1f} {100 * p.sync_wait_share:>6.1f}  {p.python}")
         if short != st:

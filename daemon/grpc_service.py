@@ -332,8 +332,7 @@ class StacklensServicer(pbg.StacklensServicer):
                 gpu=bool(info and info.gpu),
                 python=(info.python or "") if info else "",
                 container=(info.container if info else ""),
-                gpu_time_share=float("nan"),
-            )
+            )                  # gpu_time_share stays unset unless measured (JSON: no "NaN" string)
             if p.attached:     # rates of the last 10 s: a closed session has none
                 try:
                     snap = s.snapshot(window_s=10.0)

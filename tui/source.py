@@ -249,7 +249,7 @@ class DaemonProcesses:
                 agent=p.agent,
                 state=p.state,
                 python=p.python,
-                gpu_time_share=p.gpu_time_share,
+                gpu_time_share=p.gpu_time_share if p.HasField("gpu_time_share") else math.nan,  # unset: not measured
                 launches_per_s=p.launches_per_s,
                 sync_wait_share=p.sync_wait_share,
                 unavailable=tuple(p.unavailable),
