@@ -79,6 +79,11 @@ def op_name_from_mangled(sym: str) -> str | None:
 
 
 def _cache_dir() -> Path:
+    """systemd's CacheDirectory= (the unit's /var/cache/stacklens: its home is read-only there),
+    else the user's XDG cache."""
+    unit_cache = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
+    if unit_cache:
+        return Path(unit_cache)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "stacklens"
 

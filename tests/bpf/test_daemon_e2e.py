@@ -29,8 +29,11 @@ def exec_start() -> list[str]:
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
-def test_unit_verifies():
-    r = subprocess.run(["systemd-analyze", "verify", str(UNIT)], capture_output=True, text=True)
+def test_unit_verifies(tmp_path):
+    # this venv's stacklensd for /usr/local/bin's (there only after `setup.sh --install-links`)
+    unit = tmp_path / UNIT.name
+    unit.write_text(UNIT.read_text().replace("ExecStart=/usr/local/bin/stacklensd ", f"ExecStart={BIN / 'stacklensd'} "))
+    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 

@@ -2,7 +2,9 @@
 systemd/stacklensd.service at an exposure of at most 4.0, and `systemd-analyze verify` accepts it.
 
 Needs systemd-analyze >= 250 (Debian 12's `systemd` package); skipped with that reason where it
-is absent. Neither command needs a running systemd.
+is absent. Neither command needs a running systemd. `verify` checks that ExecStart's binary is
+there: /usr/local/bin/stacklensd exists only after `scripts/setup.sh --install-links`, so it
+verifies the unit with this venv's stacklensd in its place.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,6 +43,16 @@ def test_exposure_is_at_most_4(systemd_analyze):
     assert float(m.group(1)) <= MAX_EXPOSURE, f"exposure {m.group(1)} > {MAX_EXPOSURE}; open items:\n{worst}"
 
 
-def test_unit_verifies(systemd_analyze):
-    r = _analyze("verify", str(UNIT))
+def unit_with_this_venv(tmp_path: Path) -> Path:
+    """The unit, its ExecStart running this venv's stacklensd instead of the installed link."""
+    installed = "ExecStart=/usr/local/bin/stacklensd "
+    text = UNIT.read_text()
+    assert installed in text
+    copy = tmp_path / UNIT.name
+    copy.write_text(text.replace(installed, f"ExecStart={Path(sys.executable).parent / 'stacklensd'} "))
+    return copy
+
+
+def test_unit_verifies(systemd_analyze, tmp_path):
+    r = _analyze("verify", str(unit_with_this_venv(tmp_path)))
     assert r.returncode == 0, r.stderr
