@@ -75,7 +75,8 @@ def as_the_unit(monkeypatch) -> dict[str, list[str]]:
 
 def test_the_check_sees_the_read_only_home():
     unit = unit_settings()
-    assert not writable_under_unit(PurePosixPath("/root/.cache/stacklens"), unit)
+    home = unit_environment(unit)["HOME"]   # root's: ProtectHome makes it read-only
+    assert not writable_under_unit(PurePosixPath(home, ".cache", "stacklens"), unit)
     assert not writable_under_unit(PurePosixPath("/usr/local/share/stacklens"), unit)
     assert writable_under_unit(PurePosixPath("/var/lib/stacklens/x"), unit)
 
