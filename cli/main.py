@@ -306,41 +306,28 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return {}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="stacklens",
-        description="Whole-stack profiler for running PyTorch/JAX processes: "
-        "Python line -> operator -> native frame -> GPU API -> GPU kernel.",
-        epilog=exit_codes_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--version", action="version", version=f"stacklens {__version__}")
-    p.add_argument("--socket", help=f"daemon socket (default $STACKLENS_SOCKET or {DEFAULT_SOCKET})")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+def out_opts(sp: argparse.ArgumentParser, default_fmt: str = "text") -> None:
+    sp.add_argument("-f", "--format", choices=FORMATS, default=default_fmt, help=f"output format (default {default_fmt})")
+    sp.add_argument("--metric", default=None,
+                    help="metric for " + "/".join(n for n, f in FORMATS.items() if f.per_metric)
+                    + " (default: GPU time where it was measured, else CPU samples)")
+    sp.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    sp.add_argument("--view", choices=("auto", "model", "full", "forward", "caller", "model+caller", "full+caller"),
+                    default="auto",
+                    help="model: torch module calls named (transformer.h.3.attn · GPT2Attention), framework "
+                    "frames (module call wrappers, decorators, dynamo) collapsed; full: every frame; "
+                    "auto (default): model for "
+                    + "/".join(n for n, f in FORMATS.items() if f.model_view)
+                    + " where the profile has module calls, full for the other formats. "
+                    "Backward work: forward (default) on the forward line that caused it, caller under "
+                    "the call that ran it (loss.backward(), as py-spy shows it), with auto, or with model/full "
+                    "as model+caller / full+caller (docs/backward.md)")
 
-    def command(name: str, hlp: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=hlp, description=hlp, epilog="exit codes: see `stacklens --help`")
+def json_opt(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--json", action="store_true", help="machine-readable output: one JSON document")
 
-    def out_opts(sp: argparse.ArgumentParser, default_fmt: str = "text") -> None:
-        sp.add_argument("-f", "--format", choices=FORMATS, default=default_fmt, help=f"output format (default {default_fmt})")
-        sp.add_argument("--metric", default=None,
-                        help="metric for " + "/".join(n for n, f in FORMATS.items() if f.per_metric)
-                        + " (default: GPU time where it was measured, else CPU samples)")
-        sp.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
-        sp.add_argument("--view", choices=("auto", "model", "full", "forward", "caller", "model+caller", "full+caller"),
-                        default="auto",
-                        help="model: torch module calls named (transformer.h.3.attn · GPT2Attention), framework "
-                        "frames (module call wrappers, decorators, dynamo) collapsed; full: every frame; "
-                        "auto (default): model for "
-                        + "/".join(n for n, f in FORMATS.items() if f.model_view)
-                        + " where the profile has module calls, full for the other formats. "
-                        "Backward work: forward (default) on the forward line that caused it, caller under "
-                        "the call that ran it (loss.backward(), as py-spy shows it), with auto, or with model/full "
-                        "as model+caller / full+caller (docs/backward.md)")
-
-    def json_opt(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--json", action="store_true", help="machine-readable output: one JSON document")
-
+def add_profile_commands(command) -> None:
+    """The commands that make or render a profile: report, profile, record, demo."""
     r = command("report", "render a profile: a saved file (--input) or a PID via the daemon")
     add_pid(r, required=False, what="the process to report, through the daemon")
     r.add_argument("-i", "--input", metavar="FILE", help="saved profile (stacklens JSON, .json.gz)")
@@ -372,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--plain", action="store_true", help="plain text refresh instead of the TUI")
     d.set_defaults(func=cmd_demo)
 
+
+def add_daemon_commands(command) -> None:
+    """doctor, the daemon's commands (attach, detach, advise, ps, top) and completion."""
     doc = command("doctor", "check kernel, headers, tracefs, ptrace scope, BCC, a target's Python/CUDA")
     add_pid(doc, required=False, what="also check this process (its Python, GPU libraries, probed symbols)")
     json_opt(doc)
@@ -409,6 +399,25 @@ def build_parser() -> argparse.ArgumentParser:
                 "`eval \"$(stacklens completion bash)\"` (bash), `stacklens completion zsh > ~/.zfunc/_stacklens` (zsh)")
     c.add_argument("shell", choices=("bash", "zsh"))
     c.set_defaults(func=cmd_completion)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="stacklens",
+        description="Whole-stack profiler for running PyTorch/JAX processes: "
+        "Python line -> operator -> native frame -> GPU API -> GPU kernel.",
+        epilog=exit_codes_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"stacklens {__version__}")
+    p.add_argument("--socket", help=f"daemon socket (default $STACKLENS_SOCKET or {DEFAULT_SOCKET})")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(name: str, hlp: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=hlp, description=hlp, epilog="exit codes: see `stacklens --help`")
+
+    add_profile_commands(command)
+    add_daemon_commands(command)
     return p
 
 
