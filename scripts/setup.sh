@@ -71,7 +71,7 @@ setup_machine() {
   local need_apt=() p
   dpkg -s python3-bpfcc >/dev/null 2>&1 || need_apt+=(python3-bpfcc)
   dpkg -s linux-headers-amd64 >/dev/null 2>&1 || need_apt+=(linux-headers-amd64)
-  for p in tmux prometheus golang-go; do dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p"); done
+  for p in tmux prometheus golang-go jq; do dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p"); done
   if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: apt-get install ${need_apt[*]}"
     apt-get update -qq
