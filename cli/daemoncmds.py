@@ -15,7 +15,7 @@ from stacklens.daemon.client import DaemonClient, ps_lines
 
 def to_json(msg) -> dict:
     """A protobuf message as a JSON-ready dict: every field under its proto name (unset ones with
-    their defaults), nested messages as dicts, a NaN ("unavailable") as null."""
+    their defaults), nested messages as dicts, an unset `optional` scalar and a NaN as null."""
     def value(v):
         if hasattr(v, "DESCRIPTOR"):
             return to_json(v)
@@ -30,6 +30,8 @@ def to_json(msg) -> dict:
             out[field.name] = {k: value(x) for k, x in v.items()}
         elif field.is_repeated:
             out[field.name] = [value(x) for x in v]
+        elif field.message_type is None and field.has_presence and not msg.HasField(field.name):
+            out[field.name] = None   # an `optional` scalar left unset: not measured, not 0
         else:
             out[field.name] = value(v)
     return out

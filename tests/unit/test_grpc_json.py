@@ -12,6 +12,7 @@ import time
 import pytest
 from google.protobuf import json_format
 
+from stacklens.cli.daemoncmds import run_ps, to_json
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon.client import DaemonClient, ps_lines
 from stacklens.daemon.core import Daemon
@@ -53,7 +54,7 @@ def _as_json(msg) -> str:
     return json_format.MessageToJson(msg, preserving_proto_field_name=True)
 
 
-def test_an_unmeasured_gpu_share_is_absent_not_nan(daemon, target):
+def test_an_unmeasured_gpu_share_is_absent_not_nan(daemon, target, capsys):
     with DaemonClient(str(daemon.socket_path), timeout=10) as c:
         c.attach(target)             # probes only: no agent, so no GPU time
         deadline = time.monotonic() + 10
@@ -80,6 +81,10 @@ def test_an_unmeasured_gpu_share_is_absent_not_nan(daemon, target):
                                          including_default_value_fields=True)
     (row,) = [r for r in _strict_json(full)["processes"] if r["pid"] == target]
     assert row.get("gpu_time_share") is None and row["launches_per_s"] == 0
+    # `stacklens ps --json`: every field, the unmeasured one as null
+    assert run_ps(str(daemon.socket_path), as_json=True) == 0
+    (row,) = [r for r in _strict_json(capsys.readouterr().out)["processes"] if r["pid"] == target]
+    assert "gpu_time_share" in row and row["gpu_time_share"] is None
 
 
 def test_a_measured_share_is_a_number_zero_included():
@@ -87,6 +92,15 @@ def test_a_measured_share_is_a_number_zero_included():
         row = _strict_json(_as_json(pb.ProcessInfo(pid=7, gpu_time_share=share)))
         assert row["gpu_time_share"] == share
         assert isinstance(row["gpu_time_share"], (int, float))
+
+
+def test_ps_json_writes_null_for_unset_and_nan_and_keeps_a_measured_zero():
+    shares = {1: None, 2: float("nan"), 3: 0.0, 4: 0.25}
+    rows = [pb.ProcessInfo(pid=pid) if v is None else pb.ProcessInfo(pid=pid, gpu_time_share=v)
+            for pid, v in shares.items()]
+    got = {r["pid"]: r["gpu_time_share"] for r in (to_json(p) for p in rows)}
+    assert got == {1: None, 2: None, 3: 0.0, 4: 0.25}
+    assert to_json(rows[0])["launches_per_s"] == 0.0   # a field without presence keeps its default
 
 
 def test_ps_shows_na_for_unset_and_for_an_older_daemons_nan():
