@@ -33,6 +33,9 @@ from __future__ import annotations
 
 import collections
 import errno
+import importlib.util
+import platform
+import re
 import logging
 import selectors
 import socket
@@ -40,10 +43,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from stacklens.cct import Frame, Snapshot, metrics
@@ -60,6 +64,23 @@ HOTSPOT_METRICS = metrics.HOTSPOT
 LINE_LABEL_MAX = 80
 OTHER = "[other]"
 NO_LINE = "[none]"          # the `line` of a context with no Python frame (native, kernels only)
+
+
+def build_labels() -> dict[str, str]:
+    """stacklens_build_info's labels: what the daemon knows without importing anything heavy (bcc's
+    version is read from its version.py, never by importing bcc, which loads libbcc)."""
+    from stacklens import __version__
+
+    bcc = "unknown"
+    try:
+        spec = importlib.util.find_spec("bcc")
+        if spec is not None and spec.origin:
+            text = (Path(spec.origin).parent / "version.py").read_text()
+            found = re.search(r"__version__\s*=\s*['\"]([^'\"]{1,40})['\"]", text)
+            bcc = found.group(1) if found else bcc
+    except (ImportError, OSError, ValueError):
+        pass
+    return {"version": __version__, "python": platform.python_version(), "bcc": bcc}
 
 
 def _drops(st: Mapping[str, int]) -> int:
@@ -98,32 +119,135 @@ class Source:
     agent_connected: bool | None = None  # None: no agent asked for; else whether its channel is up
 
 
-def line_label(path: tuple[Frame, ...]) -> str:
-    """`file.py:LINE` of the innermost Python frame (bounded), or NO_LINE."""
+def short_path(file: str, roots: Iterable[str] = ()) -> str:
+    """`file` as a person finds it: relative to the first of `roots` (the target's cwd or script
+    directory) it lies under, else from its last `site-packages/` (`site-packages/torch/nn/…`),
+    else its last two components; a pseudo-file (`<string>`) as is."""
+    for root in roots:
+        root = root.rstrip("/")
+        if root and file.startswith(root + "/"):
+            return file[len(root) + 1:]
+    for anchor in ("/site-packages/", "/dist-packages/"):
+        i = file.rfind(anchor)
+        if i >= 0:
+            return file[i + 1:]
+    return "/".join(file.rsplit("/", 2)[-2:]).lstrip("/")
+
+
+def line_label(path: tuple[Frame, ...], roots: Iterable[str] = ()) -> str:
+    """`dir/file.py:LINE` of the innermost Python frame (`short_path`; bounded, the path's head cut
+    first), or NO_LINE."""
     py = next((f for f in reversed(path) if f.kind == "python"), None)
     if py is None:
         return NO_LINE
-    name = py.file.rsplit("/", 1)[-1]
+    name = short_path(py.file, roots)
     tail = f":{py.line}"
     if len(name) + len(tail) > LINE_LABEL_MAX:
-        name = name[: LINE_LABEL_MAX - len(tail) - 1] + "…"
+        name = "…" + name[len(name) + len(tail) - LINE_LABEL_MAX + 1:]
     return name + tail
 
 
-def hotspots(snap: Snapshot, metric: str, k: int) -> list[tuple[str, str, int]]:
-    """Top-k (context, line, value) by exclusive `metric` (summed per short label) plus
-    ([other], [other], rest)."""
+# Frames a hotspot context is not named by: a native leaf under a Python line or an operator is one
+# of many symbols (BLAS kernels, allocator, libc) that split one line's CPU into dozens of small
+# contexts, most of them in [other] (measured: docs/benchmarks/prometheus-hotspots.md).
+_UNNAMED_LEAF = ("native", "other")
+
+
+def hotspot_context(path: tuple[Frame, ...]) -> str:
+    """The `context` label: context_label's (innermost Python frame, innermost operator, leaf),
+    without a native or synthetic leaf where a Python frame or an operator names the context."""
+    named = [f for f in reversed(path) if f.kind not in _UNNAMED_LEAF]
+    if any(f.kind in ("python", "op") for f in named):
+        return context_label(named)
+    return context_label(reversed(path))
+
+
+def roots_of(snap: Snapshot) -> tuple[str, ...]:
+    """Directories that `line` labels are relative to: the target's script directory and cwd,
+    where the snapshot's meta carries them."""
+    out = []
+    script = snap.meta.get("script")
+    if isinstance(script, str) and "/" in script:
+        out.append(script.rsplit("/", 1)[0])
+    cwd = snap.meta.get("cwd")
+    if isinstance(cwd, str) and cwd.startswith("/"):
+        out.append(cwd)
+    return tuple(r for r in out if r.strip("/"))   # never `/`: every path would be "relative" to it
+
+
+def context_values(snap: Snapshot, metric: str) -> dict[tuple[str, str], int]:
+    """Exclusive `metric` per (context, line) label pair."""
+    roots = roots_of(snap)
     by_label: collections.Counter[tuple[str, str]] = collections.Counter()
     for path, values in snap.iter_paths():
         v = values.get(metric, 0)
         if v:
-            by_label[(context_label(reversed(path)), line_label(path))] += v
-    top = by_label.most_common(max(0, k))
+            by_label[(hotspot_context(path), line_label(path, roots))] += v
+    return by_label
+
+
+def hotspots(snap: Snapshot, metric: str, k: int) -> list[tuple[str, str, int]]:
+    """Top-k (context, line, value) by exclusive `metric` (summed per label pair) plus
+    ([other], [other], rest): one look, without the collector's memory (`HotspotTracker`)."""
+    by_label = context_values(snap, metric)
+    top = collections.Counter(by_label).most_common(max(0, k))
     rest = sum(by_label.values()) - sum(v for _, v in top)
     out = [(c, line, v) for (c, line), v in top]
     if rest:
         out.append((OTHER, OTHER, rest))
     return out
+
+
+DECAY = 0.9      # per scrape: a context's score is its recent growth (time constant ~10 scrapes)
+MARGIN = 0.25    # a newcomer must beat the weakest exported context's score by this share
+
+
+class HotspotTracker:
+    """Which contexts of one process and metric are series, kept across scrapes (hysteresis).
+
+    Ranked by a score (the growth since the last scrape plus DECAY × the score before; at first
+    sight the whole value): an exported context stays while it ranks in the top 2k; a newcomer
+    enters while fewer than k are exported, or when its score beats the weakest exported one's by
+    MARGIN (evicting that one only when 2k are exported). So at most 2k series, and a context near
+    the boundary does not flap. Values are counters: an exported context's series counts its
+    growth while exported (all of it when it is exported at first sight), [other] the growth of
+    every other, so no series ever decreases and together they add up to the process's total."""
+
+    def __init__(self) -> None:
+        self.prev: dict[tuple[str, str], int] = {}      # each context's value at the last scrape
+        self.score: dict[tuple[str, str], float] = {}
+        self.exported: dict[tuple[str, str], float] = {}
+        self.other = 0.0
+
+    def update(self, values: Mapping[tuple[str, str], int], k: int, cap: int | None = None
+               ) -> list[tuple[str, str, float]]:
+        """The series after a scrape whose values per (context, line) are `values`: at most
+        min(2k, cap) contexts (k ≥ 0) plus [other]."""
+        most = 2 * k if cap is None else max(0, min(2 * k, cap))
+        growth = {c: max(0, v - self.prev.get(c, 0)) for c, v in values.items()}
+        self.score = {c: DECAY * self.score.get(c, 0.0) + g for c, g in growth.items()}
+        ranked = sorted(self.score, key=lambda c: (-self.score[c], c))
+        top2k = set(ranked[: 2 * k])
+        kept = sorted((c for c in self.exported if c in top2k), key=lambda c: -self.score[c])[:most]
+        for c in ranked[: 2 * k]:
+            if c in self.exported:
+                continue
+            if len(kept) < min(k, most):
+                kept.append(c)
+                continue
+            weakest = min(kept, key=lambda c: self.score[c])
+            if self.score[c] <= self.score[weakest] * (1 + MARGIN):
+                break   # ranked: no later newcomer beats it either
+            if len(kept) >= most:
+                kept.remove(weakest)
+            kept.append(c)
+        self.exported = {c: self.exported.get(c, 0.0) + growth[c] for c in kept}
+        self.other += sum(g for c, g in growth.items() if c not in self.exported)
+        self.prev = dict(values)
+        out = [(c, line, v) for (c, line), v in sorted(self.exported.items(), key=lambda kv: -self.score[kv[0]])]
+        if self.other:
+            out.append((OTHER, OTHER, self.other))
+        return out
 
 
 class StacklensCollector(Collector):
@@ -135,7 +259,7 @@ class StacklensCollector(Collector):
         sources: Callable[[], Iterable[Source | tuple[int, str, str, Snapshot, dict[str, int]]]],
         *,
         health: Callable[[], Mapping[str, int]] = dict,
-        top_k: int = 10,
+        top_k: int = 30,     # a flat CPU profile (tests/data/cpu_gpt2_train) has 11% past its top 30
         series_cap: int = 5_000,
         findings: Callable[[int, Snapshot], dict[str, int]] | None = None,
         hotspots: bool = False,
@@ -147,6 +271,9 @@ class StacklensCollector(Collector):
         self.series_cap = series_cap
         self.findings = findings
         self.series_evicted = 0
+        self._hot_lock = threading.Lock()      # the trackers: scrapes run on several workers
+        self._trackers: dict[tuple[str, ...], HotspotTracker] = {}
+        self._build = build_labels()
         self._node_lock = threading.Lock()     # scrapes run on several workers
         self._node_exported: dict[str, float] = {}
 
@@ -162,9 +289,11 @@ class StacklensCollector(Collector):
                 self._node_exported[name] = max(self._node_exported.get(name, 0), value(h))
             return dict(self._node_exported)
 
-    def _add_hotspots(self, hot: dict, src: Source, lv: list[str], measured: list[str], budget: int) -> int:
-        """One process's hotspot series into `hot` (by metric), within `budget` series; returns
-        the budget left (a process past it loses its families, counted in series_evicted)."""
+    def _add_hotspots(self, hot: dict, src: Source, lv: list[str], measured: list[str], budget: int,
+                      trackers: dict) -> int:
+        """One process's hotspot series into `hot` (by metric), within `budget` series, its
+        trackers (found in the last scrape's, or new) into `trackers`; returns the budget left (a
+        process past it loses its families, counted in series_evicted)."""
         snap = src.snapshot
         for m in HOTSPOT_METRICS:
             if m not in measured:
@@ -178,8 +307,9 @@ class StacklensCollector(Collector):
             if budget <= 0:
                 self.series_evicted += 1
                 continue
-            # room for fewer than top-k + [other]: the top that fits, the rest in [other]
-            series = hotspots(snap, m, min(self.top_k, budget - 1))
+            # room for fewer than 2·top-k + [other]: what fits, the rest in [other]
+            tracker = trackers.setdefault((*lv, m), self._trackers.get((*lv, m)) or HotspotTracker())
+            series = tracker.update(context_values(snap, m), min(self.top_k, budget - 1), cap=budget - 1)
             budget -= len(series)
             for context, line, v in series:
                 hot[m].add_metric(lv + [context, line], v * scale)
@@ -198,8 +328,8 @@ class StacklensCollector(Collector):
             m: CounterMetricFamily(
                 f"stacklens_hotspot_{SECONDS_METRICS[m][0] if m in SECONDS_METRICS else PROCESS_METRICS[m][0]}",
                 f"{SECONDS_METRICS[m][1] if m in SECONDS_METRICS else PROCESS_METRICS[m][2]}, exclusive, for the "
-                f"top-{self.top_k} contexts of each process (line: the context's innermost Python line); "
-                f"{OTHER} holds the rest",
+                f"top-{self.top_k} contexts of each process by recent growth, a context staying while it ranks in "
+                f"the top {2 * self.top_k} (line: the context's innermost Python line); {OTHER} holds the rest",
                 labels=labels + ["context", "line"],
             )
             for m in HOTSPOT_METRICS
@@ -214,6 +344,7 @@ class StacklensCollector(Collector):
         finding_fam = GaugeMetricFamily("stacklens_findings", "analyzer findings by rule", labels=labels + ["rule"])
         budget = self.series_cap
         attached = 0
+        trackers: dict[tuple[str, ...], HotspotTracker] = {}   # a detached process's trackers go
         for src in self.sources():
             if not isinstance(src, Source):
                 src = Source(*src)
@@ -231,13 +362,19 @@ class StacklensCollector(Collector):
             if src.agent_connected is not None:
                 agent.add_metric(lv, 1 if src.agent_connected else 0)
             if self.hotspots_on:
-                budget = self._add_hotspots(hot, src, lv, measured, budget)
+                with self._hot_lock:
+                    budget = self._add_hotspots(hot, src, lv, measured, budget, trackers)
             if self.findings is not None:
                 try:
                     for rule, n in self.findings(src.pid, snap).items():
                         finding_fam.add_metric(lv + [rule], n)
                 except Exception:  # noqa: BLE001 — a rule bug must not break the scrape
                     log.exception("analyzer failed during scrape")
+        if self.hotspots_on:
+            with self._hot_lock:
+                self._trackers = trackers
+        yield InfoMetricFamily("stacklens_build", "the daemon's version, its Python's, and bcc's where found",
+                               value=self._build)
         yield from fams.values()
         yield from seconds.values()
         if self.hotspots_on:

@@ -191,7 +191,7 @@ class StacklensDaemon:
         tls_key: str | None = None,
         auto_attach: str | None = None,
         daemon: Daemon | None = None,
-        top_k: int = 10,
+        top_k: int = 30,
         metrics_hotspots: bool = False,
         warm_up: bool = False,
     ) -> None:
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             tls_cert=args.tls_cert or cfg.get("tls_cert"),
             tls_key=args.tls_key or cfg.get("tls_key"),
             auto_attach=args.auto_attach or cfg.get("auto_attach"),
-            top_k=int(cfg.get("top_k", 10)),
+            top_k=int(cfg.get("top_k", 30)),
             metrics_hotspots=bool(args.metrics_hotspots if args.metrics_hotspots is not None
                                   else cfg.get("metrics_hotspots", False)),
             warm_up=bool(cfg.get("warm_up", True)),

@@ -69,7 +69,7 @@ def test_hotspots_bounded_to_k_plus_other_with_10000_contexts():
     assert total == pytest.approx(snap.total("cpu_samples") / 100)
     top = reg.get_sample_value(
         "stacklens_hotspot_cpu_seconds_total",
-        {"pid": "42", "comm": "python3", "container": "", "line": "model.py:10099",
+        {"pid": "42", "comm": "python3", "container": "", "line": "srv/model.py:10099",
          "context": "model.py:block9999:10099 > aten::addmm > api:cuLaunchKernel"},
     )
     assert top == pytest.approx(100.0)
@@ -132,7 +132,7 @@ def test_promtool_passes_with_every_metric_measured():
 
 def test_line_label_is_the_innermost_python_line_and_bounded():
     path = (Frame.python("/srv/train.py", "step", 10), Frame.python("/srv/model.py", "forward", 17), Frame.op("aten::mm"))
-    assert line_label(path) == "model.py:17"
+    assert line_label(path) == "srv/model.py:17"
     assert line_label((Frame.op("aten::mm"), Frame.kernel("gemm"))) == "[none]"
     long = line_label((Frame.python("/x/" + "a" * 500 + ".py", "f", 123456),))
     assert len(long) <= prom.LINE_LABEL_MAX and long.endswith(":123456")
