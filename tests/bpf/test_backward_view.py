@@ -1,0 +1,109 @@
+"""Issue 30, acceptance 3, on a real CPU training loop (root + eBPF): the caller view
+(cct/backwardview.py) puts backward work under `loss.backward()` in the share py-spy gives that
+line on the same process over the same window (within 3 points); the default view still puts it
+on the forward lines (what the link is for) and renders as before.
+
+Both profilers run at once at RATE, as in test_pprof_pyspy.py (its notes on nice, SCHED_FIFO and
+`--gil` apply here): py-spy's share is its samples with a `loss.backward()` line of
+tests/targets/torch_train.py on the stack; stacklens' is the inclusive CPU samples of those lines
+between two snapshots (py-spy's start and its exit). At MIN_SAMPLES each, the difference of two
+sampled shares near 40% has a standard deviation of 1.1 points: 3 points is 2.7 of them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from stacklens.cct.backwardview import caller_view
+from stacklens.daemon.session import ProcessSession
+from stacklens.introspect.procfs import ProcFS
+
+from tests.bpf.test_pprof_pyspy import _realtime, _tool, wait_until
+
+pytestmark = pytest.mark.bpf
+
+RATE = 999
+MIN_SAMPLES = 4000
+TARGET = Path(__file__).resolve().parents[1] / "targets" / "torch_train.py"
+STEPS = ("step_big", "step_small")
+
+
+def backward_lines() -> set[int]:
+    return {i for i, text in enumerate(TARGET.read_text().splitlines(), 1) if text.strip() == "loss.backward()"}
+
+
+def under(snap, lines: set[int]) -> int:
+    """CPU samples with a `loss.backward()` line of the target on the stack (inclusive)."""
+    return sum(snap.inclusive(n, "cpu_samples") for n in range(1, snap.node_count)
+               for f in [snap.frame_of(n)]
+               if f.kind == "python" and f.name in STEPS and f.line in lines and f.file.endswith("torch_train.py"))
+
+
+def pyspy_share(raw: Path, lines: set[int]) -> tuple[float, int]:
+    frame = re.compile(r"\b(?:" + "|".join(STEPS) + r") \([^)]*torch_train\.py:(\d+)\)")
+    n_all = n_in = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        n_all += int(n)
+        if any(int(m) in lines for m in frame.findall(stack)):
+            n_in += int(n)
+    return 100 * n_in / n_all, n_all
+
+
+@pytest.mark.timeout(900)   # the BPF compile and 4,000 samples on a shared 2-core machine
+def test_caller_view_matches_py_spy_under_loss_backward(bpf_ok, start_target, tmp_path):
+    pyspy = _tool("py-spy", "bash scripts/setup.sh installs it: pip install py-spy")
+    lines = backward_lines()
+    assert len(lines) == 2, lines
+    t = start_target("torch_train.py")
+    session = ProcessSession(t.pid, cpu_hz=RATE)
+    raw = tmp_path / "pyspy.txt"
+    try:
+        notes = session.start(window=True)
+        assert any(n.startswith("backward link: on") for n in notes), notes
+        for tid in ProcFS().tasks(t.pid):
+            os.setpriority(os.PRIO_PROCESS, tid, -20)
+        spy = subprocess.Popen([pyspy, "record", "--pid", str(t.pid), "--rate", str(RATE), "--nonblocking", "--gil",
+                                "--format", "raw", "-o", str(raw)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, preexec_fn=_realtime)
+        try:
+            assert "Sampling process" in spy.stdout.readline()
+            before = session.snapshot()
+            wait_until(lambda: session.stats()["cpu_samples"] - before.total("cpu_samples") >= MIN_SAMPLES,
+                       timeout_s=300, what="stacklens' samples")
+            spy.send_signal(signal.SIGINT)
+            out = spy.communicate(timeout=60)[0]
+        finally:
+            spy.kill()
+        after = session.snapshot()
+    finally:
+        session.stop()
+    assert spy.returncode == 0, out
+    theirs, n_theirs = pyspy_share(raw, lines)
+    n_ours = after.total("cpu_samples") - before.total("cpu_samples")
+    caller = 100 * (under(caller_view(after), lines) - under(caller_view(before), lines)) / n_ours
+    forward = 100 * (under(after, lines) - under(before, lines)) / n_ours
+    backward = Counter()
+    for path, excl in after.iter_paths():
+        kind = next((("under forward line" if any(f.name.endswith("forward") for f in path[:i]) else "elsewhere")
+                     for i, f in enumerate(path) if f.kind == "backward"), None)
+        if kind:
+            backward[kind] += excl.get("cpu_samples", 0)
+    got = {"py-spy": (round(theirs, 1), n_theirs), "caller view": (round(caller, 1), n_ours),
+           "forward view": round(forward, 1), "backward samples": dict(backward),
+           "moved": caller_view(after).meta["backward_view_moved"]}
+    print(f"\n{got}")
+    assert n_ours >= MIN_SAMPLES and n_theirs >= MIN_SAMPLES / 2, got
+    assert theirs > 20, got                                   # the loop does spend its time in backward
+    assert abs(caller - theirs) <= 3.0, got
+    # the default view as the link makes it: backward work on the forward (model) lines
+    assert forward < theirs / 2, got
+    assert backward["under forward line"] > 4 * backward["elsewhere"], got
+    assert "backward_view" not in after.meta and "backward_callers" in after.meta
