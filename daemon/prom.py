@@ -7,12 +7,17 @@ edit here; a sample count with a known rate (CPU samples) also as `_seconds_tota
 (`stacklens_events_total`, `_drops_total`, `_unjoined_total`, …) never decrease: they count every
 session since the daemon started (the daemon keeps the final stats of detached ones, `health()`),
 and a scrape never exports less than the one before. Hotspots are the top-K contexts per process
-under a short bounded `context` label and the context's innermost Python line as `line`
-(`file.py:LINE`), plus `[other]` for the rest; never a raw kernel name or a whole stack. A cap on
+under a short bounded `context` label (innermost Python frame, operator, a non-native leaf) and the
+context's innermost Python line as `line` (`site-packages/torch/nn/modules/linear.py:125`, a
+script's file relative to its directory), plus `[other]` for the rest; never a raw kernel name or a
+whole stack. The set is kept across scrapes (`HotspotTracker`): a context stays a series while it
+ranks in the top 2K and a newcomer must clearly beat the weakest one, so series do not churn at
+the boundary; every hotspot series is a counter that never decreases. A cap on
 hotspot series over all processes: a process that meets it gets its rest as `[other]` too, and one
 left with no room is counted in `stacklens_series_evicted_total`. The daemon's own process metrics
 (`process_cpu_seconds_total`, `process_resident_memory_bytes`, open fds, start time) come from
-prometheus_client's ProcessCollector (`build_registry`). No privilege beyond the daemon's.
+prometheus_client's ProcessCollector (`build_registry`); `stacklens_build_info` names the daemon's
+version, its Python's and bcc's. No privilege beyond the daemon's.
 
 The daemon's TCP endpoint is readable by every local user, so hotspot series (file:function:line
 of other users' processes) are exported only when asked for (`hotspots=True`; stacklensd
@@ -211,7 +216,8 @@ class HotspotTracker:
     MARGIN (evicting that one only when 2k are exported). So at most 2k series, and a context near
     the boundary does not flap. Values are counters: an exported context's series counts its
     growth while exported (all of it when it is exported at first sight), [other] the growth of
-    every other, so no series ever decreases and together they add up to the process's total."""
+    every other, so no series ever decreases, and the series (an ended one at its last value) add up
+    to the process's total."""
 
     def __init__(self) -> None:
         self.prev: dict[tuple[str, str], int] = {}      # each context's value at the last scrape

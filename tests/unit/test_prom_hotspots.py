@@ -1,0 +1,110 @@
+"""Hotspot series over successive scrapes (daemon/prom.py HotspotTracker): a context near the
+boundary does not flap, a clearly hotter newcomer enters, counters never decrease and add up to the
+total; the `line` label relative to site-packages or the target's directory; the context without
+its native leaf; stacklens_build_info."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from stacklens.cct import CCT, Frame
+from stacklens.daemon.join.joiner import DAEMON_METRICS
+from stacklens.daemon.prom import (MARGIN, OTHER, HotspotTracker, Source, StacklensCollector, hotspot_context,
+                                   line_label, short_path)
+
+
+def names(series):
+    return {c for c, _, _ in series if c != OTHER}
+
+
+def test_boundary_context_does_not_flap_and_a_clear_newcomer_enters():
+    tr = HotspotTracker()
+    cum = {("a", "l"): 100, ("b", "l"): 50, ("c", "l"): 40}
+    assert names(tr.update(cum, k=2)) == {"a", "b"}
+    seen = []
+    for i in range(20):   # c grows a little faster than b, alternately: within the margin
+        cum = {("a", "l"): cum[("a", "l")] + 10, ("b", "l"): cum[("b", "l")] + (5 if i % 2 else 6),
+               ("c", "l"): cum[("c", "l")] + (6 if i % 2 else 5)}
+        seen.append(names(tr.update(cum, k=2)))
+    assert all(s == {"a", "b"} for s in seen)
+    # c now grows far faster than b: past the margin it enters (room up to 2k: b stays)
+    for _ in range(10):
+        cum = {("a", "l"): cum[("a", "l")] + 10, ("b", "l"): cum[("b", "l")] + 5, ("c", "l"): cum[("c", "l")] + 30}
+        got = names(tr.update(cum, k=2))
+    assert got == {"a", "b", "c"}
+    assert tr.score[("c", "l")] > tr.score[("b", "l")] * (1 + MARGIN)
+
+
+def test_exported_context_leaves_only_past_the_top_2k_and_the_set_stays_bounded():
+    tr = HotspotTracker()
+    cum = {(f"c{i}", "l"): 100 - i for i in range(10)}
+    assert names(tr.update(cum, k=2)) == {"c0", "c1"}
+    for step in range(1, 30):   # c2..c9 grow fast in turn; c0 and c1 stop
+        cum = dict(cum)
+        for i in range(2, 10):
+            cum[(f"c{i}", "l")] += 50 * step
+        series = tr.update(cum, k=2)
+        assert len(names(series)) <= 4
+    assert not names(series) & {"c0", "c1"}     # out of the top 2k: gone
+
+
+def test_series_are_counters_that_add_up_to_the_total():
+    tr = HotspotTracker()
+    cum = {("a", "l"): 10, ("b", "l"): 5, ("c", "l"): 1}
+    last: dict[str, float] = {}
+    ended = 0.0     # a series that ends keeps its last value (Prometheus marks it stale)
+    for step in range(30):
+        cum = {("a", "l"): cum[("a", "l")] + (1 if step > 10 else 8), ("b", "l"): cum[("b", "l")] + 2,
+               ("c", "l"): cum[("c", "l")] + (12 if step > 10 else 0)}
+        series = tr.update(cum, k=1)
+        now = {c: v for c, _, v in series}
+        for c, v in now.items():
+            assert v >= last.get(c, 0) or c not in last    # a series that stays never decreases
+        if OTHER in last:
+            assert now[OTHER] >= last[OTHER]
+        ended += sum(v for c, v in last.items() if c not in now)
+        assert sum(now.values()) + ended == pytest.approx(sum(cum.values()))
+        last = now
+    assert "c" in now   # the newcomer that outgrew the rest got in
+
+
+def test_line_label_relative_and_bounded():
+    sp = "/opt/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py"
+    assert short_path(sp) == "site-packages/torch/nn/modules/linear.py"
+    assert short_path("/srv/app/train.py", ["/srv/app"]) == "train.py"
+    assert short_path("/srv/app/train.py") == "app/train.py"
+    assert short_path("<string>") == "<string>"
+    assert line_label((Frame.python(sp, "forward", 125),)) == "site-packages/torch/nn/modules/linear.py:125"
+    long = line_label((Frame.python("/x/" + "d" * 300 + "/m.py", "f", 7),))
+    assert len(long) <= 80 and long.endswith("/m.py:7") and long.startswith("…")
+
+
+def test_context_drops_the_native_leaf_under_python_or_an_operator():
+    path = (Frame.python("/srv/m.py", "forward", 17), Frame.op("aten::mm"), Frame.native("libtorch_cpu.so", "sgemm_k"))
+    assert hotspot_context(path) == "m.py:forward:17 > aten::mm"
+    assert hotspot_context((Frame.native("libc.so.6", "memcpy"),)) == "native:libc.so.6:memcpy"
+
+
+def test_collector_keeps_series_across_scrapes_and_exports_build_info():
+    t = CCT(metrics=DAEMON_METRICS, max_nodes=None)
+    snaps = []
+    for step in range(6):
+        for i in range(6):   # six contexts of near-equal growth: the ranking among them shuffles
+            t.add_many((Frame.python("/srv/train.py", f"f{i}", i),), {"cpu_samples": 10 + (i + step) % 3})
+        snaps.append(t.snapshot(meta={"script": "/srv/train.py"}))
+    current = [snaps[0]]
+    reg = CollectorRegistry()
+    reg.register(StacklensCollector(lambda: [Source(7, "py", "", current[0], {}, cpu_hz=100)], top_k=3, hotspots=True))
+    exported = []
+    for s in snaps:
+        current[0] = s
+        text = generate_latest(reg).decode()
+        exported.append({l.split('context="', 1)[1].split('"', 1)[0] for l in text.splitlines()
+                         if l.startswith("stacklens_hotspot_cpu_seconds_total{")})
+    assert all(e == exported[0] for e in exported) and len(exported[0]) == 4
+    assert 'line="train.py:' in text and "srv/" not in text   # relative to the script's directory
+    assert reg.get_sample_value("stacklens_build_info", {"version": __import__("stacklens").__version__,
+                                                         "python": __import__("platform").python_version(),
+                                                         "bcc": __import__("stacklens.daemon.prom", fromlist=["x"])
+                                                         .build_labels()["bcc"]}) == 1
