@@ -28,6 +28,7 @@ from textual.widgets import DataTable, Footer, Header, Input, OptionList, Static
 
 from stacklens import errors
 from stacklens.tui import model
+from stacklens.tui.help import HelpScreen, key_line
 from stacklens.tui.model import Status
 from stacklens.tui.panes import AdvicePane, FlamePane, HotspotCache, HotspotsPane, SourcePane, TreePane, View, put
 from stacklens.tui.source import (
@@ -40,10 +41,6 @@ from stacklens.tui.source import (
 )
 from stacklens.tui.widgets import CCTView, IcicleView, LineTable
 
-KEY_HELP = (
-    "t tree  f flame  h hot  a advice  o source  m metric  s sort  w window  d diff  / search  n next"
-    "  p pause  e hot path  c chains  x detach  esc back  q quit"
-)
 GC_FULL_EVERY = 1000  # young-generation collections between full ones (Python's default: 10)
 
 
@@ -83,6 +80,7 @@ class ProfileScreen(Screen):
         Binding("x", "detach", "detach", show=False),
         Binding("escape", "back", "back", show=False),
         Binding("q", "app.quit", "quit"),
+        Binding("question_mark", "help", "help", show=False),
     ]
 
     fetched: reactive[Fetched | None] = reactive(None, always_update=True, init=False)
@@ -145,7 +143,7 @@ class ProfileScreen(Screen):
         yield Static(id="status")
         # A fixed key line, not Textual's Footer: the Footer recomposes on every focus change
         # (each view switch), which cost ~100 ms per switch in docs/benchmarks/tui.md.
-        yield Static(KEY_HELP, id="keys")
+        yield Static(key_line(self.BINDINGS), id="keys")
 
     def on_mount(self) -> None:
         self.title = "stacklens"
@@ -278,13 +276,13 @@ class ProfileScreen(Screen):
         self._tree.refresh_tree(keep=keep)
 
     def _refresh_header(self) -> None:
-        self._tree.refresh_header(self.metric, self.sort)
+        self._tree.refresh_header()
 
     def on_resize(self) -> None:
         self.call_after_refresh(self._refresh_header)
 
     def _refresh_source(self) -> None:
-        self._source_pane.show(self.snap, self._tree.selected_node(), self.pid)
+        self._source_pane.show(self._view(), self._tree.selected_node(), self.pid)
 
     def load_advice(self) -> None:
         self._advice.load(self.window_s, self.raw)
@@ -304,6 +302,7 @@ class ProfileScreen(Screen):
             unavailable=unavailable,
             message=self.note,
             view=self.view_mode,
+            unit=model.unit_of(self.snap, self.metric).label if self.snap is not None else "",
         )
         put(self.query_one("#status", Static), model.status_text(status))
         put(self.query_one("#banner", Static), self.error, layout=True, display=bool(self.error))
@@ -338,6 +337,11 @@ class ProfileScreen(Screen):
         self.metric = model.next_metric(self.snap, self.metric, step)
         self._tree.expand_hot_if_hidden(self.snap, self.metric)
         self.refresh_views()
+
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen([
+            ("anywhere", self.BINDINGS), ("tree", CCTView.BINDINGS), ("flame", IcicleView.BINDINGS),
+            ("hotspots", LineTable.BINDINGS), ("help", HelpScreen.BINDINGS)]))
 
     def action_model_view(self) -> None:
         """Model view <-> full view: the next fetch comes in the other one; frames differ between
@@ -478,6 +482,7 @@ class ProcessListScreen(Screen):
         Binding("x", "detach", "detach"),
         Binding("r", "refresh", "refresh"),
         Binding("q", "app.quit", "quit"),
+        Binding("question_mark", "help", "help"),
     ]
 
     def __init__(self, processes: ProcessSource, *, interval_s: float = 2.0) -> None:
@@ -485,6 +490,7 @@ class ProcessListScreen(Screen):
         self.processes = processes
         self.interval_s = interval_s
         self.rows: list[model.ProcessRow] = []
+        self._cpu_readings: dict[int, tuple[int, float]] = {}  # pid → (CPU time ns, read at): for CPU%
         self.message = ""
 
     def compose(self) -> ComposeResult:
@@ -500,7 +506,7 @@ class ProcessListScreen(Screen):
         self.title = "stacklens"
         self.sub_title = "processes"
         table = self.query_one("#procs", DataTable)
-        for col in ("PID", "COMM", "STATE", "AGENT", "GPU", "LAUNCH/s", "SYNC", "PYTHON"):
+        for col in ("PID", "COMM", "STATE", "AGENT", "CPU", "GPU", "LAUNCH/s", "SYNC", "PYTHON"):
             table.add_column(col, key=col)
         self.query_one("#banner", Static).display = False
         self.query_one("#procs-empty", Static).update("asking the daemon for processes …")
@@ -529,10 +535,11 @@ class ProcessListScreen(Screen):
         if self.message.startswith(("lost the daemon", "listing")):
             self.set_message("")
         self.rows = rows
+        shares, self._cpu_readings = model.cpu_shares(self._cpu_readings, rows)
         keep = table.cursor_row
         table.clear()
         for p in rows:
-            table.add_row(*model.process_cells(p), key=str(p.pid))
+            table.add_row(*model.process_cells(p, shares.get(p.pid)), key=str(p.pid))
         if rows:
             table.move_cursor(row=min(keep, len(rows) - 1))
         empty.update("" if rows else "no GPU processes found and nothing attached; start a job or pass a PID")
@@ -574,6 +581,9 @@ class ProcessListScreen(Screen):
 
     def action_refresh(self) -> None:
         self.refresh_list()
+
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen([("processes", self.BINDINGS), ("help", HelpScreen.BINDINGS)]))
 
 
 class StacklensApp(App):

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from stacklens.cct import Frame, metrics
 from stacklens.cct.labels import ON_SCREEN, context_label, frame_text
 from stacklens.cct.modelview import FULL, MODEL, has_model, model_view
+from stacklens.tui.processes import ProcessRow, cpu_shares, process_cells  # noqa: F401 - the view models, in one place
 
 # The snapshot type is duck-typed (cct.Snapshot or anything with the same reading API).
 Snap = Any
@@ -68,10 +69,49 @@ def fmt_value(metric: str, value: int | float, *, signed: bool = False) -> str:
     return metrics.fmt_value(metric, value, signed=signed)
 
 
-def fmt_share(value: int | float, total: int | float) -> str:
+def fmt_share(value: int | float, total: int | float, *, signed: bool = False) -> str:
+    """`value` as a % of `total`; `signed` (a diff) keeps the sign: +12.0% grew, -3.5% shrank."""
     if not total:
         return "  -  "
+    if signed:
+        return f"{100.0 * value / total:+6.1f}%" if value else "   0.0%"
     return f"{100.0 * value / total:5.1f}%"
+
+
+# A sampled metric and the meta key of its sampling rate (Hz): with the rate known, samples are
+# shown as time (samples / rate); without it, as sample counts, labelled "samples".
+SAMPLE_RATES = {metrics.CPU_SAMPLES: "cpu_hz"}
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """How a metric's values are shown: in the metric's own unit, or a sample count as time."""
+
+    metric: str
+    hz: float = 0.0  # samples per second of a sampled metric; 0: shown as it is stored
+
+    @property
+    def label(self) -> str:
+        return "cpu time" if self.hz else metric_label(self.metric)
+
+    def fmt(self, value: int | float, *, signed: bool = False) -> str:
+        if self.hz:
+            return metrics.fmt_quantity(metrics.TIME, value * 1e9 / self.hz, signed=signed)
+        return fmt_value(self.metric, value, signed=signed)
+
+
+def unit_of(snap: Snap | None, metric: str) -> Unit:
+    """The metric's unit in this snapshot: time where it is a sample count whose rate the
+    snapshot's meta carries (the daemon's `cpu_hz`; a window or a diff keeps it when both agree)."""
+    key = SAMPLE_RATES.get(metric)
+    meta = getattr(snap, "meta", None)
+    if key is None or not isinstance(meta, dict):
+        return Unit(metric)
+    try:
+        hz = float(meta.get(key) or 0)
+    except (TypeError, ValueError):
+        hz = 0.0
+    return Unit(metric, hz if math.isfinite(hz) and hz > 0 else 0.0)
 
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -99,10 +139,18 @@ def default_metric(snap: Snap) -> str:
     return metrics.opening_metric(snap)
 
 
+def measured_metrics(snap: Snap) -> tuple[str, ...]:
+    """The snapshot's metrics that were measured (not in `unavailable`) and recorded something."""
+    return tuple(m for m in snap.metrics if m not in snap.unavailable and snap.total(m))
+
+
 def next_metric(snap: Snap | None, current: str, step: int = 1) -> str:
-    names = tuple(snap.metrics) if snap is not None else PREFERRED_METRICS
+    """The next metric `m` shows: only measured ones; `current` stays when there is none."""
+    names = measured_metrics(snap) if snap is not None else ()
+    if not names:
+        return current
     if current not in names:
-        return names[0]
+        return names[0] if step > 0 else names[-1]
     return names[(names.index(current) + step) % len(names)]
 
 
@@ -407,6 +455,30 @@ def nearest_python(snap: Snap, node: int) -> Frame | None:
     return None
 
 
+def line_values(snap: Snap, metric: str, file: str) -> dict[int, int]:
+    """Per line of `file`: the inclusive `metric` of the contexts running that line, each
+    counted once (a line under itself, as in recursion, is not counted twice). One O(nodes) scan."""
+    if metric not in snap.metrics or not file:
+        return {}
+    out: dict[int, int] = {}
+    for n in range(1, snap.node_count):
+        f = snap.frame_of(n)
+        if f.kind != "python" or f.file != file:
+            continue
+        value = snap.inclusive(n, metric)
+        if not value:
+            continue
+        up = snap.parent(n)
+        while up > 0:
+            g = snap.frame_of(up)
+            if g.kind == "python" and g.file == file and g.line == f.line:
+                break
+            up = snap.parent(up)
+        else:
+            out[f.line] = out.get(f.line, 0) + value
+    return out
+
+
 @dataclass(frozen=True)
 class Excerpt:
     frame: Frame | None
@@ -446,34 +518,6 @@ def source_excerpt(
 
 
 # ---- process list, advice, status ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ProcessRow:
-    pid: int
-    comm: str
-    attached: bool
-    agent: bool
-    state: str
-    python: str = ""
-    gpu_time_share: float = float("nan")
-    launches_per_s: float = 0.0
-    sync_wait_share: float = 0.0
-    unavailable: tuple[str, ...] = ()
-
-
-def process_cells(p: ProcessRow) -> tuple[str, ...]:
-    gpu = "unavailable" if math.isnan(p.gpu_time_share) else f"{100 * p.gpu_time_share:.1f}%"
-    return (
-        str(p.pid),
-        p.comm,
-        p.state or ("attached" if p.attached else "-"),
-        "yes" if p.agent else "no",
-        gpu,
-        f"{p.launches_per_s:.1f}",
-        f"{100 * p.sync_wait_share:.1f}%",
-        p.python,
-    )
 
 
 @dataclass(frozen=True)
@@ -539,6 +583,7 @@ class Status:
     unavailable: tuple[str, ...] = ()
     message: str = ""
     view: str = ""  # "model": the model view (said in the line); "full" or "" say nothing
+    unit: str = ""  # the metric's label in the unit shown ("cpu time" for samples at a known rate)
 
 
 def status_text(s: Status) -> str:
@@ -550,7 +595,7 @@ def status_text(s: Status) -> str:
         view = f"diff {view} vs the {s.window_s:g} s before" if s.window_s else "diff"
     parts.append(view)
     if s.metric:
-        parts.append(f"metric {metric_label(s.metric)}")
+        parts.append(f"metric {s.unit or metric_label(s.metric)}")
     if s.view == MODEL:
         parts.append("model view (v: full)")
     drop_keys = [k for k in s.stats if "drop" in k or "lost" in k]

@@ -12,6 +12,7 @@ UI, so a daemon that goes away or a target that exits becomes a message on scree
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
@@ -228,6 +229,15 @@ class DaemonSnapshotSource:
             return _daemon_error(e, self.pid)
 
 
+def _present(message: Any, name: str, *, absent: bool = True) -> bool:
+    """Whether an `optional` field of a reply is set; a field without presence counts as set,
+    and one this daemon's proto lacks (an older daemon) as `absent`."""
+    try:
+        return message.HasField(name)
+    except ValueError:  # a plain proto3 scalar (no presence), or no such field
+        return absent if name not in type(message).DESCRIPTOR.fields_by_name else True
+
+
 class DaemonProcesses:
     """The process list and attach/detach, through a `DaemonClient`."""
 
@@ -249,7 +259,7 @@ class DaemonProcesses:
                 agent=p.agent,
                 state=p.state,
                 python=p.python,
-                gpu_time_share=p.gpu_time_share if p.HasField("gpu_time_share") else math.nan,  # unset: not measured
+                gpu_time_share=p.gpu_time_share if _present(p, "gpu_time_share") else math.nan,  # unset: not measured
                 launches_per_s=p.launches_per_s,
                 sync_wait_share=p.sync_wait_share,
                 unavailable=tuple(p.unavailable),

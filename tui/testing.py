@@ -6,6 +6,7 @@ No privilege, no I/O. `FakeSource` / `FakeProcesses` implement the `SnapshotSour
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any, Callable
 
@@ -42,7 +43,8 @@ def sample_snapshot(scale: int = 1, *, gpu: bool = True) -> Any:
         t.add_many(item, {"sync_wait_ns": 4_100_000, "cpu_samples": 4, "copy_bytes": 4})
         t.add_many(loader, {"cpu_samples": 11, "alloc_bytes": 1 << 20})
     unavailable = set() if gpu else {"gpu_time_ns", "kernel_count"}
-    snap = t.snapshot(meta={"pid": 4242, "comm": "python"}, unavailable=unavailable)
+    # cpu_hz: the daemon's CPU sampling rate, which every session's meta carries
+    snap = t.snapshot(meta={"pid": 4242, "comm": "python", "cpu_hz": 99}, unavailable=unavailable)
     return snap
 
 
@@ -183,7 +185,10 @@ def sample_advice() -> list[Advice]:
 
 
 class FakeProcesses:
-    """A scripted `ProcessSource`: attach/detach flip the rows; `down` makes every call fail."""
+    """A scripted `ProcessSource`: attach/detach flip the rows; `down` makes every call fail.
+
+    Each listing is read `period_s` after the last (a fake clock), and each process's CPU time
+    grows by its `cpu_rate` (CPU seconds per second; missing: no CPU time in the reply)."""
 
     def __init__(self, rows: list[ProcessRow] | None = None, source: Callable[[int], Any] | None = None) -> None:
         self.rows = rows if rows is not None else [
@@ -191,6 +196,9 @@ class FakeProcesses:
             ProcessRow(5151, "python3", False, False, "detached", "3.11", 0.0, 0.0, 0.0),
         ]
         self.down = False
+        self.period_s = 2.0
+        self.cpu_rate: dict[int, float] = {4242: 1.5, 5151: 0.25}
+        self.listings = 0
         self.attached: list[int] = []
         self.detached: list[int] = []
         self._source = source or (lambda pid: FakeSource(sample_snapshot(), name=f"pid {pid}"))
@@ -201,7 +209,10 @@ class FakeProcesses:
 
     def processes(self) -> list[ProcessRow]:
         self._check()
-        return list(self.rows)
+        self.listings += 1
+        t = self.listings * self.period_s
+        return [dataclasses.replace(r, read_at=t, cpu_time_ns=round(self.cpu_rate[r.pid] * t * 1e9))
+                if r.pid in self.cpu_rate else r for r in self.rows]
 
     def _set(self, pid: int, attached: bool) -> None:
         for i, r in enumerate(self.rows):

@@ -23,14 +23,13 @@ from stacklens.tui.model import (
     SEP,
     Block,
     Row,
+    Unit,
     bar,
     fit_chain,
     fmt_share,
-    fmt_value,
     frame_text,
     icicle,
     kind_tag,
-    metric_label,
 )
 
 BAR_WIDTH = 10
@@ -44,19 +43,20 @@ def layout(width: int) -> tuple[int, int, bool]:
     return 5, VALUE_WIDTH, False
 
 
-def row_text(row: Row, metric: str, total: int, width: int, *, signed: bool = False) -> Text:
-    """One tree line: bar, inclusive, exclusive, share, indented label (kind-coloured)."""
+def row_text(row: Row, unit: Unit, total: int, width: int, *, signed: bool = False) -> Text:
+    """One tree line: bar, inclusive, exclusive, share (signed in a diff), indented label
+    (kind-coloured); values in `unit` (CPU samples as time where the sampling rate is known)."""
     bar_w, val_w, tags = layout(width)
     share_base = abs(total) or 1
     t = Text(no_wrap=True, overflow="ellipsis")
     colour = "red" if signed and row.incl > 0 else ("green" if signed and row.incl < 0 else "bright_blue")
     t.append(bar(abs(row.incl) / share_base, bar_w), style=colour)
     t.append(" ")
-    t.append(fmt_value(metric, row.incl, signed=signed).rjust(val_w))
+    t.append(unit.fmt(row.incl, signed=signed).rjust(val_w))
     t.append(" ")
-    t.append(("" if row.more else fmt_value(metric, row.excl, signed=signed)).rjust(val_w), style="dim")
+    t.append(("" if row.more else unit.fmt(row.excl, signed=signed)).rjust(val_w), style="dim")
     t.append(" ")
-    t.append(fmt_share(abs(row.incl), share_base))
+    t.append(fmt_share(row.incl, share_base, signed=True) if signed else fmt_share(abs(row.incl), share_base))
     t.append(" " + "  " * row.depth)
     if row.more:
         t.append(row.label, style="dim italic")
@@ -76,14 +76,14 @@ def row_text(row: Row, metric: str, total: int, width: int, *, signed: bool = Fa
     return t
 
 
-def header_text(metric: str, sort: str, width: int) -> Text:
+def header_text(label: str, sort: str, width: int, *, signed: bool = False) -> Text:
     bar_w, val_w, _ = layout(width)
     t = Text(no_wrap=True, style="bold")
     t.append(" " * bar_w + " ")
     t.append("incl".rjust(val_w) + " ")
     t.append("excl".rjust(val_w) + " ")
-    t.append(" share ")
-    t.append(f"context  ({metric_label(metric)}, by {sort})", style="bold")
+    t.append("  share " if signed else " share ")
+    t.append(f"context  ({label}, by {sort})", style="bold")
     return t
 
 
@@ -160,16 +160,16 @@ class CCTView(ScrollView, can_focus=True):
         super().__init__(**kw)
         self.rows: list[Row] = []
         self.cursor = 0
-        self.metric = ""
+        self.unit = Unit("")
         self.total = 0
         self.signed = False
         self._lines = _LineCache()
         self._styles: tuple = ()  # (base, cursor) rich styles, looked up once per frame
 
     # ---- data ------------------------------------------------------------------------------
-    def set_rows(self, rows: list[Row], metric: str, total: int, *, signed: bool = False, cursor: int | None = None) -> None:
+    def set_rows(self, rows: list[Row], unit: Unit, total: int, *, signed: bool = False, cursor: int | None = None) -> None:
         self.rows = rows
-        self.metric = metric
+        self.unit = unit
         self.total = total
         self.signed = signed
         if cursor is not None:
@@ -208,7 +208,7 @@ class CCTView(ScrollView, can_focus=True):
         """The plain text of the rows now on screen (for tests and the tmux check)."""
         top = int(self.scroll_offset.y)
         width = max(self.size.width, 40)
-        return [row_text(r, self.metric, self.total, width, signed=self.signed).plain for r in self.rows[top : top + max(self.size.height, 1)]]
+        return [row_text(r, self.unit, self.total, width, signed=self.signed).plain for r in self.rows[top : top + max(self.size.height, 1)]]
 
     # ---- rendering -------------------------------------------------------------------------
     def render_lines(self, crop: Region) -> list[Strip]:
@@ -224,11 +224,11 @@ class CCTView(ScrollView, can_focus=True):
             return Strip.blank(width, base)
         row = self.rows[idx]
         is_cursor = idx == self.cursor
-        context = (self.metric, self.total, self.signed, width, base, cursor_style)
+        context = (self.unit, self.total, self.signed, width, base, cursor_style)
         strip = self._lines.get(context, (row, is_cursor))
         if strip is not None:
             return strip
-        text = row_text(row, self.metric, self.total, width, signed=self.signed)
+        text = row_text(row, self.unit, self.total, width, signed=self.signed)
         if is_cursor:
             text.stylize(cursor_style)
         segments = list(text.render(self.app.console))

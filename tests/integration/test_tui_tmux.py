@@ -46,6 +46,7 @@ NOT_ATTACHABLE = re.compile(r"permission|not permitted|root|CAP_|bpf|bcc|kernel 
 
 
 BOUND_S = 60.0   # for what must show up: a bound on a busy machine, not the expected latency
+VALUE = r"\d[\d.]*(?:k|M|G|ns|us|ms|s)?"  # a count (1.2k) or a time (CPU samples at the daemon's rate: 330.0ms)
 
 
 def _wait_for(predicate, timeout: float, interval: float = 0.1):
@@ -138,7 +139,7 @@ def test_top_shows_hot_function_and_op_and_updates(stack, tmp_path):
     try:
         # the hot operator, with numbers (within ~1-2 s of attach on a quiet machine; the bound is
         # for a busy one: CI under load took longer than 5 s; the time is printed)
-        op_row = re.compile(r"^\S*\s+(\d[\d.]*k?)\s+\S+\s+[\d.]+%.*aten::mm", re.M)
+        op_row = re.compile(rf"^\S*\s+({VALUE})\s+\S+\s+[\d.]+%.*aten::mm", re.M)
         first = _wait_for(lambda: op_row.search(tmux.screen()), BOUND_S)
         assert first, f"aten::mm not on screen within {BOUND_S} s of attach:\n{tmux.screen()}"
         print(f"aten::mm on screen {time.monotonic() - attached_at:.1f} s after the attach")
@@ -160,14 +161,14 @@ def test_top_shows_hot_function_and_op_and_updates(stack, tmp_path):
         shown = _wait_for(python_visible, BOUND_S, interval=0.05)
         assert shown, f"hot_matmul_step not on screen within {BOUND_S} s of attach:\n{tmux.screen()}"
         print(f"hot_matmul_step on screen {time.monotonic() - attached_at:.1f} s after the attach")
-        assert re.search(r"^\S*\s+\d[\d.]*k?\s+.*hot_matmul_step", tmux.screen(), re.M), tmux.screen()
+        assert re.search(rf"^\S*\s+{VALUE}\s+.*hot_matmul_step", tmux.screen(), re.M), tmux.screen()
 
-        # back to CPU samples: the numbers update (cumulative samples keep growing). The top row,
+        # back to CPU time (samples / the daemon's rate): the numbers update (cumulative samples keep growing). The top row,
         # not the op's: once the agent's samples join the probes' op paths, aten::mm moves under
         # the Python frames that called it, below a collapsed row
         tmux.keys(*["M"] * presses)
-        top_row = re.compile(r"^\S*\s+(\d[\d.]*k?)\s+\S+\s+[\d.]+%", re.M)
-        assert _wait_for(lambda: "cpu samples" in tmux.screen() and top_row.search(tmux.screen()), 30.0), tmux.screen()
+        top_row = re.compile(rf"^\S*\s+({VALUE})\s+\S+\s+[\d.]+%", re.M)
+        assert _wait_for(lambda: "cpu time" in tmux.screen() and top_row.search(tmux.screen()), 30.0), tmux.screen()
         first = top_row.search(tmux.screen())
         updated = _wait_for(
             lambda: (m := top_row.search(tmux.screen())) is not None and m.group(1) != first.group(1) and m, 30.0

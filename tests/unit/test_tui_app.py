@@ -10,11 +10,12 @@ from textual.widgets import DataTable, OptionList, Static, TabbedContent
 
 from stacklens.cct import Frame
 from stacklens.tui.app import ProcessListScreen, ProfileScreen, StacklensApp
+from stacklens.tui.help import HelpScreen
 from stacklens.tui.source import FileSource, LocalSource
 from stacklens.tui.testing import FakeProcesses, FakeSource, sample_snapshot
 from stacklens.tui.widgets import CCTView, IcicleView, LineTable
 
-from stacklens.cct import CCT, METRICS
+from stacklens.cct import CCT, METRICS, diff
 
 
 def pilot_test(fn):
@@ -46,6 +47,13 @@ def status(app) -> str:
 def banner(app) -> str:
     b = app.screen.query_one("#banner", Static)
     return str(b.render()) if b.display else ""
+
+
+def drawn_lines(widget) -> list[str]:
+    """Every line a widget draws (scrolled out of view or not), as plain text."""
+    from textual.geometry import Region
+
+    return ["".join(seg.text for seg in strip).rstrip() for strip in widget.render_lines(Region(0, 0, *widget.size))]
 
 
 def make_app(**kw) -> StacklensApp:
@@ -108,7 +116,7 @@ async def test_sort_and_metric_switch():
         # cpu samples: the loader and the .item() path now show up
         for _ in range(5):
             await pilot.press("m")
-        assert "metric cpu samples" in status(app)
+        assert "metric cpu time" in status(app)   # samples at the snapshot's 99 Hz
         assert "__next__" in tree_text(app)
 
 
@@ -118,7 +126,7 @@ async def test_unavailable_metric_says_unavailable_not_zero():
     async with app.run_test(size=(120, 30)) as pilot:
         await settle(app, pilot)
         assert "unavailable: gpu time, kernel count" in status(app)
-        assert "metric cpu samples" in status(app)  # the default skips unmeasured metrics
+        assert "metric cpu time" in status(app)  # the default skips unmeasured metrics
         screen = app.screen
         screen.metric = "gpu_time_ns"
         screen.refresh_views()
@@ -237,10 +245,11 @@ async def test_hotspots_table_and_jump_to_tree():
         lines = table.plain_lines()
         assert len(lines) == 2  # two kernels carry GPU time
         first = lines[0].split()
-        assert first[:3] == ["6.4ms", "3", "0ns"] and "sm90_xmma_gemm_f32f32_tn" in first
+        # gpu time, its share, cpu time (3 samples at 99 Hz), sync wait
+        assert first[:4] == ["6.4ms", "87.7%", "30.3ms", "0ns"] and "sm90_xmma_gemm_f32f32_tn" in first
         assert "forward  model.py:88 › aten::addmm" in lines[0]
         head = str(app.screen.query_one("#hot-header", Static).render())
-        assert head.split()[:6] == ["gpu", "time", "cpu", "samples", "sync", "wait"]
+        assert head.split()[:7] == ["gpu", "time", "share", "cpu", "time", "sync", "wait"]
         await pilot.press("down", "enter")
         assert app.screen.query_one(TabbedContent).active == "tree"
         assert app.screen.query_one(CCTView).current.frames[-1].name == "vectorized_elementwise_kernel"
@@ -291,7 +300,8 @@ async def test_source_view_shows_lines_around_the_python_frame(tmp_path):
         # the Group renders to lines that include the hot line and its neighbours
         lines = [seg.text for strip in rendered.render_lines(rendered.region.reset_offset) for seg in strip]
         joined = "".join(lines)
-        assert "line_30 = 30" in joined and "line_20 = 20" in joined and "train_step" in joined
+        assert "line_30 = 30" in joined and "line_20 = 20" in joined
+        assert "train_step" in str(app.screen.query_one("#source-head", Static).render())
         assert text  # rendered something
 
 
@@ -416,7 +426,7 @@ async def test_process_list_attach_detach_and_open():
         table = app.screen.query_one("#procs", DataTable)
         assert table.row_count == 2
         row0 = [str(c) for c in table.get_row_at(0)]
-        assert row0[:3] == ["4242", "python", "attached"] and row0[4] == "unavailable"
+        assert row0[:3] == ["4242", "python", "attached"] and row0[5] == "unavailable"
         await pilot.press("down", "a")
         await settle(app, pilot)
         assert procs.attached == [5151]
@@ -541,9 +551,12 @@ async def test_model_view_of_the_recorded_training_run_and_v_for_the_full_view()
     app = StacklensApp(source=FileSource(recorded, "problem.json"))
     async with app.run_test(size=(200, 50)) as pilot:
         await settle(app, pilot)
-        # a CPU recording: GPU time was not measured, so it opens on CPU samples, in the model view
-        assert "metric cpu samples" in status(app) and "model view" in status(app)
-        for _ in range(3):              # to py samples: the agent's, which name module paths
+        # a CPU recording: GPU time was not measured, so it opens on CPU time (samples at the
+        # recorded cpu_hz), in the model view
+        assert "metric cpu time" in status(app) and "model view" in status(app)
+        for _ in range(len(METRICS)):   # to py samples: the agent's, which name module paths
+            if app.screen.metric == "py_samples":
+                break
             await pilot.press("m")
         await settle(app, pilot)
         assert "metric py samples" in status(app)
@@ -574,3 +587,173 @@ async def test_a_profile_without_module_calls_opens_in_the_full_view():
         await pilot.press("v")
         await settle(app, pilot)
         assert app.screen.view_mode == "model" and "model view" in status(app)
+
+
+# ---- issue 30: time units, help, measured metrics, signed diff shares, per-line values, CPU% ----
+
+
+def cpu_only_snapshot(meta: dict):
+    t = CCT(METRICS, max_nodes=None)
+    t.add_many((Frame.python("/srv/job/train.py", "main", 5), Frame.op("aten::mm")), {"cpu_samples": 297})
+    t.add_many((Frame.python("/srv/job/train.py", "load", 9),), {"cpu_samples": 99})
+    return t.snapshot(meta=meta, unavailable={"gpu_time_ns", "kernel_count"})
+
+
+@pilot_test
+async def test_cpu_samples_show_as_time_and_share_where_the_rate_is_known():
+    app = make_app(source=FakeSource(cpu_only_snapshot({"cpu_hz": 99})))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(app, pilot)
+        assert "metric cpu time" in status(app)
+        lines = tree_text(app).splitlines()
+        assert "3.00s" in lines[0] and "75.0%" in lines[0] and "aten::mm" in lines[0]   # 297 samples / 99 Hz
+        assert "1.00s" in lines[1] and "25.0%" in lines[1]
+        assert "cpu time" in str(app.screen.query_one("#tree-header", Static).render())
+        await pilot.press("h")
+        await settle(app, pilot)
+        head = str(app.screen.query_one("#hot-header", Static).render())
+        assert "cpu time" in head and "share" in head
+        hot = app.screen.query_one(LineTable).plain_lines()
+        assert "3.00s" in hot[0] and "75.0%" in hot[0]
+
+
+@pilot_test
+async def test_cpu_samples_stay_counts_labelled_samples_where_the_rate_is_unknown():
+    app = make_app(source=FakeSource(cpu_only_snapshot({})))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(app, pilot)
+        assert "metric cpu samples" in status(app)
+        line = tree_text(app).splitlines()[0]
+        assert "297" in line and "75.0%" in line and "s " not in line.split("%")[0]
+
+
+@pilot_test
+async def test_question_mark_opens_help_listing_every_binding():
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(app, pilot)
+        keys = str(app.screen.query_one("#keys", Static).render())
+        assert keys.startswith("? help") and all(
+            b.description in keys for b in ProfileScreen.BINDINGS if b.show)   # the key line, generated too
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        rows = app.screen.rows()
+        listed = {(what) for _, _, what in rows}
+        for widget in (ProfileScreen, CCTView, IcicleView, LineTable):
+            for b in widget.BINDINGS:
+                assert b.description in listed if b.description else True
+        assert len(rows) == sum(len(w.BINDINGS) for w in (ProfileScreen, CCTView, IcicleView, LineTable, HelpScreen))
+        assert ("anywhere", "m", "metric") in rows and ("anywhere", "/", "search") in rows
+        assert ("anywhere", "t 1", "tree") in rows and ("tree", "pgdn", "page 1") in rows
+        text = "\n".join(drawn_lines(app.screen.query_one("#help-table", Static)))
+        assert "detach" in text and "hot path" in text and "zoom out" in text
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, ProfileScreen)
+
+
+@pilot_test
+async def test_help_on_the_process_list():
+    app = StacklensApp(processes=FakeProcesses())
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        assert ("processes", "a", "attach") in app.screen.rows()
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, ProcessListScreen)
+
+
+@pilot_test
+async def test_m_cycles_only_through_measured_metrics():
+    snap = sample_snapshot(gpu=False)
+    app = make_app(source=FakeSource(snap))
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(app, pilot)
+        seen = set()
+        for key in ("m",) * 8 + ("M",) * 8:
+            await pilot.press(key)
+            seen.add(app.screen.metric)
+            assert "unavailable (" not in str(app.screen.query_one("#tree-empty", Static).render())
+        assert seen == {"launch_count", "api_cpu_ns", "sync_wait_ns", "cpu_samples", "alloc_bytes", "copy_bytes"}
+
+
+def diff_source():
+    """`d` shows the last 10 s minus the 10 s before: the GEMM grew, the relu shrank."""
+    before = sample_snapshot()
+    t = CCT(METRICS, max_nodes=None)
+    gemm = (Frame.python("/srv/job/train.py", "train_step", 42), Frame.op("aten::linear"))
+    t.add_many(gemm, {"gpu_time_ns": 9_000_000})
+    t.add_many((Frame.python("/srv/job/train.py", "train_step", 43), Frame.op("aten::relu")), {"gpu_time_ns": 1_000_000})
+    t.add_many((Frame.python("/srv/job/train.py", "train_step", 44), Frame.op("aten::relu")), {"gpu_time_ns": 4_000_000})
+    recent = t.snapshot()
+    older = CCT(METRICS, max_nodes=None)
+    older.add_many(gemm, {"gpu_time_ns": 5_000_000})
+    older.add_many((Frame.python("/srv/job/train.py", "train_step", 44), Frame.op("aten::relu")), {"gpu_time_ns": 6_000_000})
+    delta = diff(recent, older.snapshot())
+    return FakeSource(lambda window_s, is_diff: delta if is_diff else before)
+
+
+@pilot_test
+async def test_diff_share_keeps_its_sign():
+    app = make_app(source=diff_source())
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("d")
+        await settle(app, pilot)
+        assert "diff" in status(app)
+        lines = tree_text(app).splitlines()
+        grew = next(ln for ln in lines if "train.py:42" in ln)
+        shrank = next(ln for ln in lines if "train.py:44" in ln)
+        # net change +3 ms: +4 ms is +133.3% of it, -2 ms is -66.7%
+        assert "+4.0ms" in grew and "+133.3%" in grew
+        assert "-2.0ms" in shrank and "-66.7%" in shrank
+        await pilot.press("h")
+        await settle(app, pilot)
+        hot = app.screen.query_one(LineTable).plain_lines()
+        assert any("+133.3%" in ln for ln in hot) and any("-66.7%" in ln for ln in hot)
+
+
+@pilot_test
+async def test_source_view_shows_each_line_value(tmp_path):
+    src_file = tmp_path / "train.py"
+    src_file.write_text("\n".join(f"line_{i} = {i}" for i in range(1, 61)) + "\n")
+    t = CCT(METRICS, max_nodes=None)
+    main = Frame.python(str(src_file), "main", 10)
+    t.add_many((main, Frame.python(str(src_file), "train_step", 30), Frame.op("aten::mm")), {"cpu_samples": 198})
+    t.add_many((main, Frame.python(str(src_file), "load", 33)), {"cpu_samples": 99})
+    app = make_app(source=FakeSource(t.snapshot(meta={"cpu_hz": 99})))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("down")
+        await pilot.press("o")
+        await settle(app, pilot)
+        text = drawn_lines(app.screen.query_one("#source-view", Static))
+        by_line = {ln.split("│")[0].split()[-1]: ln for ln in text if "│" in ln}
+        assert "cpu time per line" in str(app.screen.query_one("#source-head", Static).render())
+        assert "3.00s" in by_line["10"] and "100.0%" in by_line["10"]     # main: everything
+        assert "2.00s" in by_line["30"] and "66.7%" in by_line["30"] and "line_30 = 30" in by_line["30"]
+        assert "1.00s" in by_line["33"] and "33.3%" in by_line["33"]
+        assert "%" not in by_line["31"]                                   # no value: blank, not 0
+
+
+@pilot_test
+async def test_process_list_shows_cpu_percent_from_two_readings():
+    procs = FakeProcesses()
+    app = StacklensApp(processes=procs)
+    async with app.run_test(size=(140, 30)) as pilot:
+        await settle(app, pilot)
+        table = app.screen.query_one("#procs", DataTable)
+        cpu = [str(table.get_row_at(i)[4]) for i in range(2)]
+        assert cpu == ["…", "…"] and procs.listings == 1   # one reading: no rate yet
+        await pilot.press("r")
+        await settle(app, pilot)
+        cpu = [str(table.get_row_at(i)[4]) for i in range(2)]
+        assert procs.listings == 2 and cpu == ["150.0%", "25.0%"]   # CPU seconds per second, as top
+        del procs.cpu_rate[5151]                                     # a reply without CPU time
+        await pilot.press("r")
+        await settle(app, pilot)
+        assert str(table.get_row_at(1)[4]) == "unavailable"

@@ -42,15 +42,68 @@ def test_every_time_and_bytes_metric_reads_as_time_and_bytes():
     assert model.metric_label("compile_time_ns") == "compile time"
 
 
-def test_the_metric_cycle_visits_every_metric_of_the_registry():
+def test_the_metric_cycle_visits_every_measured_metric_of_the_registry():
     from stacklens.cct import metrics
 
-    snap = CCT(metrics.ALL).snapshot()   # the daemon's tree holds them all (daemon/join/joiner.py)
+    t = CCT(metrics.ALL)   # the daemon's tree holds them all (daemon/join/joiner.py)
+    t.add_many((Frame.op("aten::mm"),), {m: 1 for m in metrics.ALL})
+    snap = t.snapshot()
     seen, m = [], model.default_metric(snap)
     for _ in metrics.ALL:
         seen.append(m)
         m = model.next_metric(snap, m)
     assert m == seen[0] and sorted(seen) == sorted(metrics.ALL)
+
+
+def test_the_metric_cycle_skips_unavailable_and_empty_metrics():
+    snap = sample_snapshot(gpu=False)   # gpu time and kernel count not measured; py samples empty
+    assert model.measured_metrics(snap) == (
+        "launch_count", "api_cpu_ns", "sync_wait_ns", "cpu_samples", "alloc_bytes", "copy_bytes")
+    seen, m = [], model.default_metric(snap)
+    for _ in range(12):
+        seen.append(m)
+        m = model.next_metric(snap, m)
+    assert set(seen) == set(model.measured_metrics(snap))
+    assert model.next_metric(snap, "gpu_time_ns") == "launch_count"       # from an unmeasured one
+    assert model.next_metric(snap, "gpu_time_ns", -1) == "copy_bytes"
+    empty = CCT(METRICS).snapshot()
+    assert model.next_metric(empty, "gpu_time_ns") == "gpu_time_ns"      # nothing to go to: stays
+
+
+def test_cpu_samples_are_time_where_the_sampling_rate_is_known():
+    snap = sample_snapshot()   # meta cpu_hz = 99
+    unit = model.unit_of(snap, "cpu_samples")
+    assert unit.hz == 99 and unit.label == "cpu time"
+    assert unit.fmt(99) == "1.00s" and unit.fmt(33) == "333.3ms" and unit.fmt(-3, signed=True) == "-30.3ms"
+    assert model.unit_of(snap, "gpu_time_ns") == model.Unit("gpu_time_ns")   # not a sampled metric
+    t = CCT(METRICS)
+    t.add_many((Frame.op("aten::mm"),), {"cpu_samples": 7})
+    for meta in ({}, {"cpu_hz": 0}, {"cpu_hz": "fast"}, {"cpu_hz": float("nan")}):
+        unit = model.unit_of(t.snapshot(meta=meta), "cpu_samples")
+        assert unit.hz == 0 and unit.label == "cpu samples" and unit.fmt(7) == "7"   # counts, said so
+
+
+def test_shares_keep_their_sign_in_a_diff():
+    assert model.fmt_share(25, 100) == " 25.0%"
+    assert model.fmt_share(25, 100, signed=True) == " +25.0%"
+    assert model.fmt_share(-3.5, 100, signed=True) == "  -3.5%"
+    assert model.fmt_share(0, 100, signed=True) == "   0.0%"
+    assert model.fmt_share(5, 0, signed=True) == "  -  "
+
+
+def test_line_values_sum_each_line_once():
+    t = CCT(METRICS, max_nodes=None)
+    f = "/srv/job/train.py"
+    outer = Frame.python(f, "main", 10)
+    rec = Frame.python(f, "step", 20)
+    t.add_many((outer, rec, Frame.op("aten::mm")), {"cpu_samples": 4})
+    t.add_many((outer, rec, rec, Frame.op("aten::add")), {"cpu_samples": 2})        # recursion: line 20 twice
+    t.add_many((outer, Frame.python(f, "step", 21)), {"cpu_samples": 1})
+    t.add_many((Frame.python("/srv/job/other.py", "x", 10),), {"cpu_samples": 9})   # another file
+    snap = t.snapshot()
+    assert model.line_values(snap, "cpu_samples", f) == {10: 7, 20: 6, 21: 1}
+    assert model.line_values(snap, "gpu_time_ns", f) == {}
+    assert model.line_values(snap, "nope", f) == {}
 
 
 def test_bar_fills_in_eighths():
@@ -223,7 +276,23 @@ def test_status_text():
 
 def test_process_cells_show_unavailable_never_zero():
     row = model.ProcessRow(1, "python", True, False, "attached", "3.12", float("nan"), 12.34, 0.5)
-    assert model.process_cells(row) == ("1", "python", "attached", "no", "unavailable", "12.3", "50.0%", "3.12")
+    assert model.process_cells(row) == (
+        "1", "python", "attached", "no", "unavailable", "unavailable", "12.3", "50.0%", "3.12")
+
+
+def test_cpu_share_from_two_readings_of_cpu_time():
+    def row(pid: int, cpu_ns: int | None, t: float) -> model.ProcessRow:
+        return model.ProcessRow(pid, "python", True, False, "attached", cpu_time_ns=cpu_ns, read_at=t)
+
+    first = [row(1, 10_000_000_000, 100.0), row(2, None, 100.0), row(3, 5_000_000_000, 100.0)]
+    shares, readings = model.cpu_shares({}, first)
+    assert shares == {} and set(readings) == {1, 3}
+    assert model.process_cells(first[0], shares.get(1))[4] == "…"          # one reading: no rate yet
+    assert model.process_cells(first[1], shares.get(2))[4] == "unavailable"  # no CPU time in the reply
+    # 3 CPU seconds in 2 s: 150% (threads); PID 3 is a new process (its CPU time went down)
+    shares, readings = model.cpu_shares(readings, [row(1, 13_000_000_000, 102.0), row(3, 1_000_000_000, 102.0)])
+    assert shares == {1: 1.5} and readings[3] == (1_000_000_000, 102.0)
+    assert model.process_cells(row(1, 13_000_000_000, 102.0), shares[1])[4] == "150.0%"
 
 
 def test_advice_lines_and_order():

@@ -7,6 +7,8 @@ from typing import Any
 
 from textual.widgets import Static
 
+from stacklens.tui.model import Unit, unit_of
+
 _UNSET = object()
 
 
@@ -20,6 +22,11 @@ class View:
     sort: str
     collapse_chains: bool
     empty: str         # why there is nothing to draw ("" when there is something)
+
+    @property
+    def unit(self) -> Unit:
+        """How the metric's values are shown (CPU samples as time where the rate is known)."""
+        return unit_of(self.snap, self.metric)
 
 
 def put(widget: Static, content: Any, *, layout: bool = False, display: bool | None = None) -> None:

@@ -44,8 +44,9 @@ class FlamePane(TabPane):
         total = v.snap.total(v.metric)
         put(
             detail,
-            f"{block.frame.label()}  {model.fmt_value(v.metric, block.value, signed=v.diff)}"
-            f"  {model.fmt_share(abs(block.value), abs(total)).strip()}  (enter: zoom, backspace: out)"
+            f"{block.frame.label()}  {v.unit.fmt(block.value, signed=v.diff)}"
+            f"  {model.fmt_share(block.value if v.diff else abs(block.value), abs(total), signed=v.diff).strip()}"
+            "  (enter: zoom, backspace: out)"
         )
 
     @on(IcicleView.Selected)

@@ -55,21 +55,30 @@ class HotspotsPane(TabPane):
             return
         spots = self._cache.get(snap, metric, diff)
         cols = [c for c in dict.fromkeys((metric, *model.HOTSPOT_METRICS)) if c in snap.metrics]
-        widths = [max(11, len(model.metric_label(c))) for c in cols]
+        units = [model.unit_of(snap, c) for c in cols]
+        widths = [max(11, len(u.label)) for u in units]
+        total = abs(snap.total(metric))
+        share_w = 8 if diff else 7
         frame_w = min(40, max([len(model.frame_text(h.frame)) for h in spots] + [5]))
         head = Text(no_wrap=True, style="bold")
-        for c, w in zip(cols, widths):
-            head.append(model.metric_label(c).rjust(w) + "  ")
+        for i, (u, w) in enumerate(zip(units, widths)):
+            head.append(u.label.rjust(w) + "  ")
+            if i == 0:  # the share of the metric shown, beside its column
+                head.append("share".rjust(share_w) + "  ")
         head.append("frame".ljust(frame_w) + "  context")
         put(self.query_one("#hot-header", Static), head)
         lines = []
         for h in spots:
             t = Text(no_wrap=True)
-            for c, w in zip(cols, widths):
+            for i, (c, u, w) in enumerate(zip(cols, units, widths)):
                 if c in snap.unavailable:
                     t.append("unavailable".rjust(w) + "  ", style="dim")
                 else:
-                    t.append(model.fmt_value(c, h.values.get(c, 0), signed=diff).rjust(w) + "  ")
+                    t.append(u.fmt(h.values.get(c, 0), signed=diff).rjust(w) + "  ")
+                if i == 0:
+                    value = h.values.get(c, 0)
+                    share = model.fmt_share(value, total, signed=True) if diff else model.fmt_share(abs(value), total)
+                    t.append(share.rjust(share_w) + "  ")
             name = model.frame_text(h.frame)
             name = name if len(name) <= frame_w else name[: frame_w - 1] + "…"
             t.append(name.ljust(frame_w), style=model.KIND_STYLE.get(h.frame.kind, ""))

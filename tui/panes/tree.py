@@ -61,10 +61,10 @@ class TreePane(TabPane):
     def refresh_tree(self, *, keep: model.Key | None = None) -> None:
         v = self._view()
         view = self.query_one(CCTView)
-        self.refresh_header(v.metric, v.sort)
+        self.refresh_header()
         self.show_message(v.empty)
         if v.empty or v.snap is None:
-            view.set_rows([], v.metric, 0)
+            view.set_rows([], v.unit, 0)
             return
         if keep is None and view.current is not None:
             keep = view.current.key
@@ -72,11 +72,12 @@ class TreePane(TabPane):
         cursor = None
         if keep is not None:
             cursor = model.row_index_of_key(rows, keep)
-        view.set_rows(rows, v.metric, v.snap.total(v.metric), signed=v.diff, cursor=cursor)
+        view.set_rows(rows, v.unit, v.snap.total(v.metric), signed=v.diff, cursor=cursor)
 
-    def refresh_header(self, metric: str, sort: str) -> None:
+    def refresh_header(self) -> None:
+        v = self._view()
         width = self.query_one(CCTView).size.width or self.app.size.width
-        put(self.query_one("#tree-header", Static), header_text(metric, sort, width))
+        put(self.query_one("#tree-header", Static), header_text(v.unit.label, v.sort, width, signed=v.diff))
 
     def selected_node(self) -> int | None:
         row = self.query_one(CCTView).current
