@@ -333,6 +333,9 @@ class StacklensServicer(pbg.StacklensServicer):
                 python=(info.python or "") if info else "",
                 container=(info.container if info else ""),
             )                  # gpu_time_share stays unset unless measured (JSON: no "NaN" string)
+            cpu_ns = self._cpu_time_ns(p.pid)
+            if cpu_ns is not None:     # for the client's CPU% (two listings); unset if unreadable
+                p.cpu_time_ns = cpu_ns
             if p.attached:     # rates of the last 10 s: a closed session has none
                 try:
                     snap = s.snapshot(window_s=10.0)
@@ -346,6 +349,13 @@ class StacklensServicer(pbg.StacklensServicer):
                     pass
             out.append(p)
         return pb.ListProcessesResponse(processes=out)
+
+    def _cpu_time_ns(self, pid: int) -> int | None:
+        procfs = getattr(self.daemon, "procfs", None)
+        try:
+            return procfs.cpu_time_ns(pid) if procfs is not None else None
+        except (StacklensError, OSError, ValueError, IndexError):   # gone, or not readable
+            return None
 
     @rpc
     def GetSnapshot(self, request, context):

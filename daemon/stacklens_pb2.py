@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fstacklens.proto\x12\x0cstacklens.v1\"b\n\rAttachRequest\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\r\n\x05\x61gent\x18\x02 \x01(\x08\x12\x15\n\rcpu_sample_hz\x18\x03 \x01(\r\x12\x0e\n\x06no_ops\x18\x04 \x01(\x08\x12\x0e\n\x06wait_s\x18\x05 \x01(\x01\"\x9f\x01\n\x0e\x41ttachResponse\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\r\n\x05notes\x18\x02 \x03(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\r\n\x05phase\x18\x04 \x01(\t\x12\x0f\n\x07phase_s\x18\x05 \x01(\x01\x12\x11\n\telapsed_s\x18\x06 \x01(\x01\x12\x11\n\tattach_id\x18\x07 \x01(\x04\x12\x0c\n\x04step\x18\x08 \x01(\r\x12\x0e\n\x06joined\x18\t \x01(\x08\"V\n\x11WaitAttachRequest\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x11\n\tattach_id\x18\x02 \x01(\x04\x12\x11\n\tseen_step\x18\x03 \x01(\r\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\"\x1c\n\rDetachRequest\x12\x0b\n\x03pid\x18\x01 \x01(\x05\"+\n\x0e\x44\x65tachResponse\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0c\n\x04note\x18\x02 \x01(\t\"\x16\n\x14ListProcessesRequest\"\xfe\x01\n\x0bProcessInfo\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0c\n\x04\x63omm\x18\x02 \x01(\t\x12\x10\n\x08\x61ttached\x18\x03 \x01(\x08\x12\r\n\x05\x61gent\x18\x04 \x01(\x08\x12\r\n\x05state\x18\x05 \x01(\t\x12\x0b\n\x03gpu\x18\x06 \x01(\x08\x12\x0e\n\x06python\x18\x07 \x01(\t\x12\x1b\n\x0egpu_time_share\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\x0elaunches_per_s\x18\t \x01(\x01\x12\x17\n\x0fsync_wait_share\x18\n \x01(\x01\x12\x11\n\tcontainer\x18\x0b \x01(\t\x12\x13\n\x0bunavailable\x18\x0c \x03(\tB\x11\n\x0f_gpu_time_share\"E\n\x15ListProcessesResponse\x12,\n\tprocesses\x18\x01 \x03(\x0b\x32\x19.stacklens.v1.ProcessInfo\"u\n\x0fSnapshotRequest\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x10\n\x08window_s\x18\x02 \x01(\x01\x12\x0e\n\x06metric\x18\x03 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x04 \x01(\r\x12\r\n\x05top_k\x18\x05 \x01(\r\x12\x15\n\rdiff_window_s\x18\x06 \x01(\x01\"\xb4\x01\n\x10SnapshotResponse\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0f\n\x07profile\x18\x02 \x01(\x0c\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\r\n\x05state\x18\x04 \x01(\t\x12\x38\n\x05stats\x18\x05 \x03(\x0b\x32).stacklens.v1.SnapshotResponse.StatsEntry\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"T\n\rStreamRequest\x12.\n\x07request\x18\x01 \x01(\x0b\x32\x1d.stacklens.v1.SnapshotRequest\x12\x13\n\x0binterval_ms\x18\x02 \x01(\r\".\n\rAdviceRequest\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x10\n\x08window_s\x18\x02 \x01(\x01\"7\n\x08\x45vidence\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\x12\x0c\n\x04unit\x18\x03 \x01(\t\"\x9d\x01\n\x07\x46inding\x12\x0c\n\x04rule\x18\x01 \x01(\t\x12\x10\n\x08severity\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x03(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12\x0b\n\x03\x66ix\x18\x05 \x01(\t\x12\x1e\n\x16\x65stimated_saving_share\x18\x06 \x01(\x01\x12(\n\x08\x65vidence\x18\x07 \x03(\x0b\x32\x16.stacklens.v1.Evidence\"F\n\x0e\x41\x64viceResponse\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\'\n\x08\x66indings\x18\x02 \x03(\x0b\x32\x15.stacklens.v1.Finding\"\x0f\n\rHealthRequest\"\xa2\x01\n\x0eHealthResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08\x61ttached\x18\x02 \x01(\r\x12<\n\x08\x63ounters\x18\x03 \x03(\x0b\x32*.stacklens.v1.HealthResponse.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xe9\x04\n\tStacklens\x12\x43\n\x06\x41ttach\x12\x1b.stacklens.v1.AttachRequest\x1a\x1c.stacklens.v1.AttachResponse\x12K\n\nWaitAttach\x12\x1f.stacklens.v1.WaitAttachRequest\x1a\x1c.stacklens.v1.AttachResponse\x12\x43\n\x06\x44\x65tach\x12\x1b.stacklens.v1.DetachRequest\x1a\x1c.stacklens.v1.DetachResponse\x12X\n\rListProcesses\x12\".stacklens.v1.ListProcessesRequest\x1a#.stacklens.v1.ListProcessesResponse\x12L\n\x0bGetSnapshot\x12\x1d.stacklens.v1.SnapshotRequest\x1a\x1e.stacklens.v1.SnapshotResponse\x12P\n\x0fStreamSnapshots\x12\x1b.stacklens.v1.StreamRequest\x1a\x1e.stacklens.v1.SnapshotResponse0\x01\x12\x46\n\tGetAdvice\x12\x1b.stacklens.v1.AdviceRequest\x1a\x1c.stacklens.v1.AdviceResponse\x12\x43\n\x06Health\x12\x1b.stacklens.v1.HealthRequest\x1a\x1c.stacklens.v1.HealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fstacklens.proto\x12\x0cstacklens.v1\"b\n\rAttachRequest\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\r\n\x05\x61gent\x18\x02 \x01(\x08\x12\x15\n\rcpu_sample_hz\x18\x03 \x01(\r\x12\x0e\n\x06no_ops\x18\x04 \x01(\x08\x12\x0e\n\x06wait_s\x18\x05 \x01(\x01\"\x9f\x01\n\x0e\x41ttachResponse\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\r\n\x05notes\x18\x02 \x03(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\r\n\x05phase\x18\x04 \x01(\t\x12\x0f\n\x07phase_s\x18\x05 \x01(\x01\x12\x11\n\telapsed_s\x18\x06 \x01(\x01\x12\x11\n\tattach_id\x18\x07 \x01(\x04\x12\x0c\n\x04step\x18\x08 \x01(\r\x12\x0e\n\x06joined\x18\t \x01(\x08\"V\n\x11WaitAttachRequest\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x11\n\tattach_id\x18\x02 \x01(\x04\x12\x11\n\tseen_step\x18\x03 \x01(\r\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\"\x1c\n\rDetachRequest\x12\x0b\n\x03pid\x18\x01 \x01(\x05\"+\n\x0e\x44\x65tachResponse\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0c\n\x04note\x18\x02 \x01(\t\"\x16\n\x14ListProcessesRequest\"\xa8\x02\n\x0bProcessInfo\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0c\n\x04\x63omm\x18\x02 \x01(\t\x12\x10\n\x08\x61ttached\x18\x03 \x01(\x08\x12\r\n\x05\x61gent\x18\x04 \x01(\x08\x12\r\n\x05state\x18\x05 \x01(\t\x12\x0b\n\x03gpu\x18\x06 \x01(\x08\x12\x0e\n\x06python\x18\x07 \x01(\t\x12\x1b\n\x0egpu_time_share\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\x0elaunches_per_s\x18\t \x01(\x01\x12\x17\n\x0fsync_wait_share\x18\n \x01(\x01\x12\x11\n\tcontainer\x18\x0b \x01(\t\x12\x13\n\x0bunavailable\x18\x0c \x03(\t\x12\x18\n\x0b\x63pu_time_ns\x18\r \x01(\x04H\x01\x88\x01\x01\x42\x11\n\x0f_gpu_time_shareB\x0e\n\x0c_cpu_time_ns\"E\n\x15ListProcessesResponse\x12,\n\tprocesses\x18\x01 \x03(\x0b\x32\x19.stacklens.v1.ProcessInfo\"u\n\x0fSnapshotRequest\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x10\n\x08window_s\x18\x02 \x01(\x01\x12\x0e\n\x06metric\x18\x03 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x04 \x01(\r\x12\r\n\x05top_k\x18\x05 \x01(\r\x12\x15\n\rdiff_window_s\x18\x06 \x01(\x01\"\xb4\x01\n\x10SnapshotResponse\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0f\n\x07profile\x18\x02 \x01(\x0c\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\r\n\x05state\x18\x04 \x01(\t\x12\x38\n\x05stats\x18\x05 \x03(\x0b\x32).stacklens.v1.SnapshotResponse.StatsEntry\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"T\n\rStreamRequest\x12.\n\x07request\x18\x01 \x01(\x0b\x32\x1d.stacklens.v1.SnapshotRequest\x12\x13\n\x0binterval_ms\x18\x02 \x01(\r\".\n\rAdviceRequest\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x10\n\x08window_s\x18\x02 \x01(\x01\"7\n\x08\x45vidence\x12\x0e\n\x06metric\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\x12\x0c\n\x04unit\x18\x03 \x01(\t\"\x9d\x01\n\x07\x46inding\x12\x0c\n\x04rule\x18\x01 \x01(\t\x12\x10\n\x08severity\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x03(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12\x0b\n\x03\x66ix\x18\x05 \x01(\t\x12\x1e\n\x16\x65stimated_saving_share\x18\x06 \x01(\x01\x12(\n\x08\x65vidence\x18\x07 \x03(\x0b\x32\x16.stacklens.v1.Evidence\"F\n\x0e\x41\x64viceResponse\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\'\n\x08\x66indings\x18\x02 \x03(\x0b\x32\x15.stacklens.v1.Finding\"\x0f\n\rHealthRequest\"\xa2\x01\n\x0eHealthResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08\x61ttached\x18\x02 \x01(\r\x12<\n\x08\x63ounters\x18\x03 \x03(\x0b\x32*.stacklens.v1.HealthResponse.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xe9\x04\n\tStacklens\x12\x43\n\x06\x41ttach\x12\x1b.stacklens.v1.AttachRequest\x1a\x1c.stacklens.v1.AttachResponse\x12K\n\nWaitAttach\x12\x1f.stacklens.v1.WaitAttachRequest\x1a\x1c.stacklens.v1.AttachResponse\x12\x43\n\x06\x44\x65tach\x12\x1b.stacklens.v1.DetachRequest\x1a\x1c.stacklens.v1.DetachResponse\x12X\n\rListProcesses\x12\".stacklens.v1.ListProcessesRequest\x1a#.stacklens.v1.ListProcessesResponse\x12L\n\x0bGetSnapshot\x12\x1d.stacklens.v1.SnapshotRequest\x1a\x1e.stacklens.v1.SnapshotResponse\x12P\n\x0fStreamSnapshots\x12\x1b.stacklens.v1.StreamRequest\x1a\x1e.stacklens.v1.SnapshotResponse0\x01\x12\x46\n\tGetAdvice\x12\x1b.stacklens.v1.AdviceRequest\x1a\x1c.stacklens.v1.AdviceResponse\x12\x43\n\x06Health\x12\x1b.stacklens.v1.HealthRequest\x1a\x1c.stacklens.v1.HealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,31 +38,31 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_LISTPROCESSESREQUEST']._serialized_start=458
   _globals['_LISTPROCESSESREQUEST']._serialized_end=480
   _globals['_PROCESSINFO']._serialized_start=483
-  _globals['_PROCESSINFO']._serialized_end=737
-  _globals['_LISTPROCESSESRESPONSE']._serialized_start=739
-  _globals['_LISTPROCESSESRESPONSE']._serialized_end=808
-  _globals['_SNAPSHOTREQUEST']._serialized_start=810
-  _globals['_SNAPSHOTREQUEST']._serialized_end=927
-  _globals['_SNAPSHOTRESPONSE']._serialized_start=930
-  _globals['_SNAPSHOTRESPONSE']._serialized_end=1110
-  _globals['_SNAPSHOTRESPONSE_STATSENTRY']._serialized_start=1066
-  _globals['_SNAPSHOTRESPONSE_STATSENTRY']._serialized_end=1110
-  _globals['_STREAMREQUEST']._serialized_start=1112
-  _globals['_STREAMREQUEST']._serialized_end=1196
-  _globals['_ADVICEREQUEST']._serialized_start=1198
-  _globals['_ADVICEREQUEST']._serialized_end=1244
-  _globals['_EVIDENCE']._serialized_start=1246
-  _globals['_EVIDENCE']._serialized_end=1301
-  _globals['_FINDING']._serialized_start=1304
-  _globals['_FINDING']._serialized_end=1461
-  _globals['_ADVICERESPONSE']._serialized_start=1463
-  _globals['_ADVICERESPONSE']._serialized_end=1533
-  _globals['_HEALTHREQUEST']._serialized_start=1535
-  _globals['_HEALTHREQUEST']._serialized_end=1550
-  _globals['_HEALTHRESPONSE']._serialized_start=1553
-  _globals['_HEALTHRESPONSE']._serialized_end=1715
-  _globals['_HEALTHRESPONSE_COUNTERSENTRY']._serialized_start=1668
-  _globals['_HEALTHRESPONSE_COUNTERSENTRY']._serialized_end=1715
-  _globals['_STACKLENS']._serialized_start=1718
-  _globals['_STACKLENS']._serialized_end=2335
+  _globals['_PROCESSINFO']._serialized_end=779
+  _globals['_LISTPROCESSESRESPONSE']._serialized_start=781
+  _globals['_LISTPROCESSESRESPONSE']._serialized_end=850
+  _globals['_SNAPSHOTREQUEST']._serialized_start=852
+  _globals['_SNAPSHOTREQUEST']._serialized_end=969
+  _globals['_SNAPSHOTRESPONSE']._serialized_start=972
+  _globals['_SNAPSHOTRESPONSE']._serialized_end=1152
+  _globals['_SNAPSHOTRESPONSE_STATSENTRY']._serialized_start=1108
+  _globals['_SNAPSHOTRESPONSE_STATSENTRY']._serialized_end=1152
+  _globals['_STREAMREQUEST']._serialized_start=1154
+  _globals['_STREAMREQUEST']._serialized_end=1238
+  _globals['_ADVICEREQUEST']._serialized_start=1240
+  _globals['_ADVICEREQUEST']._serialized_end=1286
+  _globals['_EVIDENCE']._serialized_start=1288
+  _globals['_EVIDENCE']._serialized_end=1343
+  _globals['_FINDING']._serialized_start=1346
+  _globals['_FINDING']._serialized_end=1503
+  _globals['_ADVICERESPONSE']._serialized_start=1505
+  _globals['_ADVICERESPONSE']._serialized_end=1575
+  _globals['_HEALTHREQUEST']._serialized_start=1577
+  _globals['_HEALTHREQUEST']._serialized_end=1592
+  _globals['_HEALTHRESPONSE']._serialized_start=1595
+  _globals['_HEALTHRESPONSE']._serialized_end=1757
+  _globals['_HEALTHRESPONSE_COUNTERSENTRY']._serialized_start=1710
+  _globals['_HEALTHRESPONSE_COUNTERSENTRY']._serialized_end=1757
+  _globals['_STACKLENS']._serialized_start=1760
+  _globals['_STACKLENS']._serialized_end=2377
 # @@protoc_insertion_point(module_scope)

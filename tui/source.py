@@ -251,6 +251,8 @@ class DaemonProcesses:
         return cls(DaemonClient(socket_path))
 
     def processes(self) -> list[ProcessRow]:
+        reply = self.client.processes()
+        read_at = time.monotonic()  # with each process's CPU time: CPU% from two listings
         return [
             ProcessRow(
                 pid=p.pid,
@@ -263,8 +265,10 @@ class DaemonProcesses:
                 launches_per_s=p.launches_per_s,
                 sync_wait_share=p.sync_wait_share,
                 unavailable=tuple(p.unavailable),
+                cpu_time_ns=p.cpu_time_ns if _present(p, "cpu_time_ns", absent=False) else None,
+                read_at=read_at,
             )
-            for p in self.client.processes()
+            for p in reply
         ]
 
     def attach(self, pid: int) -> list[str]:
