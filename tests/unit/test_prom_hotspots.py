@@ -108,3 +108,10 @@ def test_collector_keeps_series_across_scrapes_and_exports_build_info():
                                                          "python": __import__("platform").python_version(),
                                                          "bcc": __import__("stacklens.daemon.prom", fromlist=["x"])
                                                          .build_labels()["bcc"]}) == 1
+
+
+def test_context_names_the_operator_the_python_line_called():
+    path = (Frame.python("/srv/m.py", "loss", 9), Frame.op("aten::mse_loss"), Frame.op("aten::empty_memory_format"),
+            Frame.native("libtorch_cpu.so", "malloc"))
+    assert hotspot_context(path) == "m.py:loss:9 > aten::mse_loss"
+    assert hotspot_context((Frame.op("aten::mm"), Frame.op("aten::addmm_"))) == "aten::mm"
