@@ -136,7 +136,7 @@ def record_run(cpu_s: float, rate: int) -> dict:
         snap = export.load(out)
     rows = [ln.rsplit(" ", 1) for ln in to_folded(snap, "cpu_samples").splitlines()]
     total = sum(int(n) for _, n in rows)
-    at_module = sum(int(n) for p, n in rows if p.split(";")[0].startswith(f"py:{prog}:<module>:"))
+    at_module = sum(int(n) for p, n in rows if p.split(";")[0].startswith(f"<module> ({prog.name}:"))
     stale = sum(int(n) for p, n in rows if "stale code object" in p)
     due = rate * own
     row.update(cpu_samples=total, own_cpu_s=own, due=round(due), ratio=round(total / due, 3),

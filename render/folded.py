@@ -1,38 +1,58 @@
-"""Folded stacks (`label;label;... VALUE` lines), what flame graph tools read.
+"""Folded stacks (`frame;frame;... VALUE` lines), what flame graph tools read.
 
-Pure, no privilege, no I/O.
+Pure, no privilege, no I/O. Frames are named as py-spy names them in its folded output (`record
+--format raw`), by the rule pprof and speedscope name them by too (render/stacks.py `frame_name`):
+`function (file:line)` for Python (`Block.forward (model.py:17)`, the file short and the same on
+every machine), `symbol (library)` for native code, the name of an operator, kernel or API call,
+the label of every other kind (`backward:AddmmBackward0`, `[other]`).
 """
 
 from __future__ import annotations
 
+import re
+
 from stacklens.cct.frames import ROOT, Frame
 from stacklens.cct.snapshot import Snapshot
-from stacklens.render.stacks import check_measured
+from stacklens.render.stacks import check_measured, frame_name
+
+# ';' separates frames and a newline ends the record: written as their URL escapes
+_ESCAPES = str.maketrans({";": "%3B", "\n": "%0A", "\r": "%0D"})
+# flamegraph.pl reads a line's last blank-separated number as its value, and a second one before
+# it as a differential profile's first value: no frame may end in one (`[other] 2`)
+_ENDS_IN_NUMBER = re.compile(r"\s([0-9]+(?:\.[0-9]*)?)$")
 
 
-def _folded_label(frame: Frame) -> str:
-    # ';' separates frames and a newline ends the record in the folded format.
-    return frame.label().replace(";", "%3B").replace("\n", "%0A")
+def folded_frame(frame: Frame) -> str:
+    """A frame as folded stacks name it: `frame_name(frame).text()`, with `;`, newlines and the
+    blank before a number that ends the text written as their URL escapes (%3B, %0A, %20)."""
+    text = frame_name(frame).text()
+    if ";" in text or "\n" in text or "\r" in text:
+        text = text.translate(_ESCAPES)
+    return _ENDS_IN_NUMBER.sub(r"%20\1", text) if text[-1:].isdigit() else text
 
 
 def to_folded(snap: Snapshot, metric: str, inclusive: bool = False) -> str:
-    """Folded stacks, one `label;label;... VALUE` line per node with a non-zero value, sorted.
+    """Folded stacks, one `frame;frame;... VALUE` line per node with a non-zero value, outermost
+    frame first, sorted.
 
     Exclusive values (the default) are what flame graph tools expect: they add the lines up
     themselves. `inclusive=True` writes each node's inclusive value instead, for grepping.
     """
     check_measured(snap, metric)
     value_of = snap.inclusive if inclusive else snap.exclusive
-    labels: list[str] = [_folded_label(ROOT)]
+    names: dict[Frame, str] = {}
+    stacks: list[str] = [folded_frame(ROOT)]
     lines = []
     for node in range(snap.node_count):
         if node:
+            frame = snap.frame_of(node)
+            own = names.get(frame)
+            if own is None:
+                own = names[frame] = folded_frame(frame)
             parent = snap.parent(node)
-            own = _folded_label(snap.frame_of(node))
-            labels.append(f"{labels[parent]};{own}" if parent else own)
+            stacks.append(f"{stacks[parent]};{own}" if parent else own)
         value = value_of(node, metric)
         if value and (node or not inclusive):
-            lines.append(f"{labels[node]} {value}")
+            lines.append(f"{stacks[node]} {value}")
     lines.sort()
     return "".join(line + "\n" for line in lines)
-

@@ -12,11 +12,11 @@ import gzip
 from collections.abc import Iterable, Sequence
 
 from stacklens import __version__
-from stacklens.cct.frames import Frame, python_module_of
+from stacklens.cct.frames import Frame
 from stacklens.cct.metrics import CPU_SAMPLES, opening_metric
 from stacklens.cct.snapshot import Snapshot
 from stacklens.errors import InputError
-from stacklens.render.stacks import node_paths, unit_of
+from stacklens.render.stacks import cpu_period_ns, frame_name, node_paths, unit_of
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -46,18 +46,6 @@ def _bytes_field(field: int, payload: bytes) -> bytes:
 
 def _packed_field(field: int, values: Iterable[int]) -> bytes:
     return _bytes_field(field, b"".join(map(_varint, values)))
-
-
-def pprof_function_name(frame: Frame) -> str:
-    """What pprof groups by (pprof merges equal names): a Python function by module and name, as
-    Go's are by package (`prep.preprocess`, `model.Block.forward`: the many `forward`s stay
-    apart); an operator, kernel, API call or native symbol by its name; the file and line are
-    in their own fields, so `-top` lists a function once and `-lines` splits it by line."""
-    if frame.kind == "python":
-        return f"{python_module_of(frame.file)}.{frame.name}"
-    if frame.kind in ("native", "op", "kernel", "gpu_api"):
-        return frame.name
-    return frame.label()
 
 
 class _Strings:
@@ -165,12 +153,13 @@ class _Samples:
 def _locations_and_functions(location_of: dict[Frame, int], s: _Strings) -> bytes:
     """One pseudo-mapping that says symbols are already resolved (so readers never try to
     symbolize the absent addresses), then a Location and a Function per frame: Function.name
-    is pprof_function_name, system_name the frame's full label, filename its file (Python) or
-    library (native); the Location's line its line."""
+    is the frame's function (render/stacks.py `frame_name`, as folded and speedscope name it),
+    system_name the frame's full label, filename its file (Python) or library (native), whole, so
+    that `-list` finds the source; the Location's line its line."""
     functions = bytearray()
     locations = bytearray()
     for frame, loc in location_of.items():
-        function = (_int_field(1, loc) + _int_field(2, s(pprof_function_name(frame)))
+        function = (_int_field(1, loc) + _int_field(2, s(frame_name(frame).function))
                     + _int_field(3, s(frame.label())) + _int_field(4, s(frame.file)))
         functions += _bytes_field(5, function)
         line = _int_field(1, loc) + _int_field(2, frame.line)
@@ -185,9 +174,10 @@ def to_pprof(snap: Snapshot) -> bytes:
     (meta["cpu_hz"]), also `cpu/nanoseconds` (samples × period), the period type and period;
     `time_nanos` / `duration_nanos` from the profile's start and window when known.
 
-    One Function and one Location per distinct frame: Function.name is the function
-    (pprof_function_name), system_name the frame's full label, filename its file (Python) or
-    library (native); the Location's line its line. The default sample type is GPU time where it
+    One Function and one Location per distinct frame: Function.name is the function, named as
+    folded and speedscope name it (render/stacks.py `frame_name`: `module.qualname` for Python),
+    system_name the frame's full label, filename its file (Python) or library (native); the
+    Location's line its line. The default sample type is GPU time where it
     was measured, else CPU.
 
     Samples: per node, one for each thread of its breakdown (`Snapshot.threads`: CPU and Python
@@ -200,8 +190,7 @@ def to_pprof(snap: Snapshot) -> bytes:
     s = _Strings()
     metrics = [m for m in snap.metrics if m not in snap.unavailable]
     meta = snap.meta if isinstance(snap.meta, dict) else {}
-    hz = meta.get("cpu_hz")
-    period = 1_000_000_000 // int(hz) if isinstance(hz, int) and hz > 0 else 0
+    period = cpu_period_ns(snap)
     types = _sample_types(metrics, period)
     out = bytearray()
     for name, unit, _col, _scale in types:

@@ -1,10 +1,11 @@
 """Python stacks end to end through the real CLI and ProbeSession (root + eBPF):
 
 - issue 6 acceptance 1: `stacklens profile … --format folded --metric launch_count` on a target
-  launching through the fake libcuda from two Python functions 3:1 → two `py:…;api:cuLaunchKernel`
-  paths in that ratio (±2%) summing to the launches the target made while profiled (±1%);
+  launching through the fake libcuda from two Python functions 3:1 → two
+  `launch_a (fake_cuda_ratio.py:N);…;cuLaunchKernel` paths in that ratio (±2%) summing to the
+  launches the target made while profiled (±1%);
 - issue 6 acceptance 2: `--metric cpu_samples` on a torch CPU training loop → paths
-  `py:… → op:aten::… → native:…`, per-function split within 5 points of the target's own;
+  python → op aten::… → native, per-function split within 5 points of the target's own;
 - issue 5 acceptance 2: CPU samples and operator-carrying events name the Python lines that
   called the model (train step line → model forward line → op:aten::linear).
 """
@@ -56,7 +57,9 @@ def profile(pid: int, metric: str, duration: float = 5, *extra: str) -> dict[tup
 
 
 def profile_with_window(pid: int, metric: str, duration: float, *extra: str):
-    """The paths of `profile --format json` and its window's account (meta.window)."""
+    """The paths of `profile --format json` as frames ({path: exclusive value of `metric`}), its
+    folded stacks (`--format folded` of the same profile: {path of frame names: value}) and its
+    window's account (meta.window)."""
     import tempfile
 
     from stacklens.cct import export
@@ -69,16 +72,17 @@ def profile_with_window(pid: int, metric: str, duration: float, *extra: str):
                            timeout=600)
         assert r.returncode == 0, r.stderr
         snap = export.load(out)
-    paths = {}
+    paths = {path: values[metric] for path, values in snap.iter_paths() if values[metric]}
+    folded = {}
     for line in to_folded(snap, metric).splitlines():
         path, _, n = line.rpartition(" ")
-        paths[tuple(path.split(";"))] = int(n)
-    return paths, snap.meta["window"]
+        folded[tuple(path.split(";"))] = int(n)
+    return paths, folded, snap.meta["window"]
 
 
 def test_profile_launch_count_ratio_and_total(bpf_available, fake_libs, start_target):
     t = start_target("fake_cuda_ratio.py", str(fake_libs["dir"]), "3.0")
-    paths, window = profile_with_window(t.pid, "launch_count", 5)
+    paths, folded, window = profile_with_window(t.pid, "launch_count", 5)
     done = t.readline(timeout=30).split()
     assert done[0] == "done", done
     # the launches the target made inside the profile's window (it stamps its launch batches)
@@ -86,28 +90,33 @@ def test_profile_launch_count_ratio_and_total(bpf_available, fake_libs, start_ta
     inside = t.readline(timeout=30).split()
     assert inside[0] == "window", inside
     made_a, made_b = int(inside[1]), int(inside[2])
-    launch = {p: n for p, n in paths.items() if "api:cuLaunchKernel" in p}
+    launch = {p: n for p, n in paths.items() if Frame.api("cuLaunchKernel") in p}
     assert len(launch) == 2, launch
     app = str(TARGETS / "fake_cuda_ratio.py")
     by_fn = {}
     for p, n in launch.items():
-        assert p[0].startswith("py:"), p
-        fn = [lab for lab in p if lab.startswith(f"py:{app}:launch_")]
+        assert p[0].kind == "python", p
+        fn = [f for f in p if f.kind == "python" and f.file == app and f.name.startswith("launch_")]
         assert len(fn) == 1, p
-        by_fn[fn[0].split(":")[-2]] = n
+        by_fn[fn[0].name] = n
         # Python → the C caller (libfakeapp, frame pointers) → the API
-        caller = "app_forward_launches" if fn[0].split(":")[-2] == "launch_a" else "app_backward_launches"
-        assert p.index(f"native:libfakeapp.so:{caller}") < p.index("api:cuLaunchKernel"), p
+        caller = "app_forward_launches" if fn[0].name == "launch_a" else "app_backward_launches"
+        assert p.index(Frame.native("libfakeapp.so", caller)) < p.index(Frame.api("cuLaunchKernel")), p
+        # the same path in folded stacks, frames named as py-spy names them
+        text = tuple(f"{f.name} ({Path(f.file).name}:{f.line})" if f.kind == "python" else
+                     f"{f.name} ({Path(f.file).name})" if f.kind == "native" else
+                     f"[{f.name}]" if f.kind == "other" else f.name for f in p)
+        assert folded[text] == n and f"{caller} (libfakeapp.so)" in text, (text, list(folded))
     a, b = by_fn["launch_a"], by_fn["launch_b"]
     assert abs(a / b - 3) <= 0.02 * 3, (a, b)
     assert abs((a + b) - (made_a + made_b)) <= 0.01 * (made_a + made_b), (a, b, made_a, made_b)
     assert made_a + made_b > 2000  # a real window, not a handful (~4,000/s were made)
 
 
-def _kinds(path: tuple[str, ...]) -> str:
-    """py/op/native as one letter each, markers ([truncated]) left out: 'PPPONN'."""
-    k = {"py": "P", "op": "O", "native": "N", "api": "A", "kernel": "K", "backward": "B"}
-    return "".join(k[lab.split(":", 1)[0]] for lab in path if not lab.startswith("["))
+def _kinds(path: tuple[Frame, ...]) -> str:
+    """python/op/native as one letter each, markers ([truncated]) left out: 'PPPONN'."""
+    k = {"python": "P", "op": "O", "native": "N", "gpu_api": "A", "kernel": "K", "backward": "B"}
+    return "".join(k[f.kind] for f in path if f.kind != "other")
 
 
 def test_profile_cpu_samples_torch_split(bpf_available, start_target):
@@ -117,22 +126,22 @@ def test_profile_cpu_samples_torch_split(bpf_available, start_target):
     # at 499 Hz it landed within 0.2 points. Under load the target gets less CPU in the window,
     # so the samples due come from the CPU time it used (the window's account), and the split's
     # bound widens with the sampling error of the count it got (3.5 sigma of a proportion)
-    paths, window = profile_with_window(t.pid, "cpu_samples", 5, "--rate", "499")
+    paths, _, window = profile_with_window(t.pid, "cpu_samples", 5, "--rate", "499")
     due = window["expected_cpu_samples"]
     assert window["drained"] and abs(window["cpu_samples"] - due) <= 0.25 * due, window
     line = t.readline(timeout=60).split()
     assert line[0] == "split", line
     t_big, t_small = int(line[1]), int(line[2])
     train = str(TARGETS / "torch_train.py")
-    s_big = sum(n for p, n in paths.items() if any(lab.startswith(f"py:{train}:step_big:") for lab in p))
-    s_small = sum(n for p, n in paths.items() if any(lab.startswith(f"py:{train}:step_small:") for lab in p))
+    s_big = sum(n for p, n in paths.items() if any(f.file == train and f.name == "step_big" for f in p))
+    s_small = sum(n for p, n in paths.items() if any(f.file == train and f.name == "step_small" for f in p))
     n = s_big + s_small
     assert n > 200 and n >= 0.8 * window["cpu_samples"], (n, window)
     got, want = s_big / n, t_big / (t_big + t_small)
     assert abs(got - want) <= max(0.05, 3.5 * (want * (1 - want) / n) ** 0.5), (got, want, s_big, s_small)
-    # samples inside an operator read py:… → op:aten::… → native:… (C extension frames may sit
-    # between py and op); the rest is Python between ops (optimizer loop, module call overhead)
-    in_op = {p: n for p, n in paths.items() if any(lab.startswith("op:aten::") for lab in p)}
+    # samples inside an operator read python → op aten::… → native (C extension frames may sit
+    # between python and op); the rest is Python between ops (optimizer loop, module call overhead)
+    in_op = {p: n for p, n in paths.items() if any(f.kind == "op" and f.name.startswith("aten::") for f in p)}
     # backward work linked to its forward op (issue 18) reads py → forward op → backward:NODE →
     # backward ops → native
     shape = r"P+N*O+N+|P+N*O+BO*N*"

@@ -111,7 +111,7 @@ def test_record_profiles_from_the_first_line(bpf_available, hogs, tmp_path):
     snap = export.load(out)
     rows = [ln.rsplit(" ", 1) for ln in to_folded(snap, "cpu_samples").splitlines()]
     total = sum(int(n) for _, n in rows)
-    at_module = sum(int(n) for p, n in rows if p.split(";")[0].startswith(f"py:{prog}:<module>:"))
+    at_module = sum(int(n) for p, n in rows if p.split(";")[0].startswith(f"<module> ({prog.name}:"))
     assert abs(total - RATE * own_cpu) <= 0.25 * RATE * own_cpu, (total, own_cpu)
     assert at_module >= 0.95 * total, rows[:5]
     # the interpreter's start-up (site's imports, whose freed module bodies were the only

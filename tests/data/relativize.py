@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 # A path of one machine, up to what ends it in a profile: a quote, whitespace, or the `:` / `;`
-# of a folded stack (`py:CHECKOUT/x.py:main:12;op:...`).
+# of a frame label or a path of them (`py:CHECKOUT/x.py:main:12;op:...`).
 MACHINE_PATH = re.compile(r"(?<![\w.~}\])-])/(?:work|check|root|home|tmp/pytest-of-[^/\"\s]*|tmp/fresh[^/\"\s]*)"
                           r"/[^\"\s:;,\\)\]']*")
 LIBRARY = re.compile(r"/(?:site|dist)-packages/(.*)")

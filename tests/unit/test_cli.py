@@ -66,8 +66,8 @@ def test_report_folded(profile_file, capsys):
     assert main(["report", "--input", str(profile_file), "--format", "folded", "--metric", "cpu_samples"]) == 0
     lines = sorted(capsys.readouterr().out.splitlines())
     assert lines == [
-        "py:train.py:step:42;py:model.py:forward:17;op:aten::linear;op:aten::addmm 30",
-        "py:train.py:step:42;py:train.py:load:12 10",
+        "step (train.py:42);forward (model.py:17);aten::linear;aten::addmm 30",
+        "step (train.py:42);load (train.py:12) 10",
     ]
 
 

@@ -39,17 +39,19 @@ def sample() -> Snapshot:
 
 
 def test_folded() -> None:
+    """Frames named as py-spy names them (`function (file:line)`, native `symbol (library)`), the
+    rule pprof and speedscope name them by (tests/unit/test_export_stacks.py)."""
     snap = sample()
     assert to_folded(snap, "cpu_samples") == (
-        "py:/srv/train.py:main:12;native:lib%3Bsemi.so:f%0Anewline 1\n"
-        "py:/srv/train.py:main:12;py:/srv/train.py:step:40 5\n"
+        "main (train.py:12);f%0Anewline (lib%3Bsemi.so) 1\n"
+        "main (train.py:12);step (train.py:40) 5\n"
     )
     assert to_folded(snap, "gpu_time_ns") == (
-        "py:/srv/train.py:main:12;py:/srv/train.py:step:40;op:aten::addmm;"
-        "native:libcudart.so.12:cudaLaunchKernel;kernel:ampere_sgemm_128x64_tn 120000\n"
+        "main (train.py:12);step (train.py:40);aten::addmm;"
+        "cudaLaunchKernel (libcudart.so.12);ampere_sgemm_128x64_tn 120000\n"
     )
     inclusive = to_folded(snap, "api_cpu_ns", inclusive=True).splitlines()
-    assert inclusive[0] == "py:/srv/train.py:main:12 9000" and len(inclusive) == 4
+    assert inclusive[0] == "main (train.py:12) 9000" and len(inclusive) == 4
     assert to_folded(snap, "sync_wait_ns") == ""
 
 
@@ -86,12 +88,19 @@ def test_speedscope_validates_against_the_schema() -> None:
         profile = doc["profiles"][0]
         assert sum(profile["weights"]) == snap.total(metric) == profile["endValue"]
     doc = to_speedscope(snap, "gpu_time_ns")
-    names = [f["name"] for f in doc["shared"]["frames"]]
+    frames = doc["shared"]["frames"]
     (stack,) = doc["profiles"][0]["samples"]
-    assert [names[i] for i in stack] == [f.label() for f in (MAIN, STEP, MM, LAUNCH, GEMM)]
+    assert [frames[i] for i in stack] == [
+        {"name": "train.main", "file": "train.py", "line": 12},
+        {"name": "train.step", "file": "train.py", "line": 40},
+        {"name": "aten::addmm"},
+        {"name": "cudaLaunchKernel", "file": "libcudart.so.12"},
+        {"name": "ampere_sgemm_128x64_tn"},
+    ]
     assert doc["profiles"][0]["unit"] == "nanoseconds"
-    assert to_speedscope(snap, "cpu_samples")["profiles"][0]["unit"] == "none"
+    assert to_speedscope(snap, "cpu_samples")["profiles"][0]["unit"] == "none"   # no sampling rate known
     assert to_speedscope(snap, "alloc_bytes")["profiles"][0]["unit"] == "bytes"
+    assert to_speedscope(snap, "launch_count")["profiles"][0]["unit"] == "none"
     with pytest.raises(InputError):
         to_speedscope(snap, "copy_bytes")
 

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stacklens.cct import CCT, Frame, Snapshot
-from stacklens.render.pprof import pprof_function_name, to_pprof
-from stacklens.render.stacks import unit_of
+from stacklens.render.pprof import to_pprof
+from stacklens.render.stacks import frame_name, unit_of
 from stacklens.errors import InputError
 
 SCHEMA = Path(__file__).parents[1] / "data" / "schemas" / "profile.proto"
@@ -169,7 +169,7 @@ def test_go_tool_pprof_reads_it(tmp_path: Path) -> None:
     assert dict(totals) == {metric_of(n): snap.total(metric_of(n)) for n in types}
     locations = raw.split("Locations\n", 1)[1]
     for frame in FRAMES:
-        assert pprof_function_name(frame) in locations
+        assert frame_name(frame).function in locations
 
 
 def _go_pprof(tmp_path: Path, *args: str) -> str:
