@@ -157,6 +157,9 @@ def run(duration: float, interval: float, out: Path | None) -> dict:
             "other_share_interval_max_after_60s": max((s.get("other_share_interval", 0) for s in shares if s["t"] >= 60),
                                                       default=None),
             "promtool": lint,
+            "series_ending_twice_or_returning": sorted(f"{k[0]} {k[1]} {k[2]} | {k[3]}" for k in everseen
+                                                       if disappear[k] > 1 or appear[k] > 1
+                                                       or (appear[k] and k in history[0])),
             "last_cpu_series": sorted(f"{k[1]} {k[2]} | {k[3]} = {v:.2f}" for k, v in prev.items() if k[0] == CPU),
             "per_scrape": shares,
         }

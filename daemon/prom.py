@@ -217,10 +217,11 @@ class HotspotTracker:
     ignored). Not its recent growth: at 99 Hz a few seconds give each of a hundred small contexts a
     handful of samples, so the ranks near 2k reshuffle every scrape (measured: 31 of 95 series
     ended more than once in 10 minutes). A newcomer still enters fast, as it need only beat the
-    weakest exported context. An exported context stays while it ranks in the top 2k; a newcomer
-    enters while fewer than k are exported, or when its score beats the weakest exported one's by
-    MARGIN (evicting that one only when 2k are exported). So at most 2k series, and a context near
-    the boundary does not flap. Values are counters: an exported context's series counts its
+    weakest exported context. A newcomer from the top 2k enters while fewer than k are exported, or
+    when its score beats the weakest exported one's by MARGIN, evicting that one when 2k are
+    exported; an exported context leaves only so (or when its context is folded away). So at most
+    2k series, and none near the boundary flaps: one that left whenever it fell out of the top 2k
+    came back when it beat the weakest by the margin again (1 series of 76 in 10 minutes). Values are counters: an exported context's series counts its
     growth while exported (all of it when it is exported at first sight), [other] the growth of
     every other, so no series ever decreases, and the series (an ended one at its last value) add up
     to the process's total."""
@@ -239,8 +240,7 @@ class HotspotTracker:
         growth = {c: max(0, v - self.prev.get(c, 0)) for c, v in values.items()}
         self.score = {c: self.score.get(c, 0) + g for c, g in growth.items()}
         ranked = sorted(self.score, key=lambda c: (-self.score[c], c))
-        top2k = set(ranked[: 2 * k])
-        kept = sorted((c for c in self.exported if c in top2k), key=lambda c: -self.score[c])[:most]
+        kept = sorted((c for c in self.exported if c in self.score), key=lambda c: -self.score[c])[:most]
         for c in ranked[: 2 * k]:
             if c in self.exported:
                 continue

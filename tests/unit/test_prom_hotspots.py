@@ -36,7 +36,7 @@ def test_boundary_context_does_not_flap_and_a_clear_newcomer_enters():
     assert tr.score[("c", "l")] > tr.score[("b", "l")] * (1 + MARGIN)
 
 
-def test_exported_context_leaves_only_past_the_top_2k_and_the_set_stays_bounded():
+def test_exported_context_leaves_for_a_clearly_stronger_one_and_the_set_stays_bounded():
     tr = HotspotTracker()
     cum = {(f"c{i}", "l"): 100 - i for i in range(10)}
     assert names(tr.update(cum, k=2)) == {"c0", "c1"}
@@ -46,7 +46,7 @@ def test_exported_context_leaves_only_past_the_top_2k_and_the_set_stays_bounded(
             cum[(f"c{i}", "l")] += 50 * step
         series = tr.update(cum, k=2)
         assert len(names(series)) <= 4
-    assert not names(series) & {"c0", "c1"}     # out of the top 2k: gone
+    assert not names(series) & {"c0", "c1"}     # displaced by newcomers past the margin
 
 
 def test_series_are_counters_that_add_up_to_the_total():
