@@ -265,6 +265,12 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dump(args: argparse.Namespace) -> int:
+    from stacklens.cli.dump import run_dump
+
+    return run_dump(args.pid, job=args.job, as_json=args.json, all_threads=args.all)
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     from stacklens.tui.app import run_top
 
@@ -389,6 +395,16 @@ def add_daemon_commands(command) -> None:
                        "with their state: attached, not attached (never) or detached")
     json_opt(ps)
     ps.set_defaults(func=cmd_ps)
+
+    dm = command("dump", "every thread's Python stack now, and who holds the GIL; the target is "
+                         "not stopped, no daemon or agent (root)")
+    add_pid(dm, required=True, what="the Python process (with --job: the launcher, e.g. torchrun)")
+    dm.add_argument("--job", action="store_true",
+                    help="PID is a launcher: dump each rank under it (RANK in its environment), "
+                    "say which wait in a collective and which rank is missing")
+    dm.add_argument("--all", action="store_true", help="also list threads without Python")
+    json_opt(dm)
+    dm.set_defaults(func=cmd_dump)
 
     t = command("top", "live terminal UI (through the daemon, or --input FILE)")
     add_pid(t, required=False, what="the process to show, through the daemon")

@@ -76,6 +76,12 @@ class PyLayout:
     bytes_size: int
     bytes_sval: int
     free_threaded: bool = False
+    # the GIL (_gil_runtime_state): `locked` (int) and `last_holder` (PyThreadState *), counted
+    # from &_PyRuntime (3.10/3.11: _PyRuntime.ceval.gil) or, with gil_in_interp, from the main
+    # PyInterpreterState (3.12+: its own `_gil`); -1 = not known (`stacklens dump` says "unknown")
+    gil_locked: int = -1
+    gil_holder: int = -1
+    gil_in_interp: bool = False
 
     def frame_read_size(self) -> int:
         """Bytes the BPF walker copies per frame (covers every field it needs)."""
@@ -220,7 +226,8 @@ LAYOUTS: dict[tuple[int, int], Union[PyLayout, DebugOffsetsSpec]] = {
         frame_owner=-1, frame_is_entry=-1, owner_shim_min=-1, code_ptr_mask=~0,
         code_filename=104, code_name=112, code_qualname=-1, code_firstlineno=40,
         code_linetable=120, code_adaptive=-1, linetable_format=310,
-        unicode_ascii_size=48, unicode_compact_size=72, **_COMMON_OBJ),
+        unicode_ascii_size=48, unicode_compact_size=72, gil_locked=368, gil_holder=360,
+        **_COMMON_OBJ),
     (3, 11): PyLayout(
         version=(3, 11), source="table",
         runtime_interpreters_head=40, interp_next=0, interp_threads_head=16,
@@ -230,7 +237,8 @@ LAYOUTS: dict[tuple[int, int], Union[PyLayout, DebugOffsetsSpec]] = {
         frame_owner=69, frame_is_entry=68, owner_shim_min=-1, code_ptr_mask=~0,
         code_filename=112, code_name=120, code_qualname=128, code_firstlineno=72,
         code_linetable=136, code_adaptive=184, linetable_format=311,
-        unicode_ascii_size=48, unicode_compact_size=72, **_COMMON_OBJ),
+        unicode_ascii_size=48, unicode_compact_size=72, gil_locked=376, gil_holder=368,
+        **_COMMON_OBJ),
     (3, 12): PyLayout(
         version=(3, 12), source="table",
         runtime_interpreters_head=40, interp_next=0, interp_threads_head=72,
@@ -240,7 +248,8 @@ LAYOUTS: dict[tuple[int, int], Union[PyLayout, DebugOffsetsSpec]] = {
         frame_owner=70, frame_is_entry=-1, owner_shim_min=3, code_ptr_mask=~0,
         code_filename=112, code_name=120, code_qualname=128, code_firstlineno=68,
         code_linetable=136, code_adaptive=192, linetable_format=311,
-        unicode_ascii_size=40, unicode_compact_size=56, **_COMMON_OBJ),
+        unicode_ascii_size=40, unicode_compact_size=56, gil_locked=1056, gil_holder=1048,
+        gil_in_interp=True, **_COMMON_OBJ),
     (3, 13): DebugOffsetsSpec(
         version=(3, 13), field_order=tuple(_DEBUG_FIELDS_313),
         owner_shim_min=3,  # FRAME_OWNED_BY_CSTACK = 3
@@ -346,7 +355,8 @@ def parse_debug_offsets(blob: bytes, expect: tuple[int, int] | None = None) -> P
         unicode_ascii_size=d["unicode_object.asciiobject_size"],
         unicode_compact_size=spec.unicode_compact_size,
         bytes_size=d["bytes_object.ob_size"], bytes_sval=d["bytes_object.ob_sval"],
-        free_threaded=False)
+        free_threaded=False, gil_locked=d["interpreter_state.gil_runtime_state_locked"],
+        gil_holder=d["interpreter_state.gil_runtime_state_holder"], gil_in_interp=True)
 
 
 def layout_for(version: tuple[int, int], runtime_head: bytes | None = None,

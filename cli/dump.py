@@ -1,0 +1,87 @@
+"""`stacklens dump PID` / `stacklens dump --job LAUNCHER_PID`: every thread's Python stack now,
+as text or JSON, without the daemon or the agent (daemon/dump.py reads, daemon/dumpjob.py finds
+the ranks). Root (or CAP_SYS_PTRACE); the target is not stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from stacklens.daemon.dump import ProcessDump, ThreadDump
+from stacklens.daemon.dumpjob import JobDump
+
+
+def thread_text(t: ThreadDump) -> list[str]:
+    tags = [s for s in ("main" if t.main else "", "holds the GIL" if t.holds_gil else "",
+                        "moving: stack read while it ran" if not t.consistent else "") if s]
+    head = f"Thread {t.tid or '?'} \"{t.name}\" {t.state} ({t.syscall})"
+    if tags:
+        head += " [" + ", ".join(tags) + "]"
+    lines = [head]
+    if not t.python:
+        lines.append("    (no Python)")
+    elif not t.frames:
+        lines.append("    (no Python frames)")
+    lines += [f"    {f.function} ({f.file}:{f.line})" for f in t.frames]
+    if t.truncated:
+        lines.append("    … (outer frames cut)")
+    if t.note:
+        lines.append(f"    ({t.note})")
+    return lines
+
+
+def process_text(d: ProcessDump, only_python: bool = False) -> str:
+    gil = {"held": f"held by thread {d.gil_holder_tid}" if d.gil_holder_tid else "held (by ?)",
+           "released": "released (no thread holds it)", "unknown": "unknown"}[d.gil]
+    lines = [f"Process {d.pid} ({d.comm}), Python {d.python_version}; GIL: {gil}",
+             f"read in {d.elapsed_ms:.1f} ms, the target not stopped"]
+    lines += [f"note: {n}" for n in d.notes]
+    for t in d.threads:
+        if only_python and not t.python:
+            continue
+        lines.append("")
+        lines += thread_text(t)
+    hidden = sum(1 for t in d.threads if not t.python)
+    if only_python and hidden:
+        lines += ["", f"({hidden} threads without Python not shown; --all shows them)"]
+    return "\n".join(lines) + "\n"
+
+
+def job_text(j: JobDump) -> str:
+    lines = [f"Job under launcher {j.launcher}: WORLD_SIZE {j.world_size or '?'}, "
+             f"{len(j.ranks)} rank processes found"]
+    lines += [f"note: {n}" for n in j.notes]
+    for r in j.ranks:
+        if r.error:
+            what = f"not dumped: {r.error}"
+        elif r.collective:
+            what = f"waits in {r.collective}" + (f", called from {r.caller}" if r.caller else "")
+        else:
+            main = r.dump.main_thread() if r.dump else None
+            top = main.frames[0] if main and main.frames else None
+            what = "not in a collective" + (f": main thread at {top}" if top else "")
+        lines.append(f"  rank {r.rank.rank} (PID {r.rank.pid}): {what}")
+    for rank, why in j.missing:
+        lines.append(f"MISSING rank {rank}: {why}")
+    if not j.missing and j.ranks:
+        lines.append("no rank missing")
+    for r in j.ranks:
+        if r.dump:
+            lines += ["", f"== rank {r.rank.rank} ==", process_text(r.dump, only_python=True).rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+def run_dump(pid: int, *, job: bool, as_json: bool, all_threads: bool = False) -> int:
+    if job:
+        from stacklens.daemon.dumpjob import dump_job
+
+        j = dump_job(pid)
+        sys.stdout.write(json.dumps(j.to_json(), indent=1) + "\n" if as_json else job_text(j))
+        return 0
+    from stacklens.daemon.dump import dump_process
+
+    d = dump_process(pid)
+    sys.stdout.write(json.dumps(d.to_json(), indent=1) + "\n" if as_json
+                     else process_text(d, only_python=not all_threads))
+    return 0
