@@ -229,6 +229,8 @@ def dump_process(pid: int, procfs: ProcFS | None = None,
         for t in threads:
             raw, ok = stable_stack(mem, lay, t.tstate)
             tid = host.get(t.native_tid, t.native_tid) if t.native_tid else 0
+            if not tid and lay.tstate_native_thread_id < 0 and t is threads[-1]:
+                tid = pid     # 3.10 keeps no tid; the oldest thread state is the main thread's
             name, state, sc = _thread_info(procfs, pid, tid) if tid else ("?", "?", "?")
             td = ThreadDump(tid, name, state, sc, tid == pid, True, _frames(sym, raw),
                             holds_gil=gil == "held" and holder == t.tstate, consistent=ok,
