@@ -55,6 +55,7 @@ PY_CACHE_MAX = 65536  # symbolized Python stacks kept by id (ids are content has
 # outermost frames of a complete user stack; anything else at the bottom means the unwind was cut
 _STACK_ROOTS = ("_start", "__libc_start_main", "__libc_start_call_main", "clone", "clone3",
                 "__clone", "__clone3", "start_thread", "__GI___clone3", "__GI___clone")
+_CFI_OFF = EVENT_SIZE + 8 * STACK_DEPTH   # a CPU sample's registers and stack copy (cpu.bpf.c) start here
 COUNTS = ("decoded", "truncated_stacks", "stack_lookup_failures", "py_stacks_symbolized", "py_stacks_lost",
           "py_stacks_undecodable", "records_undecodable")
 
@@ -171,6 +172,11 @@ class RingDecoder:
         self._py_cache: dict[int, tuple[tuple[Frame, ...], tuple[bool, ...]]] = {0: ((), ())}
         self._op_cache: dict[int, tuple[str, ...]] = {0: ()}
         self._undecodable: dict[str, str] = {}   # "what raised" -> where (read_notes)
+        # CPU samples whose frame-pointer walk was cut are walked again with .eh_frame (bpf/unwind.py)
+        self._cfi = None
+        if hasattr(native, "mapping") and hasattr(native, "host_path"):
+            from stacklens.bpf.unwind import CfiUnwinder
+            self._cfi = CfiUnwinder(native.mapping, native.host_path)
 
     def carry_from(self, earlier: "RingDecoder") -> None:
         """What outlives a detach (a re-attach of the same session): counts, kernel names, live
@@ -214,7 +220,10 @@ class RingDecoder:
                     continue
                 if sid < 0:
                     if sid == SL_STACK_INLINE:     # a CPU sample: its addresses follow the event
-                        stack = self._inline_stack(data, off, min(outv, (ln & 0x3FFFFFFF) - EVENT_SIZE))
+                        rl = ln & 0x3FFFFFFF
+                        stack = self._inline_stack(data, off, min(outv, rl - EVENT_SIZE))
+                        if rl > _CFI_OFF and stack[0] is TRUNCATED and self._cfi is not None:
+                            stack = self._cfi_stack(data, off, rl, stack)
                     else:
                         # -1: not requested; other negatives: the unwind failed (marked, not hidden)
                         stack = () if sid == -1 else TRUNCATED_STACK
@@ -322,6 +331,29 @@ class RingDecoder:
                 self._inline_cache.clear()
             self._inline_cache[key] = frames
         return frames
+
+    def _cfi_stack(self, data, off: int, rl: int, fp: tuple[Frame, ...]) -> tuple[Frame, ...]:
+        """A CPU sample walked with the libraries' CFI from its registers and stack copy; the
+        frame-pointer walk `fp` where that one went further."""
+        from stacklens.bpf.unwind import MAX_FRAMES, REGS_BYTES
+
+        start = off + 8 + _CFI_OFF
+        end = off + 8 + rl
+        if end - start < REGS_BYTES:
+            return fp
+        addrs, complete = self._cfi.unwind(data[start:start + REGS_BYTES], data[start + REGS_BYTES:end])
+        self._cfi.counts["unwinds"] += 1
+        key = struct.pack(f"<{len(addrs)}Q", *addrs) + b"c"
+        frames = self._inline_cache.get(key)
+        if frames is None:
+            frames, cut = native_frames(addrs, self.native.frame, STACK_DEPTH if len(addrs) >= MAX_FRAMES else 0)
+            if len(self._inline_cache) >= INLINE_CACHE_MAX:
+                self._inline_cache.clear()
+            self._inline_cache[key] = frames
+        if frames[0] is not TRUNCATED:
+            self._cfi.counts["complete"] += 1
+            return frames
+        return frames if len(frames) >= len(fp) else fp
 
     def _stack(self, sid: int, caller: int = 0) -> tuple[Frame, ...]:
         table, key = (b"stacks2", sid & ~SL_STACK_IN_2) if sid & SL_STACK_IN_2 else (b"stacks", sid)

@@ -150,6 +150,14 @@ class NativeSymbolizer:
             m = self._find(addr)
         return m
 
+    def mapping(self, addr: int) -> Mapping | None:
+        """The executable mapping at `addr` (re-reading the maps once when none is), or None."""
+        return self._mapping(addr)
+
+    def host_path(self, path: str) -> str:
+        """Where the target's file `path` is readable from here (through /proc/PID/root)."""
+        return str(self._procfs.target_path(self.pid, path))
+
     def _lookup(self, m: Mapping, addr: int) -> tuple[str, int, str | None, str]:
         """(library basename, file offset, symbol or None, what to call it without one)."""
         file_off = addr - m.start + m.offset

@@ -38,8 +38,9 @@ MAX_QUEUED = 1 << 16     # records held for a session that has not polled yet (~
 _REC_HEAD = struct.Struct("<IIII")   # ring record: length | flags, page offset; event kind, spec
 _PID = struct.Struct("<I")
 _PID_OFF = 16            # ring header (8) + sl_event.pid (8), sl_name_event.pid likewise
-# a fallback record: an event, and for a CPU sample its addresses (SL_SAMPLE_DEPTH of them)
-FALLBACK_RECORD_MAX = ct.sizeof(SlEvent) + 8 * 127
+# a fallback record: an event, and for a CPU sample its addresses (SL_SAMPLE_DEPTH of them), its
+# registers and at most 32 KiB of its stack
+FALLBACK_RECORD_MAX = ct.sizeof(SlEvent) + 8 * 127 + 8 * 22 + 32768  # + regs and stack copy (cpu.bpf.c)
 
 
 class SharedProgram:

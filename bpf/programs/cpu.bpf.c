@@ -12,6 +12,14 @@
 struct sl_sample {
     struct sl_event ev;
     u64 ips[SL_SAMPLE_DEPTH];
+#if SL_STACK_COPY
+    /* frame-pointer walks break in code built without them (libpython, libtorch_cpu, MKL):
+     * the user registers (struct pt_regs) and the stack from sp up, for the decoder's
+     * .eh_frame unwinder (bpf/unwind.py). Present when the record is longer than ev + ips. */
+    u64 regs[21];
+    u64 stack_len;
+    u8 stack[SL_STACK_COPY];
+#endif
 };
 BPF_PERCPU_ARRAY(sample_scratch, struct sl_sample, 1);
 
@@ -57,6 +65,29 @@ int sl_cpu_sample(struct bpf_perf_event_data *ctx)
     SL_CAPTURE_PYSTACK(ctx, ev);
     if (size > sizeof(smp->ips))
         size = sizeof(smp->ips);
+#if SL_STACK_COPY
+    if (SL_NATIVE_STACKS && usp && size > 0) {
+        bpf_probe_read_kernel(smp->regs, sizeof(smp->regs), uregs);
+        /* to the end of sp's page, then whole pages while they read (the stack's top ends it) */
+        u64 got = 4096 - (usp & 4095);
+        if (bpf_probe_read_user(smp->stack, got & 4095 ? got & 4095 : 4096, (void *)usp) != 0)
+            got = 0;
+        for (int i = 0; i < SL_STACK_COPY / 4096 - 1; i++) {
+            if (got == 0 || got > SL_STACK_COPY - 4096)
+                break;
+            if (bpf_probe_read_user(smp->stack + got, 4096, (void *)(usp + got)) != 0)
+                break;
+            got += 4096;
+        }
+        smp->stack_len = got;
+        u64 n = offsetof(struct sl_sample, stack) + got;
+        if (n > sizeof(*smp))
+            n = sizeof(*smp);
+        if (sl_emit_n(ctx, smp, n) != 0)
+            sl_count(SL_C_SAMPLE_DROPS);
+        return 0;
+    }
+#endif
     if (sl_emit_n(ctx, smp, sizeof(struct sl_event) + size) != 0)
         sl_count(SL_C_SAMPLE_DROPS);
     return 0;

@@ -85,6 +85,12 @@ _Static_assert(SL_STACK_ENTRIES < SL_STACK_IN_2, "stack ids must stay below the 
 #ifndef SL_NATIVE_STACKS
 #define SL_NATIVE_STACKS 1
 #endif
+/* bytes of the user stack a CPU sample copies (from its sp up), with the user registers, for
+ * the decoder's .eh_frame unwinder (bpf/unwind.py); 0: frame pointers only. A multiple of 4096;
+ * the per-CPU scratch value holds at most 32 KiB. */
+#ifndef SL_STACK_COPY
+#define SL_STACK_COPY 16384
+#endif
 
 #define SL_OP_MASK (SL_OP_DEPTH - 1)
 /* keeps clang from dropping an index mask it can prove redundant (the verifier cannot) */

@@ -60,6 +60,9 @@ GPU_MEASURED = tuple(m.name for m in metrics.REGISTRY if m.needs == "gpu")  # un
 # taken by its basename.
 _INTERPRETER_FILE = re.compile(r"^(lib)?python(3(\.\d+)?[a-z]*)?(\.so(\.[\d.]*)?)?$")
 MAX_NATIVE_FRAMES = 16
+# native frames kept from an operator's entry to the leaf: the dispatcher's layers alone take
+# 16-40 between at::_ops::mm::call and MKL's kernel (benchmarks/bench_native_stacks.py)
+MAX_OP_NATIVE_FRAMES = 96
 HANDLE_NAMES_MAX = 65_536
 THREAD_NAMES_MAX = 4096   # threads named per process; later ones keep their tid only
 _UNSEEN = (Frame.other("[launch not seen]"),)  # one tuple: its charges are staged together
@@ -175,8 +178,10 @@ def splice(py: tuple[Frame, ...], entries: tuple[bool, ...], ops: tuple[str, ...
     ext, rest = below[:j], below[j:]
     if ext and all(f.kind == "other" for f in ext):
         ext, rest = (), ext + rest  # only a cut marker above the op library: it belongs to the leaf part
-    if len(rest) > MAX_NATIVE_FRAMES:
-        rest = (Frame.other("[truncated]"),) + rest[-MAX_NATIVE_FRAMES:]
+    keep = MAX_OP_NATIVE_FRAMES if rest and (_is_op_entry(rest[0]) or rest[0].file.startswith(_OP_LIBS)) \
+        else MAX_NATIVE_FRAMES
+    if len(rest) > keep:
+        rest = (Frame.other("[truncated]"),) + rest[-keep:]
     if len(ext) > MAX_NATIVE_FRAMES:
         ext = (Frame.other("[truncated]"),) + ext[-MAX_NATIVE_FRAMES:]
     head = tuple(py)
