@@ -169,7 +169,7 @@ def main() -> int:
     ap.add_argument("--target", default=str(ROOT / "tests" / "targets" / "torch_train.py"))
     ap.add_argument("--fp-only", action="store_true", help="the old unwinding: frame pointers only (no stack copy)")
     a = ap.parse_args()
-    cfg = ProbeConfig(cpu_sample_hz=a.hz, gpu=False, extra_cflags=("-DSL_STACK_COPY=0",) if a.fp_only else ())
+    cfg = ProbeConfig(cpu_sample_hz=a.hz, gpu=False, cfi_unwind=not a.fp_only)
     print(json.dumps(run(a.seconds, a.hz, a.target, cfg), indent=1))
     return 0
 

@@ -64,6 +64,11 @@ class ProbeConfig:
     # from PythonStackReader for this target (layout, TLS offset, interpreter address)
     pystack_cflags: tuple[str, ...] = ()
     extra_cflags: tuple[str, ...] = ()  # more -D parameters (e.g. -DSL_BENCH_FANOUT=8 in benchmarks)
+    # CPU samples also carry their registers and 16 KiB of stack, walked in user space with the
+    # libraries' .eh_frame where frame pointers end (bpf/unwind.py): whole native stacks through
+    # MKL/libpython, at ~3.3 ms of daemon CPU per sample walked (docs/benchmarks/native-stacks.md),
+    # so off by default; env STACKLENS_NATIVE_UNWIND=cfi turns it on for the CLI and the daemon
+    cfi_unwind: bool = field(default_factory=lambda: os.environ.get("STACKLENS_NATIVE_UNWIND", "") == "cfi")
 
 
 def dump_bpf(pid: int, config: ProbeConfig = ProbeConfig()) -> str:
@@ -224,8 +229,9 @@ class ProbeAttacher:
             python_stacks=bool(py_flags), pystack_cflags=py_flags, max_specs=max(64, len(self.specs)), ringbuf_pages=cfg.ringbuf_pages,
             api_stubs=len(self.specs) if self.fallback else 0,
             op_stubs=len(FALLBACK_OPS) if self.fallback else 0, autograd=cfg.ops and cfg.autograd)
-        if cfg.extra_cflags:
-            src = program.ProgramSource(src.text, src.cflags + tuple(cfg.extra_cflags))
+        extra = tuple(cfg.extra_cflags) + (() if cfg.cfi_unwind else ("-DSL_STACK_COPY=0",))
+        if extra:
+            src = program.ProgramSource(src.text, src.cflags + extra)
         self.source = src
         # per-probe uprobes (the fallback) belong to the module they were attached through: not shared
         self._key = (src.text, src.cflags, tuple(bytes(s.bpf_spec()) for s in self.specs),

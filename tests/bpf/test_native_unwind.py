@@ -31,7 +31,7 @@ def _under_op(e) -> tuple | None:
 
 def test_cpu_samples_under_an_operator_reach_the_blas_leaf_unbroken(bpf_ok, start_target):
     t = start_target("torch_train.py")
-    s = ProbeSession(t.pid, ProbeConfig(cpu_sample_hz=199, gpu=False))
+    s = ProbeSession(t.pid, ProbeConfig(cpu_sample_hz=199, gpu=False, cfi_unwind=True))
     s.attach()
     try:
         evs = poll_until(s, lambda evs: sum(e.kind == "cpu_sample" and bool(e.op_path) for e in evs) >= SAMPLES,
