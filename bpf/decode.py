@@ -220,10 +220,7 @@ class RingDecoder:
                     continue
                 if sid < 0:
                     if sid == SL_STACK_INLINE:     # a CPU sample: its addresses follow the event
-                        rl = ln & 0x3FFFFFFF
-                        stack = self._inline_stack(data, off, min(outv, rl - EVENT_SIZE))
-                        if rl > _CFI_OFF and stack[0] is TRUNCATED and self._cfi is not None:
-                            stack = self._cfi_stack(data, off, rl, stack)
+                        stack = self._sample_stack(data, off, ln & 0x3FFFFFFF, outv)
                     else:
                         # -1: not requested; other negatives: the unwind failed (marked, not hidden)
                         stack = () if sid == -1 else TRUNCATED_STACK
@@ -269,6 +266,14 @@ class RingDecoder:
         reader.commit(cons)
         self.counts["decoded"] += len(out)
         return out
+
+    def _sample_stack(self, data, off: int, rl: int, n: int) -> tuple[Frame, ...]:
+        """A CPU sample's native stack from the `n` addresses after its event, walked again with
+        CFI from its stack copy (if the record has one) where the frame-pointer walk was cut."""
+        stack = self._inline_stack(data, off, min(n, rl - EVENT_SIZE))
+        if rl > _CFI_OFF and stack[0] is TRUNCATED and self._cfi is not None:
+            stack = self._cfi_stack(data, off, rl, stack)
+        return stack
 
     def _api_event(self, spec: ProbeSpec, a, blob: bytes, pid: int, tid: int, t: int, dur: int, ops, stack, pys,
                    ret: int, outv: int, bwd: int) -> Event:

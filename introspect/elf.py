@@ -449,7 +449,7 @@ class EhFrame:
         ra = state[2].get(DW_RA)
         return CfiRule(state[0], state[1], tuple(state[2].items()), ra is None)
 
-    def _run(self, p: int, end: int, ca: int, da: int, enc: int, loc: int, target: int, state: list,
+    def _run(self, p: int, end: int, ca: int, da: int, enc: int, loc: int, target: int, state: list,  # long: one dispatch over DWARF CFA opcodes, a call per opcode would cost the walk
              init) -> None:
         """Runs CFA instructions from p to end while loc <= target. state: [cfa_reg, cfa_off,
         {reg: offset from CFA} (absent: same value / undefined for RA), cfa_is_plt (None: not followed)]."""
