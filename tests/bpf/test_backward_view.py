@@ -3,8 +3,10 @@
 line on the same process over the same window (within 3 points); the default view still puts it
 on the forward lines (what the link is for) and renders as before.
 
-Both profilers run at once at RATE, as in test_pprof_pyspy.py (its notes on nice, SCHED_FIFO and
-`--gil` apply here): py-spy's share is its samples with a `loss.backward()` line of
+Both profilers run at once at RATE, as in test_pprof_pyspy.py (its notes on nice and SCHED_FIFO
+apply here), but py-spy without `--gil`: the autograd engine runs backward with the GIL released,
+so `--gil` drops it (py-spy said 20.2% where the caller view said 43.8%; without it 43.0 vs 43.3).
+py-spy's share is its samples with a `loss.backward()` line of
 tests/targets/torch_train.py on the stack; stacklens' is the inclusive CPU samples of those lines
 between two snapshots (py-spy's start and its exit). At MIN_SAMPLES each, the difference of two
 sampled shares near 40% has a standard deviation of 1.1 points: 3 points is 2.7 of them.
@@ -62,7 +64,8 @@ def test_caller_view_matches_py_spy_under_loss_backward(bpf_ok, start_target, tm
     pyspy = _tool("py-spy", "bash scripts/setup.sh installs it: pip install py-spy")
     lines = backward_lines()
     assert len(lines) == 2, lines
-    t = start_target("torch_train.py")
+    # one intra-op thread: py-spy sees Python threads only, stacklens every thread's CPU
+    t = start_target("torch_train.py", env=dict(os.environ, OMP_NUM_THREADS="1"))
     session = ProcessSession(t.pid, cpu_hz=RATE)
     raw = tmp_path / "pyspy.txt"
     try:
@@ -70,7 +73,7 @@ def test_caller_view_matches_py_spy_under_loss_backward(bpf_ok, start_target, tm
         assert any(n.startswith("backward link: on") for n in notes), notes
         for tid in ProcFS().tasks(t.pid):
             os.setpriority(os.PRIO_PROCESS, tid, -20)
-        spy = subprocess.Popen([pyspy, "record", "--pid", str(t.pid), "--rate", str(RATE), "--nonblocking", "--gil",
+        spy = subprocess.Popen([pyspy, "record", "--pid", str(t.pid), "--rate", str(RATE), "--nonblocking",
                                 "--format", "raw", "-o", str(raw)], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, preexec_fn=_realtime)
         try:
