@@ -177,6 +177,7 @@ def load_config(path: str | None) -> dict:
         raise InputError(f"config file {path} is not valid TOML: {e}") from None
 
 
+STOP_WATCHDOG_S = 30.0    # SIGTERM to exit: a stop takes ~1 s (RPCs get 1 s; each session detached in well under 1 s)
 WARM_UP_EVERY_S = 10.0   # between looks for processes to compile ahead for (Daemon.warm_up)
 
 
@@ -413,20 +414,34 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: done.set())
     print(f"stacklensd: ready on unix:{d.socket_path}", flush=True)
     done.wait()
+    # a stop that hangs is a bug to see, not to wait for: its threads' stacks go to the log
+    watchdog = threading.Timer(STOP_WATCHDOG_S, _stuck_stop)
+    watchdog.daemon = True
+    watchdog.start()
     d.stop()
     busy = [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
     if d.compiling():
         busy.append("the BPF warm-up")
     if busy:
-        # RPC threads still inside an attach, or the warm-up inside a BCC compile (seconds each),
-        # would hold the interpreter's exit: BCC's exit hooks wait for the compile's lock. Every
-        # session is detached, and the kernel frees what the compile holds.
         log.info("exiting with %d thread(s) still busy: %s", len(busy), ", ".join(busy[:4]))
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    return 0
+    # Every session is detached and the sockets are gone: nothing is left for the interpreter's
+    # finalization to do but wait — for RPC threads inside an attach, for a BCC compile of the
+    # warm-up (BCC's exit hooks take its lock), for exit hooks of programs compiled ahead (CI saw
+    # a daemon take over 10 s to exit after its warm-up had compiled one). The kernel frees what
+    # the process holds.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _stuck_stop() -> None:
+    log.error("stopping took over %.0f s; exiting anyway. Threads:", STOP_WATCHDOG_S)
+    import faulthandler
+
+    faulthandler.dump_traceback(all_threads=True)
+    logging.shutdown()
+    os._exit(1)
 
 
 if __name__ == "__main__":

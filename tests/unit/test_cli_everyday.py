@@ -30,7 +30,7 @@ from stacklens.render.textreport import NOTE_MAX, render_report, short_note
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "tests" / "data" / "gpu_kernel_fusion" / "problem.json"
 TARGETS = ROOT / "tests" / "targets"
-PID_COMMANDS = ("report", "profile", "doctor", "attach", "detach", "advise", "top")
+PID_COMMANDS = ("report", "profile", "doctor", "attach", "detach", "advise", "top", "dump")
 LONG_NOTE = "/usr/lib/libcuda.so.1: probes on exported versions: " + "; ".join(
     f"cuCall{i} -> cuCall{i}, cuCall{i}_v2, cuCall{i}_ptsz" for i in range(40))
 
