@@ -25,7 +25,7 @@ from stacklens.daemon.session import ProcessSession
 from stacklens.errors import AttachError, InputError, NoSuchProcess, PermissionDenied
 from tests.fakes.sources import FakeEvent
 
-PATHS_PER_SESSION = 300
+PATHS_PER_SESSION = 100
 
 
 class QuickProbes:
