@@ -127,8 +127,9 @@ def test_pprof_agrees_with_py_spy_and_focuses_on_threads(bpf_available, start_ta
         session.stop()
     assert spy.returncode == 0, out
     theirs, n_theirs = pyspy_shares(raw)
+    window = diff(after, before)
     profile = tmp_path / "window.pb.gz"
-    profile.write_bytes(to_pprof(diff(after, before)))
+    profile.write_bytes(to_pprof(window))
     rows = pprof_top(go, tmp_path, profile)
     n_ours = sum(n for n, _ in rows)
     ours = {fn.removeprefix("stages."): 100 * n / n_ours for n, fn in rows}
@@ -137,7 +138,8 @@ def test_pprof_agrees_with_py_spy_and_focuses_on_threads(bpf_available, start_ta
     true = {f: 100 * s / sum(cpu.values()) for f, s in cpu.items()}
     got = {"stacklens": (n_ours, ours), "py-spy": (n_theirs, theirs), "truth": (sum(cpu.values()), true)}
     print(f"\n{got}")
-    assert n_ours >= MIN_SAMPLES and n_theirs >= MIN_SAMPLES / 2, got   # py-spy kept up
+    # the window's own count (`-top` leaves out nodes under 0.5% of the total: CI saw 2,988 rows' worth)
+    assert window.total("cpu_samples") >= MIN_SAMPLES and n_theirs >= MIN_SAMPLES / 2, got   # py-spy kept up
     assert list(ours)[:3] == list(theirs)[:3] == list(STAGES), got
     assert all(abs(ours[f] - true[f]) <= 2.0 for f in STAGES), got
     assert all(abs(ours[f] - theirs[f]) <= sampled_difference(ours[f], n_ours, n_theirs) for f in STAGES), got
