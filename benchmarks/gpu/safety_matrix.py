@@ -13,9 +13,12 @@ attached and detached again and again, and its *control*, never attached. Counte
 - wrong outputs: every episode restarts from the same state, so each episode's outputs must match
   the control's for that shape (relative difference <= TOLERANCE) - and the subject's own first;
 - after detach: the subject's median episode time over its control's, each timed alone on the
-  machine (every other target SIGSTOPped) in alternating rounds, the median of the rounds' ratios
-  after all cycles over the same before any attach (two processes differ a little by
-  themselves): acceptance 3 asks <= 1.03.
+  machine (every other target SIGSTOPped) in alternating rounds (ABBA: who goes first alternates,
+  so a drift cancels), the median of the rounds' ratios after all cycles over the same before any
+  attach (two processes differ a little by themselves): acceptance 3 asks <= 1.03. Every target
+  runs on the same pinned CPUs (the harness on others); each phase's per-round ratios are kept and
+  their spread (min, quartiles, max) reported. ``--no-early`` keeps every attach after the
+  "before" timing, so "before" is a process never attached (a timing run wants that).
 Graph workloads are told (a switch file) during some agent windows: the target captures a new CUDA graph (or
 records a new cudagraph-tree shape, or compiles a new XLA executable) while attached, and the
 window lasts until that shape's first episode is logged. The first agent cycle of the compiled
@@ -73,7 +76,8 @@ class Target:
             [sys.executable, str(TARGET), program, "--device", a.device, "--log", str(self.log_path),
              "--steps", str(a.steps), "--pause-s", str(a.pause_s), "--switch-file", str(self.switch_path)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(self.err_path, "wb"),
-            env=env, text=True, start_new_session=True)
+            env=env, text=True, start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, a.target_cpus)) if a.target_cpus else None)
         self.pid = self.proc.pid
         self.told_to_stop = False
         self.hung: dict | None = None
@@ -221,9 +225,9 @@ def timing_rounds(pairs: dict, workload: str, seconds: float, rounds: int) -> li
     target SIGSTOPped, so no two processes share the GPU while one is timed."""
     out = []
     everyone = [t for p in pairs.values() for t in p if t.alive()]
-    for _ in range(rounds):
+    for i in range(rounds):
         r = {}
-        for t in pairs[workload]:
+        for t in (pairs[workload] if i % 4 in (0, 3) else pairs[workload][::-1]):
             others = [o for o in everyone if o is not t and o.alive()]
             for o in others:
                 os.kill(o.pid, signal.SIGSTOP)
@@ -241,6 +245,14 @@ def timing_rounds(pairs: dict, workload: str, seconds: float, rounds: int) -> li
 def median_dur(eps: list[dict], lo: float, hi: float) -> float | None:
     d = [e["dur"] for e in eps if lo <= e["start"] and e["start"] + e["dur"] <= hi]
     return statistics.median(d) if len(d) >= 3 else None
+
+
+def spread(xs: list[float]) -> str:
+    """min / lower quartile / upper quartile / max of sorted values, e.g. '0.98 [0.99 1.01] 1.04'."""
+    if len(xs) < 4:
+        return " ".join(f"{x:.3f}" for x in xs)
+    q = statistics.quantiles(xs, n=4)
+    return f"{xs[0]:.3f} [{q[0]:.3f} {q[2]:.3f}] {xs[-1]:.3f}"
 
 
 def compare_outputs(subj: list[dict], ctrl: list[dict]) -> dict:
@@ -296,7 +308,15 @@ def main() -> int:
     ap.add_argument("--switch-timeout-s", type=float, default=150.0)
     ap.add_argument("--ready-timeout-s", type=float, default=300.0)
     ap.add_argument("--deadline-s", type=float, default=480.0)
+    ap.add_argument("--no-early", dest="early", action="store_false",
+                    help="no attach before the 'before' timing (during warm-up)")
+    ap.add_argument("--pin", action="store_true",
+                    help="targets on CPUs 2..N-1, this harness on 0-1")
     a = ap.parse_args()
+    a.target_cpus = None
+    if a.pin and os.cpu_count() and os.cpu_count() > 4:
+        a.target_cpus = set(range(2, os.cpu_count()))
+        os.sched_setaffinity(0, {0, 1})
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     workloads = [w for w in a.workloads.split(",") if w]
@@ -309,7 +329,7 @@ def main() -> int:
     early_threads = []
     for w in workloads:
         s = pairs[w][0]
-        if w in EARLY and s.events["warming"].wait(a.ready_timeout_s):
+        if a.early and w in EARLY and s.events["warming"].wait(a.ready_timeout_s):
             th = threading.Thread(target=run_cycles, args=(s, a, [("agent", False)], deadline,
                                                            results[w]["cycles"]), daemon=True)
             th.start()
@@ -391,9 +411,12 @@ def main() -> int:
                     if ms and mc:
                         per_round.append((ms, mc, ms / mc))
             if per_round:
+                rs = sorted(x[2] for x in per_round)
                 ratio[phase] = {"subject_ms": [round(x[0] * 1e3, 3) for x in per_round],
                                 "control_ms": [round(x[1] * 1e3, 3) for x in per_round],
-                                "ratio": round(statistics.median(x[2] for x in per_round), 4)}
+                                "round_ratios": [round(x, 4) for x in rs],
+                                "spread": spread(rs),
+                                "ratio": round(statistics.median(rs), 4)}
         rb, ra = ratio.get("before", {}).get("ratio"), ratio.get("after", {}).get("ratio")
         ratio["after_over_before"] = round(ra / rb, 4) if ra and rb else None
         row["timing"] = ratio
@@ -403,12 +426,13 @@ def main() -> int:
         summary[w] = row
     (out / "safety_matrix.json").write_text(json.dumps({"summary": summary, "cycles": results,
                                                         "timing": timing, "args": vars(a)}, indent=1))
-    md = ["| workload | agent cycles | probe cycles | deaths | new stderr | wrong outputs | new graph while attached | after/before (subject/control) | teardown |",
-          "|---|---|---|---|---|---|---|---|---|"]
+    md = ["| workload | agent cycles | probe cycles | deaths | new stderr | wrong outputs | new graph while attached | after/before (subject/control) | before: rounds' spread | after: rounds' spread | teardown |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w, r in summary.items():
         md.append(f"| {w} | {r['agent_cycles']} | {r['probe_cycles']} | {int(r['died'])} | {len(r['new_stderr'])} | "
                   f"{r['outputs']['wrong']} of {r['outputs']['compared']} | {r['new_graph_while_attached'] or '-'} | "
-                  f"{r['timing'].get('after_over_before')} | {'; '.join(r['teardowns'])[:160]} |")
+                  f"{r['timing'].get('after_over_before')} | {r['timing'].get('before', {}).get('spread')} | "
+                  f"{r['timing'].get('after', {}).get('spread')} | {'; '.join(r['teardowns'])[:160]} |")
     (out / "safety_matrix.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0 if ok else 1
