@@ -315,7 +315,7 @@ def main() -> int:
     a = ap.parse_args()
     a.target_cpus = None
     if a.pin and os.cpu_count() and os.cpu_count() > 4:
-        a.target_cpus = set(range(2, os.cpu_count()))
+        a.target_cpus = list(range(2, os.cpu_count()))
         os.sched_setaffinity(0, {0, 1})
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -366,6 +366,13 @@ def main() -> int:
     log("cycles done: timing after detach")
     for w in workloads:
         timing[w]["after"] = timing_rounds(pairs, w, a.timing_s, a.timing_rounds)
+    # what detach may have left behind, read before anything ends: threads per process (subject vs
+    # control), the perf events this harness still holds (a uprobe not detached holds one)
+    leftovers = {t.name: len(os.listdir(f"/proc/{t.pid}/task")) for p in pairs.values() for t in p if t.alive()}
+    leftovers["harness_perf_event_fds"] = sum(
+        1 for fd in os.listdir("/proc/self/fd") if "perf_event" in os.path.realpath(f"/proc/self/fd/{fd}"))
+    (out / "timing.json").write_text(json.dumps({"timing": timing, "leftovers": leftovers}, default=str))
+    log(f"left behind: {leftovers}")
     for s, c in pairs.values():
         for t in (s, c):
             t.told_to_stop = True
@@ -425,7 +432,8 @@ def main() -> int:
         ok = ok and row["pass"]
         summary[w] = row
     (out / "safety_matrix.json").write_text(json.dumps({"summary": summary, "cycles": results,
-                                                        "timing": timing, "args": vars(a)}, indent=1))
+                                                        "timing": timing, "leftovers": leftovers, "args": vars(a)},
+                                                       indent=1, default=str))
     md = ["| workload | agent cycles | probe cycles | deaths | new stderr | wrong outputs | new graph while attached | after/before (subject/control) | before: rounds' spread | after: rounds' spread | teardown |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w, r in summary.items():
