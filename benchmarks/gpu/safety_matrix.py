@@ -232,13 +232,31 @@ def timing_rounds(pairs: dict, workload: str, seconds: float, rounds: int) -> li
             for o in others:
                 os.kill(o.pid, signal.SIGSTOP)
             try:
+                cpu0 = thread_cpu(t.pid)
                 t0 = time.monotonic()
                 time.sleep(seconds)
                 r[t.role] = (t0, time.monotonic())
+                cpu1 = thread_cpu(t.pid)
+                busy = sorted(((cpu1[k][1] - cpu0[k][1], cpu1[k][0]) for k in cpu1 if k in cpu0), reverse=True)
+                r[t.role + "_threads_cpu_ticks"] = [f"{c}:{n}" for n, c in busy[:4]]
             finally:
                 for o in others:
                     os.kill(o.pid, signal.SIGCONT)
         out.append(r)
+    return out
+
+
+def thread_cpu(pid: int) -> dict:
+    """{tid: (comm, utime + stime ticks)} of a process's threads."""
+    out = {}
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                head, tail = fh.read().rsplit(")", 1)
+            f = tail.split()
+            out[tid] = (head.split("(", 1)[1], int(f[11]) + int(f[12]))
+    except OSError:
+        pass
     return out
 
 
