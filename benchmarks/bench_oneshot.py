@@ -22,6 +22,8 @@ import argparse
 import bisect
 import json
 import os
+import re
+import resource
 import subprocess
 import sys
 import threading
@@ -76,12 +78,25 @@ def start_target(kind: str) -> subprocess.Popen:
     return p
 
 
-def one_run(pid: int, duration: float, rate: int, trace: CpuTrace) -> dict:
+def one_run(pid: int, duration: float, rate: int, trace: CpuTrace, socket: str | None = None,
+            daemon_pid: int | None = None) -> dict:
+    """One `stacklens profile`; with `socket`, through the stacklensd there (its compiled program),
+    else `--no-daemon`. Wall time, time to "collecting", the CLI's CPU time, the daemon's."""
     stacklens = Path(sys.executable).parent / "stacklens"
+    where = ["--socket", socket] if socket else []
+    cli0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    d0 = cpu_ns(daemon_pid) if daemon_pid else None
     t0 = time.monotonic()
-    r = subprocess.run([str(stacklens), "profile", "--pid", str(pid), "--duration", str(duration),
-                        "--format", "json", "--rate", str(rate)], capture_output=True, text=True)
-    out = {"rc": r.returncode, "wall_s": round(time.monotonic() - t0, 1)}
+    r = subprocess.run([str(stacklens), *where, "profile", "--pid", str(pid), "--duration", str(duration),
+                        "--format", "json", "--rate", str(rate), *([] if socket else ["--no-daemon"])],
+                       capture_output=True, text=True)
+    cli1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = {"rc": r.returncode, "wall_s": round(time.monotonic() - t0, 1),
+           "cli_cpu_s": round(cli1.ru_utime + cli1.ru_stime - cli0.ru_utime - cli0.ru_stime, 2)}
+    if daemon_pid:
+        out["daemon_cpu_s"] = round((cpu_ns(daemon_pid) - d0) / 1e9, 2)
+    m = re.search(r"\[\s*([0-9.]+)s\] collecting", r.stderr)
+    out["to_collecting_s"] = float(m.group(1)) if m else None
     err = [ln for ln in r.stderr.splitlines() if "error" in ln]
     if r.returncode != 0 or not r.stdout.strip():
         out["error"] = err[-1] if err else r.stderr.strip().splitlines()[-1:]
@@ -91,8 +106,8 @@ def one_run(pid: int, duration: float, rate: int, trace: CpuTrace) -> dict:
         due = rate * ext
         out.update(window_s=w["seconds"], cpu_samples=w["cpu_samples"], cpu_s_external=round(ext, 3),
                    cpu_s_stacklens=w["target_cpu_s"], due=round(due), ratio=round(w["cpu_samples"] / due, 3)
-                   if due else None, dropped=w["events_dropped"], late=w["events_late"],
-                   unjoined=w["unjoined"], drain_s=w["drain_s"])
+                   if due else None, dropped=w.get("events_dropped"), late=w.get("events_late"),
+                   unjoined=w.get("unjoined"), drain_s=w.get("drain_s"))
     out["ok"] = (out.get("ratio") is not None and abs(out["ratio"] - 1) <= 0.25) or \
         (r.returncode != 0 and bool(out.get("error")))
     return out
@@ -154,6 +169,8 @@ def main() -> int:
     ap.add_argument("--hogs", type=int, default=2)
     ap.add_argument("--targets", default="python,torch")
     ap.add_argument("--record", action="store_true", help="acceptance 2: record of a --duration s CPU program")
+    ap.add_argument("--socket", help="profile through the stacklensd listening here (issue 28 acceptance 4)")
+    ap.add_argument("--daemon-pid", type=int, help="that daemon's PID: its CPU time per profile is reported")
     args = ap.parse_args()
     hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(args.hogs)]
     results = {}
@@ -172,7 +189,7 @@ def main() -> int:
             try:
                 rows = []
                 for i in range(args.runs):
-                    row = one_run(t.pid, args.duration, args.rate, trace)
+                    row = one_run(t.pid, args.duration, args.rate, trace, args.socket, args.daemon_pid)
                     print(json.dumps({"target": kind, "run": i + 1, **row}), flush=True)
                     rows.append(row)
                 results[kind] = rows

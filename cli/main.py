@@ -181,22 +181,41 @@ def _oneshot_output(snap, args: argparse.Namespace) -> None:
         raise error
 
 
+def _running_daemon(socket_path: str):
+    """A client of the stacklensd answering at `socket_path`, or None when none does (no socket, no
+    token, no answer within 2 s): `profile` then compiles its own program."""
+    from stacklens.daemon.client import DaemonClient
+
+    if not os.path.exists(socket_path):
+        return None
+    try:
+        client = DaemonClient(socket_path, timeout=2.0)
+    except StacklensError:
+        return None
+    try:
+        client.health()
+    except StacklensError:
+        client.close()
+        return None
+    client.timeout = 15.0
+    return client
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
-    from stacklens.cli.oneshot import Progress, profile_pid
+    from stacklens.cli.oneshot import Progress, profile_pid, profile_through_daemon
 
     check_seconds(args.duration, "--duration")
     check_rate(args.rate)
     check_output(args.output)
     progress = Progress()
+    kw = dict(duration_s=args.duration, agent=args.agent, cpu_hz=args.rate, ops=not args.no_ops, progress=progress)
     try:
-        snap = profile_pid(
-            args.pid,
-            duration_s=args.duration,
-            agent=args.agent,
-            cpu_hz=args.rate,
-            ops=not args.no_ops,
-            progress=progress,
-        )
+        client = None if args.no_daemon else _running_daemon(_socket_path(args))
+        if client is not None:
+            with client:
+                snap = profile_through_daemon(client, args.pid, **kw)
+        else:
+            snap = profile_pid(args.pid, **kw)
     finally:
         progress.close()
     _oneshot_output(snap, args)
@@ -348,6 +367,9 @@ def add_profile_commands(command) -> None:
     pr.add_argument("-r", "--rate", type=int, default=99, metavar="HZ", help="CPU sampling rate in Hz (default 99)")
     pr.add_argument("--agent", action="store_true", help="also inject the in-process agent (GPU time, Python sampler)")
     pr.add_argument("--no-ops", action="store_true", help="skip libtorch operator probes")
+    pr.add_argument("--no-daemon", action="store_true",
+                    help="compile and attach here even when stacklensd runs (by default a running daemon "
+                         "does the attach with its compiled program: collecting starts within ~1 s)")
     out_opts(pr)
     pr.set_defaults(func=cmd_profile)
 

@@ -247,6 +247,7 @@ class ProcessSession:
         self._stats: dict[str, int] = {}
         self.comm = ""
         self.window: Window | None = None
+        self.read_up_to_ns = 0   # the BPF ring was found empty at this time (every event before it joined)
         self._window_done = threading.Event()
         self._window_abort = False
         self._window_stats: dict[str, int] = {}
@@ -380,9 +381,12 @@ class ProcessSession:
             w = self.window
             fast_until = time.monotonic() + FAST_START_S if self._fast_start else 0.0
             while not self._stop.is_set():
+                polled_at = time.monotonic_ns()
                 evs = self.probes.poll(1 if fast_until and time.monotonic() < fast_until else POLL_MS,
                                        max_events=BATCH_EVENTS)
                 ring_empty = not evs
+                if ring_empty:      # every event BPF stamped before polled_at is joined
+                    self.read_up_to_ns = polled_at
                 if w is not None:
                     evs = w.admit(evs)
                 for ev in evs:
@@ -579,6 +583,7 @@ class ProcessSession:
                 except Exception:  # noqa: BLE001
                     pass
             out.update({f"bpf_{k}": int(v) for k, v in self._stats.items() if isinstance(v, (int, float))})
+            out["read_up_to_ns"] = self.read_up_to_ns   # CLOCK_MONOTONIC: a client's window drains to it
             agent_stats = getattr(self.agent, "stats", None)
             if agent_stats is not None:   # the agent channel: frames, rejections, records dropped
                 try:

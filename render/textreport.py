@@ -92,7 +92,8 @@ def window_line(w: dict) -> str:
             f"{'unknown' if w.get('target_cpu_s') is None else format(w['target_cpu_s'], '.2f') + 's'}, "
             f"cpu_samples {w.get(metrics.CPU_SAMPLES, 0)} ({_due(w)} at "
             f"{w.get('cpu_hz')} Hz), events dropped {w.get('events_dropped', 0)}, late "
-            f"{'unknown (not drained)' if late is None else late}, unjoined {w.get('unjoined', 0)}"
+            f"{('unknown' if w.get('drained', True) else 'unknown (not drained)') if late is None else late}, "
+            f"unjoined {w.get('unjoined', 0)}"
             + (f", calls cut at the end {w['cut_at_end']}" if w.get("cut_at_end") else "")
             + (f", syncs still waiting at the end {w['in_flight_at_end']} (counted up to it)"
                if w.get("in_flight_at_end") else ""))

@@ -110,3 +110,31 @@ def test_eight_targets_each_with_its_own_tree(daemon):
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.mark.timeout(600)
+def test_profile_goes_through_the_running_daemon(daemon):
+    """`stacklens profile` with a daemon up uses its compiled program (nothing compiled in the CLI,
+    issue 28): a process it did not hold is detached after the window, one it held stays attached
+    and its window is read from its tree; --no-daemon still compiles its own."""
+    procs = [subprocess.Popen([sys.executable, str(TARGET), n, "0.5"], stdout=subprocess.PIPE, text=True)
+             for n in ("through_a", "through_b")]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        a, b = procs
+        cli(daemon, "attach", str(b.pid))
+        for p, name in ((a, "through_a"), (b, "through_b")):
+            r = cli(daemon, "profile", "-p", str(p.pid), "-d", "2", "-f", "folded")
+            assert "through stacklensd" in r.stderr and "compiling BPF" not in r.stderr, r.stderr
+            assert re.search(rf"(^|;){name} \(", r.stdout, re.M), r.stdout[:2000]
+            assert re.search(r"window: 2\.\d\ds .* cpu_samples [1-9]", r.stderr), r.stderr
+        states = {ln.split()[0]: ln for ln in cli(daemon, "ps").stdout.splitlines()[1:] if ln.split()}
+        assert "attached" in states[str(b.pid)] and "not" not in states[str(b.pid)], states
+        assert str(a.pid) not in states or "attached" not in states[str(a.pid)].replace("not attached", ""), states
+        r = cli(daemon, "profile", "-p", str(a.pid), "-d", "1", "-f", "folded", "--no-daemon")
+        assert "compiling BPF" in r.stderr and "through stacklensd" not in r.stderr, r.stderr
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

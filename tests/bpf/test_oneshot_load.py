@@ -62,6 +62,11 @@ def test_profile_samples_match_the_cpu_time_under_load(bpf_available, start_targ
         assert abs(w["cpu_samples"] - due) <= 0.25 * due, (w, cpu_s)
         assert w["drained"] and w["events_late"] == 0, w
         assert "window: " in err and "events dropped" in err
+        # only what the process maps is compiled in (a CPU process: no GPU probes; plain Python:
+        # no operator probes either): the compile a one-shot waits for is the smallest that serves
+        notes = " ".join(prof["meta"].get("notes", []))
+        assert "GPU API probes: not compiled in" in notes, notes
+        assert ("operator probes: not compiled in" in notes) == (script[0] == "named_loop.py"), notes
     finally:
         trace.stop.set()
 
