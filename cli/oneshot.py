@@ -185,6 +185,10 @@ def profile_through_daemon(
     if exited:
         window["target_exited"] = True
     snap.meta["window"] = window
+    if not drained:
+        snap.meta.setdefault("notes", []).append(
+            "stacklensd had not read its ring up to the window's end within 10 s: the profile holds what it had "
+            "read by then, the window's last events may be missing and later ones included")
     snap.meta.setdefault("notes", []).append(
         "collected through stacklensd" + ("" if attach_here else f" (already attached; the last {duration_s:g}s "
                                           "of its tree)"))
@@ -192,7 +196,7 @@ def profile_through_daemon(
 
 
 def drained_snapshot(client, pid: int, end_ns: int, window_s: float | None, say,
-                     timeout_s: float = 30.0) -> tuple[Snapshot, bool]:
+                     timeout_s: float = 10.0) -> tuple[Snapshot, bool]:
     """The daemon's snapshot of `pid` once its session has read the BPF ring past `end_ns` (its
     stats' read_up_to_ns, the same CLOCK_MONOTONIC as the probes' stamps); after `timeout_s`, the
     snapshot as it is, not drained."""

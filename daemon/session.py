@@ -385,8 +385,13 @@ class ProcessSession:
                 evs = self.probes.poll(1 if fast_until and time.monotonic() < fast_until else POLL_MS,
                                        max_events=BATCH_EVENTS)
                 ring_empty = not evs
-                if ring_empty:      # every event BPF stamped before polled_at is joined
+                # every event BPF stamped before this is read (the window's rule, past_end): the ring
+                # found empty at polled_at, or an event read that is stamped DRAIN_GRACE_NS later
+                # (a busy GPU process never leaves the ring empty)
+                if ring_empty:
                     self.read_up_to_ns = polled_at
+                else:
+                    self.read_up_to_ns = max(self.read_up_to_ns, max(ev.ktime_ns for ev in evs) - DRAIN_GRACE_NS)
                 if w is not None:
                     evs = w.admit(evs)
                 for ev in evs:

@@ -289,3 +289,38 @@ def test_a_call_returning_after_the_end_is_cut_and_a_sync_still_waiting_is_count
     assert meta["cut_at_end"] == 1 and meta["in_flight_at_end"] == 1, meta
     assert by_fn == {"wait": q, "hang": 2 * q, "both": 500}, by_fn
     assert "syncs still waiting at the end 1" in window_line(meta)
+
+
+class _Response:
+    def __init__(self, samples: int, read_up_to_ns: int):
+        from stacklens.cct.export import encode_profile
+
+        self.profile = encode_profile(snap_with({}, samples=samples))
+        self.stats = {"read_up_to_ns": read_up_to_ns}
+
+
+class _Daemon:
+    """Answers snapshots whose stats say how far the daemon has read (read_up_to_ns): 10 ns more
+    per call; the profile's sample count is the call's number."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def snapshot_response(self, pid, window_s=0.0):
+        self.calls += 1
+        return _Response(self.calls, 10 * self.calls)
+
+
+def test_a_window_through_the_daemon_is_read_once_the_daemon_has_read_past_its_end():
+    d = _Daemon()
+    snap, drained = oneshot.drained_snapshot(d, 1, end_ns=30, window_s=None, say=lambda _: None)
+    # the third answer's stats reach 30; its snapshot was taken before them: the fourth is returned
+    assert drained and d.calls == 4 and snap.total("cpu_samples") == 4
+
+
+def test_a_daemon_that_does_not_catch_up_gives_the_snapshot_marked_not_drained():
+    d = _Daemon()
+    said = []
+    snap, drained = oneshot.drained_snapshot(d, 1, end_ns=10**12, window_s=None, say=said.append, timeout_s=0.0)
+    assert not drained and d.calls == 1 and snap.total("cpu_samples") == 1
+    assert said == []
