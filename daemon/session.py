@@ -70,6 +70,22 @@ def process_start(pid: int, procfs: ProcFS | None = None) -> int | None:
         return None
 
 
+def process_cwd(pid: int, procfs: ProcFS | None = None) -> str | None:
+    """The process's working directory as its own paths name it (/proc/PID/cwd; under a chroot in
+    the daemon's mount namespace, less /proc/PID/root's prefix), escaped; None when it cannot be
+    read (no privilege, gone, deleted)."""
+    base = (procfs or ProcFS()).root / str(pid)
+    try:
+        cwd, root = os.readlink(base / "cwd"), os.readlink(base / "root").rstrip("/")
+    except OSError:
+        return None
+    if not cwd.startswith("/") or cwd.endswith(" (deleted)"):
+        return None
+    if root and (cwd == root or cwd.startswith(root + "/")):
+        cwd = cwd[len(root):] or "/"
+    return safe_text(cwd)
+
+
 def process_cpu_ns(pid: int, procfs: ProcFS | None = None) -> int | None:
     """utime + stime of the whole process (every thread, live or exited) in ns, or None."""
     try:
@@ -268,6 +284,9 @@ class ProcessSession:
             pass
         self.joiner.meta.update({"pid": self.pid, "comm": self.comm, "cpu_hz": self.cpu_hz,
                                  "start_unix_ns": time.time_ns()})
+        cwd = process_cwd(self.pid)   # read once: `line` labels are relative to it (daemon/prom.py)
+        if cwd is not None:
+            self.joiner.meta["cwd"] = cwd
         self.probes = self._probe_factory(self.pid, cpu_hz=self.cpu_hz, ops=self.ops)
         if progress is not None and hasattr(self.probes, "on_phase"):
             self.probes.on_phase = progress
