@@ -10,9 +10,10 @@ and a scrape never exports less than the one before. Hotspots are the top-K cont
 under a short bounded `context` label (innermost Python frame, operator, a non-native leaf) and the
 context's innermost Python line as `line` (`site-packages/torch/nn/modules/linear.py:125`, a
 script's file relative to its directory), plus `[other]` for the rest; never a raw kernel name or a
-whole stack. The set is kept across scrapes (`HotspotTracker`): a context stays a series while it
-ranks in the top 2K and a newcomer must clearly beat the weakest one, so series do not churn at
-the boundary; every hotspot series is a counter that never decreases. A cap on
+whole stack. The set is kept across scrapes (`HotspotTracker`): a newcomer must clearly beat the
+weakest exported context, the one that leaves for it is the one that grew least lately, and one
+that left comes back only when it grows several times faster than the boundary, so series do not
+churn at the boundary; every hotspot series is a counter that never decreases. A cap on
 hotspot series over all processes: a process that meets it gets its rest as `[other]` too, and one
 left with no room is counted in `stacklens_series_evicted_total`. The daemon's own process metrics
 (`process_cpu_seconds_total`, `process_resident_memory_bytes`, open fds, start time) come from
@@ -207,30 +208,73 @@ def hotspots(snap: Snapshot, metric: str, k: int) -> list[tuple[str, str, int]]:
     return out
 
 
-MARGIN = 0.25    # a newcomer must beat the weakest exported context's score by this share
+MARGIN = 0.25       # a newcomer must beat the weakest exported context's score by this share
+RETURN_BAR = 4.0    # a context that left n times returns only past RETURN_BAR**n times that margin
+RATE_DECAY = 0.8    # recent growth, which picks the context that leaves, decays by this per scrape
 
 
 class HotspotTracker:
     """Which contexts of one process and metric are series, kept across scrapes (hysteresis).
 
-    Ranked by a score, the context's total so far (its growth summed, a fold that shrinks a total
-    ignored). Not its recent growth: at 99 Hz a few seconds give each of a hundred small contexts a
-    handful of samples, so the ranks near 2k reshuffle every scrape (measured: 31 of 95 series
-    ended more than once in 10 minutes). A newcomer still enters fast, as it need only beat the
-    weakest exported context. A newcomer from the top 2k enters while fewer than k are exported, or
-    when its score beats the weakest exported one's by MARGIN, evicting that one when 2k are
-    exported; an exported context leaves only so (or when its context is folded away). So at most
-    2k series, and none near the boundary flaps: one that left whenever it fell out of the top 2k
-    came back when it beat the weakest by the margin again (1 series of 76 in 10 minutes). Values are counters: an exported context's series counts its
-    growth while exported (all of it when it is exported at first sight), [other] the growth of
-    every other, so no series ever decreases, and the series (an ended one at its last value) add up
-    to the process's total."""
+    Entering: ranked by a score, the context's total so far (its growth summed, a fold that shrinks
+    a total ignored). Not its recent growth: at 99 Hz a few seconds give each of a hundred small
+    contexts a handful of samples, so the ranks near 2k reshuffle every scrape (measured: 31 of 95
+    series ended more than once in 10 minutes). A newcomer from the top 2k enters while fewer than
+    k are exported, or when its score beats the weakest exported one's by MARGIN; at 2k exported it
+    displaces one. A newcomer still enters fast, as it need only beat the weakest exported context.
+
+    Leaving: the displaced context is the one that grew least lately (growth decayed by RATE_DECAY
+    per scrape), not the smallest total: a warm-up context that stopped keeps a total above the
+    small steady ones, and displacing those instead let them overtake it and come back (2 of 84
+    series in a 10-minute scrape, docs/benchmarks/prometheus-hotspots.md). A stopped context loses
+    nothing by leaving: it has nothing more to count.
+
+    Coming back: a context that left n times enters again only when its growth since it last left
+    beats the weakest exported score by MARGIN times RETURN_BAR**n (5x, then 20x, ...). Not held out
+    for good: a job's later phase can make a context that once left its top hotspot, and that must
+    not stay in [other] for the life of the process. Growth since leaving, not the total: a stopped
+    context never comes back, and one that grows at the pace of the exported ones never catches up
+    (its growth since leaving stays below their totals), so the churn near the boundary that
+    displaced it cannot bring it back; only a context that now grows several times faster than the
+    boundary does, and at most log(its CPU) times. A series that comes back resumes at the value it
+    left with, so it stays a counter.
+
+    Values are counters: an exported context's series counts its growth while exported (all of it
+    when it is exported at first sight), [other] the growth of every other, so no series ever
+    decreases, and the series (an ended one at its last value) add up to the process's total. At
+    most min(2k, cap) series plus [other]."""
 
     def __init__(self) -> None:
         self.prev: dict[tuple[str, str], int] = {}      # each context's value at the last scrape
         self.score: dict[tuple[str, str], float] = {}
+        self.rate: dict[tuple[str, str], float] = {}    # recent growth (decayed)
         self.exported: dict[tuple[str, str], float] = {}
+        self.left: dict[tuple[str, str], tuple[int, float, float]] = {}   # times, score and value when it left
         self.other = 0.0
+
+    def _admits(self, c: tuple[str, str], weakest: tuple[str, str]) -> bool:
+        times, score_then, _ = self.left.get(c, (0, 0.0, 0.0))
+        bar = self.score[weakest] * (1 + MARGIN) * RETURN_BAR ** times
+        return self.score[c] - score_then > bar
+
+    def _choose(self, k: int, most: int) -> list[tuple[str, str]]:
+        """The contexts exported after this scrape (the rules: the class's docstring)."""
+        kept = sorted((c for c in self.exported if c in self.score), key=lambda c: (-self.score[c], c))[:most]
+        for c in sorted(self.score, key=lambda c: (-self.score[c], c))[: 2 * k]:
+            if c in self.exported or most == 0:
+                continue
+            fresh = c not in self.left
+            if fresh and len(kept) < min(k, most):
+                kept.append(c)
+                continue
+            if kept and not self._admits(c, min(kept, key=lambda c: (self.score[c], c))):
+                if fresh:
+                    break   # ranked: no later newcomer beats the weakest either
+                continue
+            if len(kept) >= most:
+                kept.remove(min(kept, key=lambda c: (self.rate[c], self.score[c], c)))
+            kept.append(c)
+        return kept
 
     def update(self, values: Mapping[tuple[str, str], int], k: int, cap: int | None = None
                ) -> list[tuple[str, str, float]]:
@@ -239,21 +283,13 @@ class HotspotTracker:
         most = 2 * k if cap is None else max(0, min(2 * k, cap))
         growth = {c: max(0, v - self.prev.get(c, 0)) for c, v in values.items()}
         self.score = {c: self.score.get(c, 0) + g for c, g in growth.items()}
-        ranked = sorted(self.score, key=lambda c: (-self.score[c], c))
-        kept = sorted((c for c in self.exported if c in self.score), key=lambda c: -self.score[c])[:most]
-        for c in ranked[: 2 * k]:
-            if c in self.exported:
-                continue
-            if len(kept) < min(k, most):
-                kept.append(c)
-                continue
-            weakest = min(kept, key=lambda c: self.score[c])
-            if self.score[c] <= self.score[weakest] * (1 + MARGIN):
-                break   # ranked: no later newcomer beats it either
-            if len(kept) >= most:
-                kept.remove(weakest)
-            kept.append(c)
-        self.exported = {c: self.exported.get(c, 0.0) + growth[c] for c in kept}
+        self.rate = {c: self.rate.get(c, 0) * RATE_DECAY + g for c, g in growth.items()}
+        kept = self._choose(k, most)
+        for c, v in self.exported.items():
+            if c not in kept:
+                self.left[c] = (self.left.get(c, (0, 0.0, 0.0))[0] + 1, self.score.get(c, 0.0), v)
+        self.exported = {c: self.exported.get(c, self.left.get(c, (0, 0.0, 0.0))[2]) + growth[c] for c in kept}
+        self.left = {c: t for c, t in self.left.items() if c in values}
         self.other += sum(g for c, g in growth.items() if c not in self.exported)
         self.prev = dict(values)
         out = [(c, line, v) for (c, line), v in sorted(self.exported.items(), key=lambda kv: -self.score[kv[0]])]
@@ -340,8 +376,8 @@ class StacklensCollector(Collector):
             m: CounterMetricFamily(
                 f"stacklens_hotspot_{SECONDS_METRICS[m][0] if m in SECONDS_METRICS else PROCESS_METRICS[m][0]}",
                 f"{SECONDS_METRICS[m][1] if m in SECONDS_METRICS else PROCESS_METRICS[m][2]}, exclusive, for the "
-                f"top-{self.top_k} contexts of each process, a context staying while it ranks in "
-                f"the top {2 * self.top_k} (line: the context's innermost Python line); {OTHER} holds the rest",
+                f"top-{self.top_k} contexts of each process, kept across scrapes (at most {2 * self.top_k}; "
+                f"line: the context's innermost Python line); {OTHER} holds the rest",
                 labels=labels + ["context", "line"],
             )
             for m in HOTSPOT_METRICS
