@@ -404,10 +404,10 @@ class ProbeAttacher:
     def _attach_autograd(self, lib: LibraryFile, maps) -> None:
         """The forward→backward link's two entry points in libtorch_cpu (autograd.bpf.c), and
         the node classes' vtables of that file."""
-        from stacklens.introspect.elf import ElfFile
+        from stacklens.introspect.elf import ElfFile, symbol_offsets
 
+        offsets = symbol_offsets(lib.host_path, tuple(autograd.SYMBOLS))
         with ElfFile(lib.host_path) as elf:
-            offsets = elf.symbol_offsets(list(autograd.SYMBOLS))
             mine = [m for m in maps if m.inode == lib.inode and m.dev == lib.dev]
             bias = elf.load_bias(mine) if mine else None
         missing = [s for s in autograd.SYMBOLS if s not in offsets]

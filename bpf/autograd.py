@@ -8,11 +8,12 @@ forward op creates (with a Python stack walk) and one per node the engine evalua
 from __future__ import annotations
 
 import bisect
+import functools
 import struct
 from dataclasses import dataclass
 
 from stacklens.introspect.demangle import demangle
-from stacklens.introspect.elf import SHT_DYNSYM, SHT_SYMTAB, ElfFile
+from stacklens.introspect.elf import SHT_DYNSYM, SHT_SYMTAB, ElfFile, file_identity
 
 # cookie = index (autograd.bpf.c SL_AG_NEW, SL_AG_EVAL)
 NEW_SYMBOL = "_ZN5torch8autograd4impl17set_gradient_edgeERKN2at6TensorENS0_4EdgeE"
@@ -68,6 +69,20 @@ def class_name(demangled_vtable: str) -> str:
     return name[cut:] or name
 
 
+@functools.lru_cache(maxsize=16)
+def _vtables(identity: tuple, symtab: bool) -> tuple[tuple[int, int, str], ...]:
+    """(value, size, class name) of the vtables of torch::autograd classes (nodes live there:
+    generated::*, AccumulateGrad, PyNode, CppNode<...>, CopySlices, ...) in one version of a
+    file, read once per process (~0.6 s for libtorch_cpu on the 2-vCPU machine)."""
+    out = []
+    with ElfFile(identity[0]) as elf:
+        for sym, value, size in elf.iter_symbols((SHT_DYNSYM, SHT_SYMTAB) if symtab else (SHT_DYNSYM,),
+                                                 funcs_only=False, name_filter=b"8autograd"):
+            if sym.startswith("_ZTV") and size >= 24:
+                out.append((value, size, class_name(demangle(sym))))
+    return tuple(out)
+
+
 class VtableNames:
     """Node class names by vtable pointer, for the library files of one process.
 
@@ -82,17 +97,10 @@ class VtableNames:
         """symtab: also the static symbol table (libtorch_python hides PyNode's vtable there)."""
         names: dict[int, str] = {}
         lo, hi = 1 << 64, 0
-        with ElfFile(host_path) as elf:
-            for sym, value, size in elf.iter_symbols((SHT_DYNSYM, SHT_SYMTAB) if symtab else (SHT_DYNSYM,),
-                                                     funcs_only=False,
-                                                     name_filter=b"8autograd"):
-                # vtables of classes in torch::autograd (nodes live there: generated::*,
-                # AccumulateGrad, PyNode, CppNode<...>, CopySlices, ...)
-                if not sym.startswith("_ZTV") or size < 24:
-                    continue
-                # the object's vptr points past offset-to-top and the typeinfo pointer
-                names.setdefault(bias + value + 16, class_name(demangle(sym)))
-                lo, hi = min(lo, bias + value), max(hi, bias + value + size)
+        for value, size, name in _vtables(file_identity(host_path), symtab):
+            # the object's vptr points past offset-to-top and the typeinfo pointer
+            names.setdefault(bias + value + 16, name)
+            lo, hi = min(lo, bias + value), max(hi, bias + value + size)
         if names:
             i = bisect.bisect(self._starts, lo)
             self._starts.insert(i, lo)

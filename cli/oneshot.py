@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Callable, TextIO
 
-from stacklens.cct import Snapshot
+from stacklens.cct import Snapshot, diff
 from stacklens.daemon.core import check_target
 from stacklens.daemon.session import ProcessSession, process_start
 from stacklens.errors import IncompleteProfile, NoSuchProcess, StacklensError
@@ -143,21 +143,31 @@ def profile_through_daemon(
 ) -> Snapshot:
     """`profile_pid` through a running stacklensd: its BPF program is compiled already, so
     collecting starts within the attach (~1 s) instead of after a compile (4-10 s). A process the
-    daemon did not hold is attached for the window and detached after it; one it holds already is
-    left attached and the window is read from its tree (`window_s`). The snapshot's meta["window"]
-    gives the same account as a one-shot window; the snapshot is taken once the daemon has read its
-    ring past the window's end (`drained`), lateness is unknown."""
+    daemon did not hold is attached for the window and detached after it; one it holds already
+    stays attached. The profile is the daemon's tree at the window's end minus its tree at the
+    start, each read once the daemon has read its ring past that time (`drained_snapshot`); the
+    window (meta["window"], the same account as a one-shot window) runs from the first of them to
+    the second, the target's CPU time over the same span; lateness is unknown."""
     check_target(pid, procfs)
     say = progress or _silent
     held = {p.pid: p.state for p in client.processes()}
     attach_here = not held.get(pid, "").startswith(("attached", "attaching"))
     if attach_here:
         say(f"attaching to {pid} through stacklensd (its compiled program)")
-        client.attach(pid, agent=agent, cpu_hz=cpu_hz, no_ops=not ops)
+        seen = {"step": -1}
+
+        def step(r) -> None:          # the daemon's steps, each once: what the attach waits for
+            if r.step != seen["step"]:
+                seen["step"] = r.step
+                say(f"stacklensd: {r.phase}")
+
+        client.attach(pid, agent=agent, cpu_hz=cpu_hz, no_ops=not ops, on_progress=step)
     else:
-        say(f"{pid} is attached in stacklensd already: reading the window from its tree")
+        say(f"{pid} is attached in stacklensd already: the window is read from its tree")
     try:
-        cpu0, t0 = process_cpu(pid, procfs), time.monotonic_ns()
+        t0 = time.monotonic_ns()
+        first, drained0 = drained_snapshot(client, pid, t0, say)
+        t0, cpu0 = time.monotonic_ns(), process_cpu(pid, procfs)
         say(f"collecting for {duration_s:g}s")
         if isinstance(progress, Progress):
             progress.quiet()
@@ -168,51 +178,49 @@ def profile_through_daemon(
             if process_start(pid, procfs) is None:
                 exited = True
                 break
+        last, drained = drained_snapshot(client, pid, time.monotonic_ns(), say)
         t1, cpu1 = time.monotonic_ns(), process_cpu(pid, procfs)
-        snap, drained = drained_snapshot(client, pid, t1, None if attach_here else duration_s, say)
     finally:
         if attach_here:
             try:
                 client.detach(pid)
             except StacklensError:
                 pass
+    snap = diff(last, first)
+    snap.meta.clear()
+    snap.meta.update(last.meta)
     window = {"seconds": (t1 - t0) / 1e9, "start_ns": t0, "end_ns": t1, "cpu_hz": cpu_hz,
               "target_cpu_s": None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / 1e9,
               "cpu_samples": snap.total("cpu_samples") if "cpu_samples" in snap.metrics else 0,
-              "drained": drained, "events_late": None, "through": "stacklensd"}
+              "drained": drained and drained0, "events_late": None, "through": "stacklensd"}
     if window["target_cpu_s"] is not None:
         window["expected_cpu_samples"] = round(window["target_cpu_s"] * cpu_hz)
     if exited:
         window["target_exited"] = True
+    notes = snap.meta["notes"] = list(snap.meta.get("notes", []))
+    if not window["drained"]:
+        notes.append("stacklensd had not read its ring up to a bound of the window within 10 s: the profile holds "
+                     "what it had read by then, the window's edges may be off by what it had not")
+    notes.append("collected through stacklensd" + ("" if attach_here else " (attached before; it stays attached)"))
     snap.meta["window"] = window
-    if not drained:
-        snap.meta.setdefault("notes", []).append(
-            "stacklensd had not read its ring up to the window's end within 10 s: the profile holds what it had "
-            "read by then, the window's last events may be missing and later ones included")
-    snap.meta.setdefault("notes", []).append(
-        "collected through stacklensd" + ("" if attach_here else f" (already attached; the last {duration_s:g}s "
-                                          "of its tree)"))
     return snap
 
 
-def drained_snapshot(client, pid: int, end_ns: int, window_s: float | None, say,
-                     timeout_s: float = 10.0) -> tuple[Snapshot, bool]:
-    """The daemon's snapshot of `pid` once its session has read the BPF ring past `end_ns` (its
-    stats' read_up_to_ns, the same CLOCK_MONOTONIC as the probes' stamps); after `timeout_s`, the
-    snapshot as it is, not drained."""
+def drained_snapshot(client, pid: int, end_ns: int, say, timeout_s: float = 10.0) -> tuple[Snapshot, bool]:
+    """The daemon's whole tree of `pid` once its session has read the BPF ring past `end_ns` (its
+    stats' read_up_to_ns, the same CLOCK_MONOTONIC as the probes' stamps), asked with a pruned
+    tree (depth 1) until then; after `timeout_s`, the tree as it is, not drained."""
     from stacklens.daemon.client import decode_profile
 
     deadline = time.monotonic() + timeout_s
-    told = caught_up = False
+    told = False
     while True:
-        r = client.snapshot_response(pid, window_s=window_s or 0.0)
-        if caught_up:      # a response's stats are read after its snapshot: this one's follows them
-            return decode_profile(r.profile), True
-        caught_up = r.stats.get("read_up_to_ns", 0) >= end_ns
-        if caught_up:
-            continue
+        r = client.snapshot_response(pid, depth=1)
+        if r.stats.get("read_up_to_ns", 0) >= end_ns:
+            # a response's stats are read after its tree: the next tree is served after them
+            return decode_profile(client.snapshot_response(pid).profile), True
         if time.monotonic() > deadline:
-            return decode_profile(r.profile), False
+            return decode_profile(client.snapshot_response(pid).profile), False
         if not told:
             say("waiting for stacklensd to read up to the window's end")
             told = True

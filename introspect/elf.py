@@ -14,6 +14,7 @@ injector passes `NotApplicable`, the Python-stack reader `AttachError`).
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
@@ -230,6 +231,24 @@ class ElfFile:
                 if off is not None:
                     found[name] = off
         return found
+
+
+def file_identity(path: str) -> tuple[str, int, int, int, int]:
+    """What names one version of a file: a result keyed by it is stale once the file changes."""
+    st = os.stat(path)
+    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_symbol_offsets(identity: tuple, names: tuple[str, ...]) -> dict[str, int]:
+    with ElfFile(identity[0]) as elf:
+        return elf.symbol_offsets(list(names))
+
+
+def symbol_offsets(path: str, names: tuple[str, ...]) -> dict[str, int]:
+    """ElfFile(path).symbol_offsets(names), read once per version of the file in this process: a
+    daemon's second attach to a torch process skipped 1.5 s of libtorch_cpu's symbol table."""
+    return dict(_cached_symbol_offsets(file_identity(path), tuple(names)))
 
 
 def _offset_to_vaddr(segments: list[Segment], offset: int) -> int | None:

@@ -304,23 +304,23 @@ class _Daemon:
     per call; the profile's sample count is the call's number."""
 
     def __init__(self):
-        self.calls = 0
+        self.calls = []
 
-    def snapshot_response(self, pid, window_s=0.0):
-        self.calls += 1
-        return _Response(self.calls, 10 * self.calls)
+    def snapshot_response(self, pid, **kw):
+        self.calls.append(kw)
+        return _Response(len(self.calls), 10 * len(self.calls))
 
 
 def test_a_window_through_the_daemon_is_read_once_the_daemon_has_read_past_its_end():
     d = _Daemon()
-    snap, drained = oneshot.drained_snapshot(d, 1, end_ns=30, window_s=None, say=lambda _: None)
-    # the third answer's stats reach 30; its snapshot was taken before them: the fourth is returned
-    assert drained and d.calls == 4 and snap.total("cpu_samples") == 4
-
-
-def test_a_daemon_that_does_not_catch_up_gives_the_snapshot_marked_not_drained():
-    d = _Daemon()
     said = []
-    snap, drained = oneshot.drained_snapshot(d, 1, end_ns=10**12, window_s=None, say=said.append, timeout_s=0.0)
-    assert not drained and d.calls == 1 and snap.total("cpu_samples") == 1
-    assert said == []
+    snap, drained = oneshot.drained_snapshot(d, 1, end_ns=30, say=said.append)
+    # pruned trees until the stats reach 30 (the third); then the whole tree, served after them
+    assert drained and d.calls == [{"depth": 1}] * 3 + [{}] and snap.total("cpu_samples") == 4
+    assert said == ["waiting for stacklensd to read up to the window's end"]
+
+
+def test_a_daemon_that_does_not_catch_up_gives_the_tree_marked_not_drained():
+    d = _Daemon()
+    snap, drained = oneshot.drained_snapshot(d, 1, end_ns=10**12, say=lambda _: None, timeout_s=0.0)
+    assert not drained and d.calls == [{"depth": 1}, {}] and snap.total("cpu_samples") == 2
