@@ -83,6 +83,24 @@ def other_share(samples: dict, prev: dict | None = None) -> tuple[float, float]:
     return other, total
 
 
+def returned(key, history: list[set]) -> bool:
+    """Whether a series was exported, then not, then again (the acceptance: appear once, end once)."""
+    seen = gone = False
+    for h in history:
+        if key in h:
+            if gone:
+                return True
+            seen = True
+        elif seen:
+            gone = True
+    return False
+
+
+def commit() -> str:
+    r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() or "unknown"
+
+
 def run(duration: float, interval: float, out: Path | None) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench_prom_churn."))
     port = free_port()
@@ -142,11 +160,12 @@ def run(duration: float, interval: float, out: Path | None) -> dict:
             lint = {"rc": r.returncode, "output": (r.stdout + r.stderr).strip()}
         everseen = set().union(*history)
         result = {
-            "duration_s": duration, "interval_s": interval, "scrapes": n,
+            "commit": commit(), "duration_s": duration, "interval_s": interval, "scrapes": n,
             "scrape_s_median": sorted(scrape_s)[len(scrape_s) // 2], "scrape_s_max": max(scrape_s),
             "hotspot_series_ever": len(everseen),
             "hotspot_series_max": max(len(h) for h in history),
             "series_reappearing": sum(1 for k in everseen if appear[k] > 0 and k in history[0] or appear[k] > 1),
+            "series_returning": sum(1 for k in everseen if returned(k, history)),
             "series_disappearing_more_than_once": sum(1 for k in everseen if disappear[k] > 1),
             "series_flapping": sum(1 for k in everseen if appear[k] + disappear[k] > 1),
             "appearances_after_first_scrape": sum(appear.values()),

@@ -126,17 +126,18 @@ class Source:
 
 
 def short_path(file: str, roots: Iterable[str] = ()) -> str:
-    """`file` as a person finds it: relative to the first of `roots` (the target's cwd or script
-    directory) it lies under, else from its last `site-packages/` (`site-packages/torch/nn/…`),
-    else its last two components; a pseudo-file (`<string>`) as is."""
-    for root in roots:
-        root = root.rstrip("/")
-        if root and file.startswith(root + "/"):
-            return file[len(root) + 1:]
+    """`file` as a person finds it: from its last `site-packages/` (`site-packages/torch/nn/…`,
+    also for a virtualenv inside the project), else relative to the first of `roots` (the target's
+    cwd or script directory) it lies under, else its last two components; a pseudo-file
+    (`<string>`) as is."""
     for anchor in ("/site-packages/", "/dist-packages/"):
         i = file.rfind(anchor)
         if i >= 0:
             return file[i + 1:]
+    for root in roots:
+        root = root.rstrip("/")
+        if root and file.startswith(root + "/"):
+            return file[len(root) + 1:]
     return "/".join(file.rsplit("/", 2)[-2:]).lstrip("/")
 
 
