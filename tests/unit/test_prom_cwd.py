@@ -53,17 +53,17 @@ def test_session_meta_has_the_cwd_and_lines_are_relative_to_it():
 
 def test_line_relative_to_the_cwd_only_for_files_under_it():
     t = CCT(metrics=DAEMON_METRICS, max_nodes=None)
-    t.add_many((Frame.python("/home/u/proj/models/net.py", "forward", 17),), {"cpu_samples": 3})
-    t.add_many((Frame.python("/home/u/projector/x.py", "f", 2),), {"cpu_samples": 1})     # a sibling, not under
+    t.add_many((Frame.python("/srv/proj/models/net.py", "forward", 17),), {"cpu_samples": 3})
+    t.add_many((Frame.python("/srv/projector/x.py", "f", 2),), {"cpu_samples": 1})     # a sibling, not under
     t.add_many((Frame.python("/usr/lib/python3.11/site-packages/torch/nn/functional.py", "relu", 9),),
                {"cpu_samples": 1})
     # a virtualenv inside the project: its packages are named from site-packages all the same
-    t.add_many((Frame.python("/home/u/proj/.venv/lib/python3.11/site-packages/numpy/core/x.py", "g", 5),),
+    t.add_many((Frame.python("/srv/proj/.venv/lib/python3.11/site-packages/numpy/core/x.py", "g", 5),),
                {"cpu_samples": 1})
-    lines = {line for _, line in context_values(t.snapshot(meta={"cwd": "/home/u/proj"}), "cpu_samples")}
+    lines = {line for _, line in context_values(t.snapshot(meta={"cwd": "/srv/proj"}), "cpu_samples")}
     assert lines == {"models/net.py:17", "projector/x.py:2", "site-packages/torch/nn/functional.py:9",
                      "site-packages/numpy/core/x.py:5"}
     # no cwd (unreadable), or `/`: the last two components
     for meta in ({}, {"cwd": "/"}):
         lines = {line for _, line in context_values(t.snapshot(meta=meta), "cpu_samples")}
-        assert "models/net.py:17" in lines and "u/proj" not in " ".join(lines)
+        assert "models/net.py:17" in lines and "srv/proj" not in " ".join(lines)
