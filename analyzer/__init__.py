@@ -10,7 +10,8 @@ under a second (docs/benchmarks/analyzer.md).
         print(f.severity, f.rule, f.title, f.path[-1], f.fix)
 
 Rules (ids): hotspots, kernel_fusion, launch_bound, sync_stalls, host_device_copies,
-layout_conversions, fp32_gemm, allocator_churn, backward_cost. Each works on whatever the
+layout_conversions, fp32_gemm, allocator_churn, backward_cost, kernel_names (informational:
+launches whose kernel has no name). Each works on whatever the
 snapshot measured: a metric listed in `snapshot.unavailable` is never read as 0, and findings
 say in their evidence (`<metric>_unavailable = 1`) what they had to do without.
 """
@@ -18,6 +19,7 @@ say in their evidence (`<metric>_unavailable = 1`) what they had to do without.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from stacklens.cct import Snapshot
@@ -26,6 +28,7 @@ from stacklens.analyzer import rules as _builtin_rules  # noqa: F401  (registers
 from stacklens.analyzer.config import RuleConfig, as_config
 from stacklens.analyzer.finding import SEVERITIES, Finding
 from stacklens.analyzer.registry import ENTRY_POINT_GROUP, plugin_errors, register, rules, unregister
+from stacklens.analyzer.rules._common import path_location
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -64,6 +67,16 @@ def analyze(snapshot: Snapshot, config: RuleConfig | Mapping[str, Any] | None = 
                 )
             )
             continue
-        out.extend(f for f in found if f.estimated_saving >= cfg.min_saving or f.estimated_saving == 0.0)
+        out.extend(_located(f) for f in found if f.estimated_saving >= cfg.min_saving or f.estimated_saving == 0.0)
     out.sort(key=Finding.sort_key)
     return out
+
+
+def _located(f: Finding) -> Finding:
+    """Every finding titled with the Python line it is about (the innermost one in its path, and
+    the user's own line that called it when that one is in a library), never only a kernel or a
+    C++ frame; a title that already names the line is kept."""
+    loc = path_location(f.path)
+    if loc is None or loc.split(", called from ")[0].rsplit(" ", 1)[0] in f.title:
+        return f
+    return replace(f, title=f"{f.title} (at {loc})")

@@ -90,7 +90,8 @@ def line_path(view: View, line: int, fallback: int | Iterable[int]) -> tuple[str
     return view.labels(fallback)
 
 
-_LIBRARY = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen ", "<string>")
+# "/run/stacklens/": the injected agent's own code (its threads' stacks), never the user's
+_LIBRARY = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen ", "<string>", "/run/stacklens/")
 _LIBRARY_PKGS = ("torch/", "jax/", "jaxlib/", "numpy/", "triton/", "transformers/")
 
 
@@ -110,15 +111,30 @@ def user_line(view: View, line: int) -> str | None:
     return None
 
 
+UNNAMED_KERNEL = "unresolved:"
+
+
+def is_unnamed_kernel(f: Frame) -> bool:
+    """A launch of a kernel whose name BPF never read (`kernel:unresolved:0x<handle>`): a handle,
+    not a name a user can act on; rules count these launches and never print the handle."""
+    return f.kind == "kernel" and f.name.startswith(UNNAMED_KERNEL)
+
+
 def names(view: View, nodes: Iterable[int], limit: int = 6) -> list[str]:
-    """Distinct frame names of `nodes`, most frequent first."""
+    """Distinct frame names of `nodes`, most frequent first (unnamed kernels left out)."""
     counts: dict[str, int] = {}
     for n in nodes:
+        if is_unnamed_kernel(view.frames[n]):
+            continue
         name = view.frames[n].name
         counts[name] = counts.get(name, 0) + 1
     return [k for k, _ in sorted(counts.items(), key=lambda kv: -kv[1])][:limit]
 
 
+# A demangled function's return type before its name: `void `, and SFINAE-guarded templates
+# (cuBLAS: `std::enable_if<!(false), void>::type internal::gemvx::kernel<…>(…)`), whose return type
+# would otherwise be all a short label shows.
+_ENABLE_IF = re.compile(r"^\s*(?:typename\s+)?std::enable_if<")
 _NS = re.compile(r"\b(?:void |at::native::|at::|c10::|\(anonymous namespace\)::|binary_internal::|[A-Za-z_]+_internal::)")
 _GENERIC = re.compile(r"^(?:vectorized_|unrolled_)?elementwise_kernel|^reduce_kernel|^vectorized_|^unrolled_")
 _WHAT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:Functor[A-Za-z0-9_]*|_kernel_cuda|_kernel|Ops|Op))\b")
@@ -128,6 +144,9 @@ def kernel_label(name: str, width: int = 48) -> str:
     """A short, telling form of a demangled kernel name: namespaces dropped, and for PyTorch's
     generic elementwise/reduce kernels the functor that says what they compute
     (`vectorized_elementwise_kernel[MulFunctor]`)."""
+    if name.startswith(UNNAMED_KERNEL):
+        return "[kernel name not read]"
+    name = _strip_return_type(name)
     text = _NS.sub("", name)
     head = re.split(r"[<(]", text, maxsplit=1)[0].strip()
     if re.search(r"(?:^|::)Kernel\d*$", head):  # cutlass::Kernel2<cutlass_80_simt_sgemm_…>
@@ -142,5 +161,57 @@ def kernel_label(name: str, width: int = 48) -> str:
     return short(head or text, width)
 
 
+def _strip_return_type(name: str) -> str:
+    """`std::enable_if<…>::type NAME<…>(…)` -> `NAME<…>(…)`: the template's brackets are skipped
+    by depth, so `>` inside them does not end it."""
+    m = _ENABLE_IF.match(name)
+    if not m:
+        return name
+    depth, i = 1, m.end()
+    while i < len(name) and depth:
+        depth += {"<": 1, ">": -1}.get(name[i], 0)
+        i += 1
+    rest = name[i:]
+    if rest.startswith("::type"):
+        rest = rest[len("::type"):]
+    return rest.strip() or name
+
+
 def short(name: str, width: int = 60) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def short_file(file: str) -> str:
+    """A source file as a user reads it: a library's path from its package (`transformers/…`)."""
+    for marker in ("site-packages/", "dist-packages/"):
+        k = file.rfind(marker)
+        if k >= 0:
+            return file[k + len(marker):]
+    return file
+
+
+def where(f: Frame) -> str:
+    """`file:line function` of a Python frame."""
+    return f"{short_file(f.file)}:{f.line} {f.name}"
+
+
+def path_location(path: Iterable[str]) -> str | None:
+    """Where a finding's path is, as a user can act on it: its innermost Python line and, when
+    that line is in a library (a model from transformers, torch.nn), the innermost line of the
+    user's own code that called it; None when the path holds no Python frame."""
+    inner = user = None
+    for label in path:
+        if not label.startswith("py:"):
+            continue
+        try:
+            f = Frame.from_label(label)
+        except ValueError:
+            continue
+        inner = f
+        if not is_library_file(f.file):
+            user = f
+    if inner is None:
+        return None
+    if user is None or user is inner:
+        return where(inner)
+    return f"{where(inner)}, called from {where(user)}"

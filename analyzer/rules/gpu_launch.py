@@ -1,5 +1,6 @@
-"""kernel_fusion and launch_bound: one Python line launching many small kernels, and lines
-whose launch API CPU time is not covered by the GPU time of what they launch.
+"""kernel_fusion and launch_bound: one Python line launching many small kernels; a GPU idle most
+of the window while the process launches many small kernels (the step model, analyzer/step.py);
+and lines whose launch API CPU time is not covered by the GPU time of what they launch.
 
 Needs launch data (BPF on the GPU API); GPU time (agent) sharpens both. Without it the rules
 still count launches and API CPU time, and say gpu_time_ns was unavailable.
@@ -12,8 +13,12 @@ from stacklens.cct import Snapshot
 from stacklens.analyzer.config import RuleConfig
 from stacklens.analyzer.finding import Finding, severity_for
 from stacklens.analyzer.registry import rule
+from stacklens.analyzer.step import step_of
 from stacklens.analyzer.view import View, view_of
-from stacklens.analyzer.rules._common import add_time_base, api, is_launch_api, kernel_label, line_path
+from stacklens.analyzer.rules._common import (
+    add_time_base, api, is_launch_api, is_unnamed_kernel, kernel_label, line_path,
+)
+from stacklens.analyzer.rules.idle import idle_finding
 
 FUSION = "kernel_fusion"
 LAUNCH = "launch_bound"
@@ -37,9 +42,11 @@ def _compute_per_line_kernels(view: View) -> dict[int, dict]:
         a = api_ns[i] if api_ns and in_launch[i] else 0
         if f.kind != "kernel" and not a:
             continue
-        g = out.setdefault(line[i], {"kernels": {}, "api_cpu_ns": 0, "node": i})
+        g = out.setdefault(line[i], {"kernels": {}, "api_cpu_ns": 0, "node": i, "unnamed": 0})
         g["api_cpu_ns"] += a
-        if f.kind == "kernel":
+        if is_unnamed_kernel(f):   # a handle, not a kernel: its launches are counted, never named
+            g["unnamed"] += (lc[i] if lc else 0) or (kc[i] if kc else 0)
+        elif f.kind == "kernel":
             k = g["kernels"].setdefault(f.name, [0, 0, 0])
             k[0] += (lc[i] if lc else 0)
             k[1] += (gpu[i] if gpu else 0)
@@ -59,7 +66,7 @@ def kernel_fusion(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     out = []
     for ln, g in _per_line_kernels(view).items():
         kernels = g["kernels"]
-        launches = sum(k[0] or k[2] for k in kernels.values())
+        launches = sum(k[0] or k[2] for k in kernels.values()) + g["unnamed"]
         gpu_ns = sum(k[1] for k in kernels.values())
         if len(kernels) < min_distinct or launches < min_launches:
             continue
@@ -80,6 +87,8 @@ def kernel_fusion(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
             "api_cpu_ns": api_ns,
             **view.unavailable_evidence("gpu_time_ns", "kernel_count"),
         }
+        if g["unnamed"]:
+            ev["launches_without_kernel_name"] = g["unnamed"]
         if has_gpu:
             ev["gpu_time_ns"] = gpu_ns
             ev["mean_kernel_ns"] = round(gpu_ns / max(1, launches))
@@ -96,7 +105,7 @@ def kernel_fusion(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
                 fix="Fuse them: wrap this code in torch.compile (mode='reduce-overhead' also captures "
                 "CUDA graphs), use a fused op (F.scaled_dot_product_attention, fused LayerNorm/GELU, "
                 "optimizer foreach=True/fused=True), or capture the step with torch.cuda.graphs. "
-                "Kernels: " + "; ".join(top),
+                "Kernels: " + "; ".join(kernel_label(n, 120) for n in top),
                 estimated_saving=round(min(saving, 0.9), 4),
             )
         )
@@ -110,13 +119,14 @@ def launch_bound(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
     min_share = config.param(LAUNCH, "min_share", 0.02)
     min_launches = int(config.param(LAUNCH, "min_launches", 20))
     has_gpu = view.col("gpu_time_ns") is not None
-    out = []
-    gpu_total = view.totals.get("gpu_time_ns", 0)
-    busy = view.gpu_share(gpu_total) if has_gpu and view.wall_source.startswith("meta") else None
+    idle = idle_finding(view, config, LAUNCH)
+    out = [idle] if idle is not None else []
+    st = step_of(view)
+    busy = st.busy_share if st is not None else None
     top_cpu = _top_cpu_line(view)
     for ln, g in _per_line_kernels(view).items():
         api_ns = g["api_cpu_ns"]
-        launches = sum(k[0] or k[2] for k in g["kernels"].values())
+        launches = sum(k[0] or k[2] for k in g["kernels"].values()) + g["unnamed"]
         gpu_ns = sum(k[1] for k in g["kernels"].values())
         if launches < min_launches or view.ns_share(api_ns) < min_share:
             continue

@@ -13,7 +13,7 @@ from stacklens.analyzer.config import RuleConfig
 from stacklens.analyzer.finding import Finding
 from stacklens.analyzer.registry import rule
 from stacklens.analyzer.view import CPU_METRICS, View, view_of
-from stacklens.analyzer.rules._common import add_time_base, short
+from stacklens.analyzer.rules._common import add_time_base, kernel_label, short
 
 RULE = "hotspots"
 
@@ -97,7 +97,8 @@ def _exclusive(view, col, where: str, metric: str, total, missing: dict, min_sha
             top, tv = tops[ln]
             ev["top_frame_share_of_line"] = round(tv / v, 4)
             if tv * 2 >= v:
-                what = view.frames[top].label()
+                tf = view.frames[top]
+                what = f"kernel {kernel_label(tf.name)}" if tf.kind == "kernel" else tf.label()
         found.append(
             Finding(
                 rule=RULE,

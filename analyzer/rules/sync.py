@@ -13,6 +13,7 @@ from stacklens.cct import Frame, Snapshot
 from stacklens.analyzer.config import RuleConfig
 from stacklens.analyzer.finding import Finding, severity_for
 from stacklens.analyzer.registry import rule
+from stacklens.analyzer.step import step_of
 from stacklens.analyzer.view import name_matcher, op_base, op_of_native, view_of
 from stacklens.analyzer.rules._common import add_time_base, cost, is_sync_api, line_path, names, op_named
 
@@ -78,12 +79,20 @@ def sync_stalls(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
         if marks[i] or (wait and wait[i]):
             by_line.setdefault(line[i], []).append(marks[i] or i)
     out = []
+    st = step_of(view)
     for ln, acc in groups.items():
         if ln not in by_line:
             continue
         share, ev = cost(view, acc)
         if share < min_share:
             continue
+        # The step model (analyzer/step.py): a wait stalls the step only where the GPU went idle
+        # behind it: wait x the GPU's idle share, at most the idle time; little on a GPU-bound job.
+        saving, severity = 0.8 * share, severity_for(share, 0.2, 0.05)
+        if st is not None and view.has("sync_wait_ns"):
+            saving = st.sync_saving(acc.get("sync_wait_ns", 0))
+            severity = severity_for(saving, 0.2, 0.05)
+            ev.update(st.evidence())
         frames_here = names(view, set(by_line[ln]))
         ev.update(view.unavailable_evidence("sync_wait_ns", "gpu_time_ns"))
         if acc.get("sync_wait_ns") and view.wall_ns:
@@ -92,16 +101,23 @@ def sync_stalls(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
         out.append(
             Finding(
                 rule=RULE,
-                severity=severity_for(share, 0.2, 0.05),
+                severity=severity,
                 path=line_path(view, ln, set(by_line[ln])),
                 title=f"synchronization in the loop: {100 * share:.0f}% of the time at a line calling "
                 + ", ".join(frames_here[:4]),
                 evidence=ev,
-                fix=_fix(frames_here),
-                estimated_saving=round(min(0.8 * share, 0.9), 4),
+                fix=_fix(frames_here) + _model_text(st),
+                estimated_saving=round(min(saving, 0.9), 4),
             )
         )
     return out
+
+
+def _model_text(st) -> str:
+    if st is None:
+        return ""
+    return (f" Estimate: the wait x the GPU's idle share ({100 * (1 - st.busy_share):.0f}% of the window), at "
+            "most the idle time: a sync costs the step only where the GPU went idle behind it.")
 
 
 def _fix(frames_here: list[str]) -> str:
