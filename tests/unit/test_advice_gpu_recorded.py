@@ -61,7 +61,9 @@ def test_decode_top_finding_is_launch_bound_at_the_users_line(advice, snaps):
     # the estimate is the idle time graphs would close, over the window: stated, not invented
     assert top.estimated_saving == pytest.approx(ev["closable_idle_ns"] / ev["wall_ns"], abs=1e-3)
     assert 0 < ev["closable_idle_ns"] <= ev["gpu_idle_ns"]
-    assert ev["graph_gap_ns_unavailable"] == 1.0 and "upper bound" in top.fix
+    # each replayed kernel keeps the gap measured between kernels of a replayed graph (H200, run 32)
+    assert "graph_gap_ns_unavailable" not in ev and "250 ns per replayed kernel" in top.fix
+    assert "upper bound" in top.fix
 
 
 def test_no_finding_titled_by_a_native_frame_where_a_python_line_exists(advice):
