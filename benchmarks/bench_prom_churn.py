@@ -102,6 +102,7 @@ def commit() -> str:
 
 
 def run(duration: float, interval: float, out: Path | None) -> dict:
+    code = commit()   # the code the daemon runs (HEAD may move while the scrape goes on)
     tmp = Path(tempfile.mkdtemp(prefix="bench_prom_churn."))
     port = free_port()
     sock = tmp / "stacklens.sock"
@@ -160,7 +161,7 @@ def run(duration: float, interval: float, out: Path | None) -> dict:
             lint = {"rc": r.returncode, "output": (r.stdout + r.stderr).strip()}
         everseen = set().union(*history)
         result = {
-            "commit": commit(), "duration_s": duration, "interval_s": interval, "scrapes": n,
+            "commit": code, "duration_s": duration, "interval_s": interval, "scrapes": n,
             "scrape_s_median": sorted(scrape_s)[len(scrape_s) // 2], "scrape_s_max": max(scrape_s),
             "hotspot_series_ever": len(everseen),
             "hotspot_series_max": max(len(h) for h in history),
