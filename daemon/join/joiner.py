@@ -12,6 +12,7 @@ first; `splice()` puts native frames between Python runs where the eval loop's f
   record belongs to — by launch order (`LaunchOrderJoin`, daemon/join/orderjoin.py) or exactly through
   CUPTI API records (`ApiRecordJoin`, daemon/join/apijoin.py) — and `gpu_time_ns` and `kernel_count`
   are charged to that launching path. What cannot be joined is counted, never guessed.
+  Launches counted on `kernel:unresolved:0x…` before CUPTI named the handle: renamed in snapshots (rename.py).
 - Copies and memsets: `… → api:cuMemcpyAsync → memcpy:DtoH (Device -> Pinned)` / `… →
   memset:Device` with GPU time, bytes and counts from CUPTI (see `_on_copy_call`), joined by the
   same `GpuJoin`.
@@ -43,6 +44,7 @@ from stacklens.daemon.join.compiled import COMPILED_NOTE, InductorIndex
 from stacklens.daemon.join.gpujoin import CopyCall, GpuJoin, Path
 from stacklens.daemon.join.jaxjoin import SPLIT_NOTE, JaxIndex
 from stacklens.daemon.join.orderjoin import LaunchOrderJoin
+from stacklens.daemon.join.rename import name_launches
 from stacklens.records.agent import (AgentRecord, AgentStats, ApiRecord, CompileRecord, HloMapRecord, InductorRecord,
                                       JoinKind, KernelRecord, MemcpyRecord, Note, PySample)
 
@@ -692,4 +694,5 @@ class Joiner:
             callers = self.backward.callers_meta()
             if callers:           # linked heads' callers: the caller view (cct/backwardview.py)
                 meta["backward_callers"] = callers
-        return self.tree.snapshot(window_s=window_s, meta=meta, unavailable=self.unavailable())
+        snap = self.tree.snapshot(window_s=window_s, meta=meta, unavailable=self.unavailable())
+        return name_launches(snap, self._handle_names)   # launches before a kernel was named (rename.py)
