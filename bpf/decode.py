@@ -176,7 +176,7 @@ class RingDecoder:
         self._cfi = None
         if hasattr(native, "mapping") and hasattr(native, "host_path"):
             from stacklens.bpf.unwind import CfiUnwinder
-            self._cfi = CfiUnwinder(native.mapping, native.host_path)
+            self._cfi = CfiUnwinder(native.mapping, native.host_path, getattr(native, "known_mapping", None))
 
     def carry_from(self, earlier: "RingDecoder") -> None:
         """What outlives a detach (a re-attach of the same session): counts, kernel names, live

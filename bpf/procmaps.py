@@ -154,6 +154,10 @@ class NativeSymbolizer:
         """The executable mapping at `addr` (re-reading the maps once when none is), or None."""
         return self._mapping(addr)
 
+    def known_mapping(self, addr: int) -> Mapping | None:
+        """The executable mapping at `addr` as last read, or None (never re-reads the maps)."""
+        return self._find(addr)
+
     def host_path(self, path: str) -> str:
         """Where the target's file `path` is readable from here (through /proc/PID/root)."""
         return str(self._procfs.target_path(self.pid, path))

@@ -186,6 +186,10 @@ def profile_through_daemon(
                 client.detach(pid)
             except StacklensError:
                 pass
+    # a kernel named during the window: the start's tree gets the same name before the difference
+    from stacklens.daemon.join.rename import META_KEY, name_launches
+
+    first = name_launches(first, (last.meta.get(META_KEY) or {}).get("renamed", {}))
     snap = diff(last, first)
     snap.meta.clear()
     snap.meta.update(last.meta)
