@@ -126,6 +126,7 @@ def test_profile_goes_through_the_running_daemon(daemon):
         cli(daemon, "attach", str(b.pid))
         for p, name in ((a, "through_a"), (b, "through_b")):
             r = cli(daemon, "profile", "-p", str(p.pid), "-d", "2", "-f", "folded")
+            # the daemon compiled its program at `attach b`: no profile here waits for a compile
             assert "through stacklensd" in r.stderr and "compiling BPF" not in r.stderr, r.stderr
             assert re.search(rf"(^|;){name} \(", r.stdout, re.M), r.stdout[:2000]
             assert re.search(r"window: 2\.\d\ds .* cpu_samples [1-9]", r.stderr), r.stderr
