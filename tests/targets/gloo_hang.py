@@ -9,6 +9,7 @@ Both wait until killed (gloo's timeout is set to an hour).
 
 import datetime
 import os
+import sys
 import threading
 import time
 
@@ -23,20 +24,27 @@ def spin() -> None:
             n += 1
         now = time.monotonic()
         if now - last >= 0.2:
-            print(f"progress {n} {time.thread_time():.6f} {now:.6f}", flush=True)
+            say(f"progress {n} {time.thread_time():.6f} {now:.6f}")
             last = now
+
+
+def say(line: str) -> None:
+    """One write per line: print() writes the text and its newline apart, and another thread's
+    line could land between them (seen under two CPU hogs: `ready 0 PIDprogress …`)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(hours=1))
     rank = dist.get_rank()
     if rank == 0:
+        say(f"ready 0 {os.getpid()}")
         threading.Thread(target=spin, name="spinner", daemon=True).start()
-        print(f"ready 0 {os.getpid()}", flush=True)
         t = torch.ones(4)
         dist.all_reduce(t)  # COLLECTIVE
     else:
-        print(f"ready 1 {os.getpid()}", flush=True)
+        say(f"ready 1 {os.getpid()}")
         while True:
             time.sleep(3600)
 
