@@ -20,7 +20,7 @@ from typing import Callable, TextIO
 
 from stacklens.cct import Snapshot, diff
 from stacklens.daemon.core import check_target
-from stacklens.daemon.session import ProcessSession, process_start
+from stacklens.daemon.session import ProcessSession, process_cpu_ns, process_start
 from stacklens.errors import IncompleteProfile, NoSuchProcess, StacklensError
 from stacklens.render.textreport import window_line
 
@@ -167,7 +167,7 @@ def profile_through_daemon(
     try:
         t0 = time.monotonic_ns()
         first, drained0 = drained_snapshot(client, pid, t0, say)
-        t0, cpu0 = time.monotonic_ns(), process_cpu(pid, procfs)
+        t0, cpu0 = time.monotonic_ns(), process_cpu_ns(pid, procfs)
         say(f"collecting for {duration_s:g}s")
         if isinstance(progress, Progress):
             progress.quiet()
@@ -179,7 +179,7 @@ def profile_through_daemon(
                 exited = True
                 break
         last, drained = drained_snapshot(client, pid, time.monotonic_ns(), say)
-        t1, cpu1 = time.monotonic_ns(), process_cpu(pid, procfs)
+        t1, cpu1 = time.monotonic_ns(), process_cpu_ns(pid, procfs)
     finally:
         if attach_here:
             try:
@@ -229,12 +229,6 @@ def drained_snapshot(client, pid: int, end_ns: int, say, timeout_s: float = 10.0
             say("waiting for stacklensd to read up to the window's end")
             told = True
         time.sleep(0.05)
-
-
-def process_cpu(pid: int, procfs=None) -> int | None:
-    from stacklens.daemon.session import process_cpu_ns
-
-    return process_cpu_ns(pid, procfs)
 
 
 def record_command(cmd: list[str], *, agent: bool = False, cpu_hz: int = 99,
