@@ -34,7 +34,8 @@ from stacklens.bpf.spec import DEFAULT_SPEC, ProbeSpec, load_specs, resolve_libr
 from stacklens.bpf.uprobe_multi import BPF_TRACE_UPROBE_MULTI, UprobeMultiError, attach_uprobe_multi
 
 _NODE_LIBS_RE = re.compile(r"^libtorch_(python|cuda|hip)\.so")
-_ROLE = {"libcuda": "cuda", "libamdhip64": "hip"}
+_ROLE = {"libcuda": "cuda", "libamdhip64": "hip", "libtorch_cpu": "c10d"}
+GPU_DRIVER_RE = re.compile(r"libcuda\.so|libamdhip64\.so")
 # ops attached when uprobe_multi is unavailable (one perf event each: slow to attach and detach)
 FALLBACK_OPS = ("aten::linear", "aten::addmm", "aten::matmul", "aten::mm", "aten::bmm", "aten::conv2d",
                 "aten::convolution", "aten::relu", "aten::softmax_int", "aten::layer_norm",
@@ -65,11 +66,13 @@ class ProbeConfig:
     # from PythonStackReader for this target (layout, TLS offset, interpreter address)
     pystack_cflags: tuple[str, ...] = ()
     extra_cflags: tuple[str, ...] = ()  # more -D parameters (e.g. -DSL_BENCH_FANOUT=8 in benchmarks)
-    # CPU samples also carry their registers and 16 KiB of stack, walked in user space with the
-    # libraries' .eh_frame where frame pointers end (bpf/unwind.py): whole native stacks through
-    # MKL/libpython, at ~3.3 ms of daemon CPU per sample walked (docs/benchmarks/native-stacks.md),
-    # so off by default; env STACKLENS_NATIVE_UNWIND=cfi turns it on for the CLI and the daemon
-    cfi_unwind: bool = field(default_factory=lambda: os.environ.get("STACKLENS_NATIVE_UNWIND", "") == "cfi")
+    # CPU samples also carry their registers and up to 16 KiB of stack, walked in user space with
+    # the libraries' .eh_frame where frame pointers end (bpf/unwind.py): whole native stacks
+    # through MKL/libpython (99.7-100% unbroken under ops on a torch loop) for 33-59 µs of CPU per
+    # sample walked offline, 160 µs live on a loaded VM, less than symbolizing the frame-pointer
+    # walk's garbage costs (docs/benchmarks/native-stacks.md). On by default; env
+    # STACKLENS_NATIVE_UNWIND=fp (frame pointers only, no stack copy) turns it off for the CLI and the daemon
+    cfi_unwind: bool = field(default_factory=lambda: os.environ.get("STACKLENS_NATIVE_UNWIND", "") != "fp")
     # compile only the parts the process can use now: GPU probes when it maps a GPU driver library,
     # operator probes when it maps libtorch_cpu (a pure-Python target: 5.9 s of BCC compile instead
     # of 10 s on the 2-vCPU machine). For one-shot profiles; a daemon keeps one program for all.
@@ -140,7 +143,9 @@ class ProbeAttacher:
         self._key: tuple = ()
         self.slot = -1             # this process's counter slot in it
         self.links: list[int] = []
-        self._attached_files: set[tuple[str, int]] = set()
+        # (what was attached: "api" or "ops", the library's key): libtorch_cpu gets both
+        self._attached_files: set[tuple[str, tuple[str, int]]] = set()
+        self._rank: bool | None = None   # a torch.distributed rank (RANK set): read at the first scan
         self.specs: list[ProbeSpec] = []
         self._op_own: dict[int, bool] = {}   # op-path hash -> it is this process's (shared maps)
         self.compiled = False      # the last _compile_and_load compiled (not found in POOL)
@@ -302,9 +307,11 @@ class ProbeAttacher:
         maps none of their libraries now (said in the notes: a library loaded later is not probed)."""
         cfg = self.config
         maps = ProcFS().maps(self.pid)
-        gpu = cfg.gpu and any(find_libraries(self.pid, re.compile(r), maps=maps)
-                              for r in {s.library for s in load_specs(cfg.spec_path)})
         ops = cfg.ops and bool(find_libraries(self.pid, LIBTORCH_RE, maps=maps))
+        # the API probes: where a GPU driver library is mapped, or collectives can be waited for
+        # (a torch.distributed rank: libtorch mapped and RANK set)
+        gpu = cfg.gpu and (bool(find_libraries(self.pid, GPU_DRIVER_RE, maps=maps))
+                           or (ops and self._is_rank()))
         if cfg.gpu and not gpu:
             self.notes.append("GPU API probes: not compiled in: the process maps no libcuda/libamdhip64 "
                               "(a GPU library it loads during this profile is not probed)")
@@ -313,19 +320,27 @@ class ProbeAttacher:
                               "(loaded during this profile, it is not probed)")
         self.config = dataclasses.replace(cfg, gpu=gpu, ops=ops)
 
+    def _is_rank(self) -> bool:
+        """A torch.distributed rank (RANK in its environment), read once per attacher."""
+        if self._rank is None:
+            self._rank = _distributed_rank(self.pid)
+        return self._rank
+
     def _scan(self, initial: bool) -> None:
         cfg = self.config
         # one read of the maps per scan, for every library pattern
         maps = ProcFS().maps(self.pid) if cfg.ops or (cfg.gpu and self.specs) else []
         if cfg.gpu:
             by_re: dict[str, list[ProbeSpec]] = {}
+            rank = self._is_rank()    # collective probes for torch.distributed ranks only
             for s in self.specs:
-                by_re.setdefault(s.library, []).append(s)
+                if s.kind != "collective" or rank:
+                    by_re.setdefault(s.library, []).append(s)
             found_any = False
             for regex, specs in by_re.items():
                 for lib in find_libraries(self.pid, re.compile(regex), maps=maps):
-                    found_any = True
-                    if lib.key not in self._attached_files:
+                    found_any = found_any or bool(GPU_DRIVER_RE.search(lib.path))
+                    if ("api", lib.key) not in self._attached_files:
                         self._attach_gpu_library(lib, specs)
             if initial and not found_any:
                 self.notes.append("GPU API probes: not applicable: the process maps no libcuda/"
@@ -334,7 +349,7 @@ class ProbeAttacher:
         if cfg.ops:
             libs = find_libraries(self.pid, LIBTORCH_RE, maps=maps)
             for lib in libs:
-                if lib.key not in self._attached_files:
+                if ("ops", lib.key) not in self._attached_files:
                     self._attach_torch(lib)
                     if cfg.autograd:
                         self._attach_autograd(lib, maps)
@@ -342,13 +357,14 @@ class ProbeAttacher:
                 self.notes.append("operator probes: not applicable: the process maps no libtorch_cpu.so")
 
     def _attach_gpu_library(self, lib: LibraryFile, specs: list[ProbeSpec]) -> None:
-        self._attached_files.add(lib.key)
+        self._attached_files.add(("api", lib.key))
         # every exported version of each probed call (cuCtxSynchronize_v2, …_ptsz): spec.py
         res = resolve_library(lib.host_path, specs)
         present, missing = res.sites, res.missing
         role = next((r for k, r in _ROLE.items() if k in os.path.basename(lib.path)), "gpu")
         if not present:
-            self.notes.append(f"GPU API probes: not applicable: {lib.path} exports none of the "
+            what = "collective probes" if role == "c10d" else "GPU API probes"
+            self.notes.append(f"{what}: not applicable: {lib.path} exports none of the "
                               f"{len(specs)} probed symbols")
             self.libraries.append(LibraryAttach(lib.path, role, 0, missing))
             return
@@ -376,7 +392,7 @@ class ProbeAttacher:
                                             tuple((p.spec.symbol, p.export) for p in present)))
 
     def _attach_torch(self, lib: LibraryFile) -> None:
-        self._attached_files.add(lib.key)
+        self._attached_files.add(("ops", lib.key))
         ops: list[OpSymbol] = select_ops(find_op_symbols(lib.host_path), self.config.op_filter,
                                          self.config.all_ops)
         if self.fallback:
@@ -521,6 +537,12 @@ class ProbeAttacher:
 
 
 _UPROBE_MULTI: bool | None = None
+
+
+def _distributed_rank(pid: int) -> bool:
+    """Whether `pid` is a torch.distributed rank by its environment (RANK, as torchrun sets it:
+    daemon/ranks.py reads the same)."""
+    return bool(ProcFS().environ_has(pid, "RANK"))
 
 
 def _uprobe_multi_supported() -> bool:

@@ -14,6 +14,7 @@ import ctypes as ct
 import logging
 import os
 import struct
+import time
 from typing import Iterable, Protocol
 
 from stacklens.cct import Frame
@@ -21,7 +22,7 @@ from stacklens.bpf import autograd
 from stacklens.bpf.events_abi import (SL_BLOB, SL_EV_NAME, SL_EV_NODE_NEW, SL_EV_SAMPLE, SL_NAME, SL_NARGS,
                                       SL_STACK_IN_2, SL_STACK_INLINE, SlEvent)
 from stacklens.bpf.procmaps import UNKNOWN as UNKNOWN_FRAME
-from stacklens.bpf.procmaps import collapse_unsymbolized
+from stacklens.bpf.procmaps import collapse_unsymbolized, is_unsymbolized
 from stacklens.bpf.ringbuf import BUSY, DISCARD
 from stacklens.bpf.spec import MEMCPY_KINDS, ProbeSpec
 from stacklens.records.events import Event, make_event
@@ -169,14 +170,16 @@ class RingDecoder:
         self._shapes: dict[int, tuple] = {}
         self._stack_cache: dict[tuple[int, int], tuple[Frame, ...]] = {}
         self._inline_cache: dict[bytes, tuple[Frame, ...]] = {}   # CPU samples' stacks by address bytes
+        self._cfi_cache: dict[tuple[int, ...], tuple[Frame, ...]] = {}  # CFI walks' callers by their addresses
         self._py_cache: dict[int, tuple[tuple[Frame, ...], tuple[bool, ...]]] = {0: ((), ())}
         self._op_cache: dict[int, tuple[str, ...]] = {0: ()}
         self._undecodable: dict[str, str] = {}   # "what raised" -> where (read_notes)
-        # CPU samples whose frame-pointer walk was cut are walked again with .eh_frame (bpf/unwind.py)
+        # CPU samples that carry their registers and stack are walked with .eh_frame (bpf/unwind.py)
         self._cfi = None
         if hasattr(native, "mapping") and hasattr(native, "host_path"):
-            from stacklens.bpf.unwind import CfiUnwinder
+            from stacklens.bpf.unwind import MAX_FRAMES, REGS_BYTES, CfiUnwinder
             self._cfi = CfiUnwinder(native.mapping, native.host_path, getattr(native, "known_mapping", None))
+            self._cfi_regs_bytes, self._cfi_max_frames = REGS_BYTES, MAX_FRAMES
 
     def carry_from(self, earlier: "RingDecoder") -> None:
         """What outlives a detach (a re-attach of the same session): counts, kernel names, live
@@ -186,9 +189,9 @@ class RingDecoder:
         self.allocs = earlier.allocs
         self._undecodable = earlier._undecodable
 
-    def decode(self, reader, max_events: int) -> list[Event]:
-        """Walks the mapped ring once (see the class docstring). `reader`: a RingBufReader or a
-        RecordList (data, mask, positions(), commit())."""
+    def decode(self, reader, max_events: int, max_s: float = 0.0) -> list[Event]:
+        """Walks the ring once (class docstring): at most `max_events` events, `max_s` seconds."""
+        deadline = time.monotonic() + max_s if max_s > 0 else 0.0
         out: list[Event] = []
         append = out.append
         rec, args_s = _REC.unpack_from, _ARGS.unpack_from
@@ -209,7 +212,7 @@ class RingDecoder:
             if cons >= commit_at:
                 reader.commit(cons)
                 commit_at = cons + COMMIT_BYTES
-                if len(out) >= max_events:
+                if len(out) >= max_events or (deadline and time.monotonic() > deadline):
                     break
             if ln & DISCARD or pid != me:
                 continue
@@ -246,7 +249,7 @@ class RingDecoder:
                     sh = shapes[si] = self._shape(si)
                 a = args_s(data, off + _ARGS_REC)
                 blob = bytes(data[off + _BLOB_REC:off + _BLOB_REC + SL_BLOB]) if sh[5] else b""
-                if sh[6]:  # launch / graph / sync: nothing below needs the decoded arguments
+                if sh[6]:  # launch / graph / sync / collective: nothing below needs the decoded arguments
                     kernel = ""
                     h = sh[3]
                     if h >= 0:
@@ -268,12 +271,18 @@ class RingDecoder:
         return out
 
     def _sample_stack(self, data, off: int, rl: int, n: int) -> tuple[Frame, ...]:
-        """A CPU sample's native stack from the `n` addresses after its event, walked again with
-        CFI from its stack copy (if the record has one) where the frame-pointer walk was cut."""
-        stack = self._inline_stack(data, off, min(n, rl - EVENT_SIZE))
-        if rl > _CFI_OFF and stack[0] is TRUNCATED and self._cfi is not None:
-            stack = self._cfi_stack(data, off, rl, stack)
-        return stack
+        """A CPU sample's native stack: walked with CFI from its registers and stack copy where
+        the record has one, else from the `n` addresses of its frame-pointer walk after its event.
+        The frame-pointer walk is read only where the CFI walk was cut (the longer one is kept):
+        it breaks in code without frame pointers and names the garbage it read there, and a
+        garbage address outside every mapping costs the symbolizer a read of the maps."""
+        if rl > _CFI_OFF and self._cfi is not None:
+            frames = self._cfi_stack(data, off, rl)
+            if frames is not None and frames[0] is not TRUNCATED:
+                return frames
+            fp = self._inline_stack(data, off, min(n, rl - EVENT_SIZE))
+            return fp if frames is None or len(fp) > len(frames) else frames
+        return self._inline_stack(data, off, min(n, rl - EVENT_SIZE))
 
     def _api_event(self, spec: ProbeSpec, a, blob: bytes, pid: int, tid: int, t: int, dur: int, ops, stack, pys,
                    ret: int, outv: int, bwd: int) -> Event:
@@ -292,7 +301,7 @@ class RingDecoder:
         elif k == "memcpy":
             nbytes = args.get(spec.bytes_arg, 0)
             direction = spec.direction or MEMCPY_KINDS.get(args.get(spec.direction_arg, -1), "unknown")
-        return make_event(k, spec.symbol, pid, tid, t, dur, args, ops, stack, pys[0], "", nbytes,
+        return make_event(k, spec.event_name, pid, tid, t, dur, args, ops, stack, pys[0], "", nbytes,
                           direction, ret, pys[1], bwd)
 
     def _shape(self, si: int) -> tuple:
@@ -301,8 +310,8 @@ class RingDecoder:
         spec = self._specs[si]
         k = spec.kind
         kslot = spec.slots.get(spec.kernel, -1) if k == "launch" and spec.kernel else -1
-        return (spec, k, spec.symbol, kslot, spec.kernel_from == "host_stub", bool(spec.struct_fields),
-                k in ("launch", "graph", "sync"))
+        return (spec, k, spec.event_name, kslot, spec.kernel_from == "host_stub", bool(spec.struct_fields),
+                k in ("launch", "graph", "sync", "collective"))
 
     def _unresolved(self, h: int) -> str:
         name = self._unresolved_names.get(h)
@@ -337,28 +346,35 @@ class RingDecoder:
             self._inline_cache[key] = frames
         return frames
 
-    def _cfi_stack(self, data, off: int, rl: int, fp: tuple[Frame, ...]) -> tuple[Frame, ...]:
-        """A CPU sample walked with the libraries' CFI from its registers and stack copy; the
-        frame-pointer walk `fp` where that one went further."""
-        from stacklens.bpf.unwind import MAX_FRAMES, REGS_BYTES
-
+    def _cfi_stack(self, data, off: int, rl: int) -> tuple[Frame, ...] | None:
+        """A CPU sample walked with the libraries' CFI from its registers and stack copy (None:
+        the record is too short to hold the registers)."""
         start = off + 8 + _CFI_OFF
         end = off + 8 + rl
-        if end - start < REGS_BYTES:
-            return fp
-        addrs, complete = self._cfi.unwind(data[start:start + REGS_BYTES], data[start + REGS_BYTES:end])
+        regs_bytes = self._cfi_regs_bytes
+        if end - start < regs_bytes:
+            return None
+        addrs, complete = self._cfi.unwind(data[start:start + regs_bytes], data[start + regs_bytes:end])
         self._cfi.counts["unwinds"] += 1
-        key = struct.pack(f"<{len(addrs)}Q", *addrs) + b"c"
-        frames = self._inline_cache.get(key)
-        if frames is None:
-            frames, cut = native_frames(addrs, self.native.frame, STACK_DEPTH if len(addrs) >= MAX_FRAMES else 0)
-            if len(self._inline_cache) >= INLINE_CACHE_MAX:
-                self._inline_cache.clear()
-            self._inline_cache[key] = frames
+        frame = self.native.frame
+        walked = STACK_DEPTH if len(addrs) >= self._cfi_max_frames else 0
+        leaf = frame(addrs[0])
+        if len(addrs) == 1 or leaf == UNKNOWN_FRAME:
+            frames = native_frames(addrs, frame, walked)[0]
+        else:
+            # the leaf is any instruction, its callers' return addresses repeat: the callers'
+            # frames are cached by their addresses, the leaf's frame goes below them
+            key = tuple(addrs[1:])
+            callers = self._cfi_cache.get(key)
+            if callers is None:
+                callers = native_frames(addrs[1:], frame, walked)[0]
+                if len(self._cfi_cache) >= INLINE_CACHE_MAX:
+                    self._cfi_cache.clear()
+                self._cfi_cache[key] = callers
+            frames = callers if callers[-1] == leaf and is_unsymbolized(leaf) else callers + (leaf,)
         if frames[0] is not TRUNCATED:
             self._cfi.counts["complete"] += 1
-            return frames
-        return frames if len(frames) >= len(fp) else fp
+        return frames
 
     def _stack(self, sid: int, caller: int = 0) -> tuple[Frame, ...]:
         table, key = (b"stacks2", sid & ~SL_STACK_IN_2) if sid & SL_STACK_IN_2 else (b"stacks", sid)

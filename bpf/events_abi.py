@@ -23,9 +23,10 @@ SL_EV_NODE_EVAL = 5
 COUNTERS = (
     "events", "drops", "stack_errors", "op_overflow", "op_calls", "op_path_full",
     "pending_miss", "samples", "no_user_regs", "py_stack_errors", "lost_samples", "reserve_retry_ok",
-    "ring_fallback", "native_stacks_reused", "stacks_in_map2",
+    "ring_fallback", "native_stacks_reused", "stacks_in_map2", "stack_copies_skipped",
+    "deep_stack_copies",
 )
-SL_NCOUNTERS = 16         # counters per target: counters[slot * SL_NCOUNTERS + i] (stacklens.h)
+SL_NCOUNTERS = 17         # counters per target: counters[slot * SL_NCOUNTERS + i] (stacklens.h)
 SL_STACK_IN_2 = 1 << 30   # a native stack id with this bit set is in `stacks2` (stacklens.h)
 SL_STACK_INLINE = -4096   # the stack's addresses follow the event; `out` = their size in bytes
 

@@ -24,6 +24,10 @@ from stacklens.bpf.procmaps import NativeSymbolizer
 from stacklens.bpf.report import AttachReport, LibraryAttach
 from stacklens.records.events import Event
 
+# one poll decodes at most this long (to a ring commit, 1 MiB): a CPU sample's CFI walk costs
+# ~0.2-2 ms, and a reader far behind must still answer its session's requests between polls
+POLL_DECODE_S = 0.25
+
 
 class ProbeSession:
     """Probes of one process. attach() -> poll()* -> detach(); detach is idempotent."""
@@ -127,7 +131,7 @@ class ProbeSession:
                 queued = shared.take(self.pid)
                 out = decode(RecordList(queued), 1 << 30) if queued else []
                 if sole:
-                    out += decode(reader, max_events)
+                    out += decode(reader, max_events, POLL_DECODE_S)
             return out
         finally:
             if was_enabled:

@@ -60,8 +60,8 @@ class SharedProgram:
             self._queues: dict[int, list[bytes]] = collections.defaultdict(list)
             self.dropped: collections.Counter[int] = collections.Counter()
             self.orphans = 0              # records of a process no longer served (just detached)
-            self.reader = RingBufReader(self.bpf[b"events"].map_fd,
-                                        ringbuf_pages * os.sysconf("SC_PAGE_SIZE"))
+            self.ring_bytes = ringbuf_pages * os.sysconf("SC_PAGE_SIZE")
+            self.reader = RingBufReader(self.bpf[b"events"].map_fd, self.ring_bytes)
             self.fallback_full = 0
             self.bpf[b"events_fb"].open_perf_buffer(self._on_fallback, page_cnt=FALLBACK_PAGES,
                                                     lost_cb=self._on_fallback_full)

@@ -62,6 +62,9 @@ REGISTRY: tuple[Metric, ...] = (
            "GPU memsets that completed (CUPTI)", "gpu"),
     Metric("memset_bytes", BYTES, "memset", "memset_bytes",
            "bytes set on the device by GPU memsets (driver API calls, CUPTI records)", "bpf"),
+    Metric("collective_wait_ns", TIME, "comm wait", "collective_wait_seconds",
+           "time the host waited for torch.distributed collectives to complete (c10d Work::wait, "
+           "DDP's Reducer::finalize_backward), seconds", "bpf"),
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in REGISTRY}
@@ -72,7 +75,7 @@ HOTSPOT: tuple[str, ...] = ("gpu_time_ns", "cpu_samples", "sync_wait_ns")
 # The metric a view opens on: the first of these a snapshot measures with a non-zero total.
 PREFERRED: tuple[str, ...] = (
     "gpu_time_ns", "cpu_samples", "py_samples", "api_cpu_ns", "launch_count", "kernel_count",
-    "sync_wait_ns", "copy_bytes", "alloc_bytes", "compile_time_ns", "memcpy_count", "memset_count",
+    "sync_wait_ns", "collective_wait_ns", "copy_bytes", "alloc_bytes", "compile_time_ns", "memcpy_count", "memset_count",
     "memset_bytes",
 )
 

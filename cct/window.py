@@ -19,7 +19,8 @@ within 192 MiB and the agent channel's queue within 64 MiB (inject/server.py).
 Views are built when asked for:
 - cumulative: a copy of the cumulative tree plus the open bucket;
 - last `window_s` seconds: the newest ceil(window_s / bucket_s) buckets (the open one included)
-  merged into a fresh tree, so the window is exact to a bucket. Cost grows with the number of
+  merged into a fresh tree, so the window is exact to a bucket; its meta says the seconds it
+  covers (`window_s`: less than asked for a tree younger than the window). Cost grows with the number of
   nodes in those buckets, e.g. 120 one-second buckets of 3,000 contexts merge 360,000 nodes.
 Time never goes backwards inside the tree: an event stamped before the open bucket (ring
 buffers of different CPUs deliver slightly out of order) is counted in the open bucket.
@@ -81,6 +82,7 @@ class WindowedCCT:
         self._open = CCT(self.metrics, max_nodes, self._open_cap)
         self._open_idx = -(2**62)
         self._open_end = -math.inf
+        self._first_t: float | None = None   # the clock at the first event: a young tree's window starts there
         # id(path) -> [value of metric 0, value of metric 1, ..., path]; the entry keeps the
         # path alive, so an id is never reused while it is staged
         self._staged: dict[int, list] = {}
@@ -155,8 +157,10 @@ class WindowedCCT:
             self._advance(t)
         self._open.add_many(path, deltas)
 
-    def _advance(self, t: float) -> None:
+    def _advance(self, t: float, event: bool = True) -> None:
         """Close the open bucket if `t` lies past it, and expire buckets beyond the horizon."""
+        if event and self._first_t is None:
+            self._first_t = t
         if t < self._open_end:
             return
         if self._staged:
@@ -202,7 +206,8 @@ class WindowedCCT:
     ) -> Snapshot:
         """Cumulative view (`window_s=None`) or the last `window_s` seconds, to a bucket."""
         self.flush()
-        self._advance(self._clock() if now is None else now)
+        now = self._clock() if now is None else now
+        self._advance(now, event=False)
         mem = self.memory()
         if mem["budget_folded_nodes"] or mem["evicted_buckets"]:   # what the user does not see
             meta = {**(meta or {}), "memory": mem}
@@ -216,6 +221,10 @@ class WindowedCCT:
             raise ValueError(f"window_s must be in (0, horizon_s={self.horizon_s}], got {window_s}")
         # The 1e-9 keeps 0.3 / 0.1 == 2.9999999999999996 from asking for a fourth bucket.
         oldest = self._open_idx - math.ceil(window_s / self.bucket_s - 1e-9) + 1
+        # the seconds the view covers, for rates and shares (analyzer/view.py reads window_s):
+        # from its oldest bucket's start, or from the first event of a younger tree, to now
+        start = max(oldest * self.bucket_s, now if self._first_t is None else self._first_t)
+        meta = {**(meta or {}), "window_s": round(max(0.0, now - start), 6)}
         view = CCT(self.metrics, self.max_nodes)
         for idx, bucket in self._closed:
             if idx >= oldest:

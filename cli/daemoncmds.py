@@ -1,4 +1,4 @@
-"""`stacklens ps` and `stacklens advise`: the daemon's answers as text or, with --json, as one JSON
+"""`stacklens ps`, `stacklens advise` and `advise --job`: the daemon's answers as text or, with --json, as one JSON
 document (`to_json`: every field of the gRPC message, NaN as null).
 
 Talks to a running `stacklensd` over its Unix socket; no privilege of its own.
@@ -69,4 +69,45 @@ def run_advise(socket_path: str, pid: int, *, as_json: bool = False) -> int:
         print(f"    fix: {f.fix}")
         if f.estimated_saving_share:
             print(f"    estimated saving: {100 * f.estimated_saving_share:.0f}%")
+    return 0
+
+
+def run_advise_job(socket_path: str, launcher: int, *, window_s: float, as_json: bool = False) -> int:
+    """The straggler rule over the attached ranks of the job under `launcher`: each rank's last
+    `window_s` seconds from the daemon, compared here (analyzer/job.py)."""
+    from stacklens.analyzer.job import job_notes, stragglers
+    from stacklens.errors import InputError, StacklensError
+
+    if not (window_s > 0):
+        raise InputError("--window must be > 0 seconds")
+    snaps, notes = {}, []
+    with DaemonClient(socket_path) as c:
+        job = c.find_job(launcher)
+        for r in job.ranks:
+            try:
+                snaps[r.rank] = c.snapshot(r.pid, window_s=window_s)
+            except StacklensError as e:
+                notes.append(f"rank {r.rank} (PID {r.pid}): {e}")
+    findings = stragglers(snaps)
+    notes += job_notes(snaps)
+    if as_json:
+        dump({"launcher": launcher, "job": job.job, "ranks": [to_json(r) for r in job.ranks],
+              "findings": [{"rule": f.rule, "severity": f.severity, "path": list(f.path), "title": f.title,
+                            "fix": f.fix, "estimated_saving_share": f.estimated_saving,
+                            "evidence": f.evidence} for f in findings],
+              "notes": notes})
+        return 0
+    print(f"job under {launcher} ({job.job}): {len(snaps)} of {len(job.ranks)} ranks compared over "
+          f"the last {window_s:g}s")
+    if not findings:
+        print("no straggler: the ranks wait in collectives about alike")
+    for f in findings:
+        print(f"[{f.severity}] {f.rule}: {f.title}")
+        print("    at " + " → ".join(f.path[-4:]))
+        for k, v in f.evidence.items():
+            print(f"    {k} = {v:g}")
+        print(f"    fix: {f.fix}")
+        print(f"    estimated saving: {100 * f.estimated_saving:.0f}%")
+    for n in notes:
+        print(f"note: {n}")
     return 0

@@ -1,11 +1,16 @@
 """`stacklens dump PID` / `stacklens dump --job LAUNCHER_PID`: every thread's Python stack now,
 as text or JSON, without the daemon or the agent (daemon/dump.py reads, daemon/dumpjob.py finds
 the ranks). Root (or CAP_SYS_PTRACE); the target is not stopped.
+
+Where a running stacklensd has the process attached, its GPU side follows, as the probes saw it:
+the calls still waiting (a sync, a collective: how long, at which line) and each thread's last
+kernel launch (`GetInFlight`); otherwise the dump says why that part is not known.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from stacklens.daemon.dump import ProcessDump, ThreadDump
@@ -72,7 +77,45 @@ def job_text(j: JobDump) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_dump(pid: int, *, job: bool, as_json: bool, all_threads: bool = False) -> int:
+def _py_line(path) -> str:
+    """`file:line (function)` of the innermost Python frame of a path of labels, else its end."""
+    for label in reversed(path):
+        if label.startswith("py:"):
+            file, func, line = label[3:].rsplit(":", 2)
+            return f"{file}:{line} ({func})"
+    return path[-1] if path else "?"
+
+
+def in_flight_text(r) -> list[str]:
+    lines = ["", "GPU side, as stacklensd's probes saw it:"]
+    for w in r.waiting:
+        lines.append(f"  thread {w.tid} \"{w.thread}\" waits in {w.api} for {w.since_s:.1f} s, at {_py_line(w.path)}")
+    for x in r.last_launches:
+        lines.append(f"  thread {x.tid} \"{x.thread}\" last launched {x.kernel or '?'} {x.ago_s:.1f} s ago, "
+                     f"from {_py_line(x.path)}")
+    if not r.waiting and not r.last_launches:
+        lines.append("  no call waiting, no kernel launch seen since the attach")
+    if r.last_launches:
+        lines.append("  (whether a launched kernel has finished is not seen by the probes)")
+    return lines
+
+
+def in_flight(socket_path: str | None, pid: int):
+    """(the daemon's GetInFlight answer or None, why not)."""
+    from stacklens.daemon.client import DaemonClient
+    from stacklens.errors import StacklensError
+
+    if not socket_path or not os.path.exists(socket_path):
+        return None, f"no stacklensd at {socket_path}"   # at once: a dump must not wait for a daemon
+    try:
+        with DaemonClient(socket_path, timeout=5) as c:
+            return c.in_flight(pid), ""
+    except StacklensError as e:
+        return None, str(e)
+
+
+def run_dump(pid: int, *, job: bool, as_json: bool, all_threads: bool = False,
+             socket_path: str | None = None) -> int:
     if job:
         from stacklens.daemon.dumpjob import dump_job
 
@@ -82,6 +125,18 @@ def run_dump(pid: int, *, job: bool, as_json: bool, all_threads: bool = False) -
     from stacklens.daemon.dump import dump_process
 
     d = dump_process(pid)
-    sys.stdout.write(json.dumps(d.to_json(), indent=1) + "\n" if as_json
-                     else process_text(d, only_python=not all_threads))
+    gpu, why = in_flight(socket_path, pid)
+    if as_json:
+        from stacklens.cli.daemoncmds import to_json
+
+        doc = d.to_json()
+        doc["gpu_in_flight"] = to_json(gpu) if gpu is not None else {"unavailable": why}
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        return 0
+    text = process_text(d, only_python=not all_threads)
+    if gpu is not None:
+        text += "\n".join(in_flight_text(gpu)) + "\n"
+    else:
+        text += f"\nGPU side: not known ({why})\n"
+    sys.stdout.write(text)
     return 0

@@ -21,6 +21,7 @@ from stacklens.errors import EXIT_INTERRUPTED, EXIT_USAGE, InputError, Stacklens
 
 DEFAULT_SOCKET = "/run/stacklens/stacklens.sock"
 PID_MAX = 2**31 - 1  # pid_t (the daemon's gRPC field is an int32)
+JOB_WINDOW_S = 10.0  # advise --job: the window each rank is compared over
 
 
 def pid_arg(text: str) -> int:
@@ -246,6 +247,10 @@ def cmd_ps(args: argparse.Namespace) -> int:
 def cmd_advise(args: argparse.Namespace) -> int:
     from stacklens.cli.daemoncmds import run_advise
 
+    if args.job:
+        from stacklens.cli.daemoncmds import run_advise_job
+
+        return run_advise_job(_socket_path(args), args.pid, window_s=args.window, as_json=args.json)
     return run_advise(_socket_path(args), args.pid, as_json=args.json)
 
 
@@ -287,7 +292,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 def cmd_dump(args: argparse.Namespace) -> int:
     from stacklens.cli.dump import run_dump
 
-    return run_dump(args.pid, job=args.job, as_json=args.json, all_threads=args.all)
+    return run_dump(args.pid, job=args.job, as_json=args.json, all_threads=args.all, socket_path=_socket_path(args))
 
 
 def cmd_top(args: argparse.Namespace) -> int:
@@ -404,6 +409,9 @@ def add_daemon_commands(command) -> None:
         add_pid(sp, required=True, what="the process")
         if name == "attach":
             sp.add_argument("--agent", action="store_true", help="inject the in-process agent too")
+            sp.add_argument("--job", action="store_true",
+                            help="PID is a launcher (torchrun): attach each torch.distributed rank under it "
+                            "(RANK in its environment); their series carry rank labels")
             sp.add_argument("--wait", type=float, default=None, metavar="SECONDS",
                             help="follow the attach at most this long (default: as long as it makes progress); "
                             "it goes on in the daemon after, `stacklens ps` shows it attaching")
@@ -412,6 +420,10 @@ def add_daemon_commands(command) -> None:
             sp.set_defaults(func=cmd_daemon_call)
         else:
             json_opt(sp)
+            sp.add_argument("--job", action="store_true",
+                            help="PID is a launcher (torchrun): compare its attached ranks (the straggler rule)")
+            sp.add_argument("--window", type=float, default=JOB_WINDOW_S, metavar="SECONDS",
+                            help=f"with --job: the last SECONDS of each rank (default {JOB_WINDOW_S:g})")
             sp.set_defaults(func=cmd_advise)
     ps = command("ps", "processes with a GPU driver, torch or JAX loaded (GPU or not), "
                        "with their state: attached, not attached (never) or detached")

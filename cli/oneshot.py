@@ -141,94 +141,21 @@ def profile_through_daemon(
     client, pid: int, *, duration_s: float, agent: bool = False, cpu_hz: int = 99, ops: bool = True,
     progress: Callable[[str], None] | None = None, procfs=None,
 ) -> Snapshot:
-    """`profile_pid` through a running stacklensd: its BPF program is compiled already, so
-    collecting starts within the attach (~1 s) instead of after a compile (4-10 s). A process the
-    daemon did not hold is attached for the window and detached after it; one it holds already
-    stays attached. The profile is the daemon's tree at the window's end minus its tree at the
-    start, each read once the daemon has read its ring past that time (`drained_snapshot`); the
-    window (meta["window"], the same account as a one-shot window) runs from the first of them to
-    the second, the target's CPU time over the same span; lateness is unknown."""
+    """`profile_pid` through a running stacklensd: a window on its session (daemon/windows.py),
+    held by this call. Its BPF program is compiled already, so collecting starts within the
+    attach (~1 s) instead of after a compile (4-10 s); GPU records are flushed at both edges; the
+    window ends at its deadline or the target's exit, and ending this process ends it too. The
+    snapshot's meta["window"] is the same account as a one-shot window's (lateness unknown)."""
     check_target(pid, procfs)
     say = progress or _silent
-    held = {p.pid: p.state for p in client.processes()}
-    attach_here = not held.get(pid, "").startswith(("attached", "attaching"))
-    if attach_here:
-        say(f"attaching to {pid} through stacklensd (its compiled program)")
-        seen = {"step": -1}
 
-        def step(r) -> None:          # the daemon's steps, each once: what the attach waits for
-            if r.step != seen["step"]:
-                seen["step"] = r.step
-                say(f"stacklensd: {r.phase}")
-
-        client.attach(pid, agent=agent, cpu_hz=cpu_hz, no_ops=not ops, on_progress=step)
-    else:
-        say(f"{pid} is attached in stacklensd already: the window is read from its tree")
-    try:
-        t0 = time.monotonic_ns()
-        first, drained0 = drained_snapshot(client, pid, t0, say)
-        t0, cpu0 = time.monotonic_ns(), process_cpu_ns(pid, procfs)
-        say(f"collecting for {duration_s:g}s")
-        if isinstance(progress, Progress):
+    def phase(p: str) -> None:
+        say(p)
+        if p.startswith("collecting") and isinstance(progress, Progress):
             progress.quiet()
-        end = time.monotonic() + duration_s
-        exited = False
-        while time.monotonic() < end:
-            time.sleep(min(0.2, max(0.0, end - time.monotonic())))
-            if process_start(pid, procfs) is None:
-                exited = True
-                break
-        last, drained = drained_snapshot(client, pid, time.monotonic_ns(), say)
-        t1, cpu1 = time.monotonic_ns(), process_cpu_ns(pid, procfs)
-    finally:
-        if attach_here:
-            try:
-                client.detach(pid)
-            except StacklensError:
-                pass
-    # a kernel named during the window: the start's tree gets the same name before the difference
-    from stacklens.daemon.join.rename import META_KEY, name_launches
 
-    first = name_launches(first, (last.meta.get(META_KEY) or {}).get("renamed", {}))
-    snap = diff(last, first)
-    snap.meta.clear()
-    snap.meta.update(last.meta)
-    window = {"seconds": (t1 - t0) / 1e9, "start_ns": t0, "end_ns": t1, "cpu_hz": cpu_hz,
-              "target_cpu_s": None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / 1e9,
-              "cpu_samples": snap.total("cpu_samples") if "cpu_samples" in snap.metrics else 0,
-              "drained": drained and drained0, "events_late": None, "through": "stacklensd"}
-    if window["target_cpu_s"] is not None:
-        window["expected_cpu_samples"] = round(window["target_cpu_s"] * cpu_hz)
-    if exited:
-        window["target_exited"] = True
-    notes = snap.meta["notes"] = list(snap.meta.get("notes", []))
-    if not window["drained"]:
-        notes.append("stacklensd had not read its ring up to a bound of the window within 10 s: the profile holds "
-                     "what it had read by then, the window's edges may be off by what it had not")
-    notes.append("collected through stacklensd" + ("" if attach_here else " (attached before; it stays attached)"))
-    snap.meta["window"] = window
-    return snap
-
-
-def drained_snapshot(client, pid: int, end_ns: int, say, timeout_s: float = 10.0) -> tuple[Snapshot, bool]:
-    """The daemon's whole tree of `pid` once its session has read the BPF ring past `end_ns` (its
-    stats' read_up_to_ns, the same CLOCK_MONOTONIC as the probes' stamps), asked with a pruned
-    tree (depth 1) until then; after `timeout_s`, the tree as it is, not drained."""
-    from stacklens.daemon.client import decode_profile
-
-    deadline = time.monotonic() + timeout_s
-    told = False
-    while True:
-        r = client.snapshot_response(pid, depth=1)
-        if r.stats.get("read_up_to_ns", 0) >= end_ns:
-            # a response's stats are read after its tree: the next tree is served after them
-            return decode_profile(client.snapshot_response(pid).profile), True
-        if time.monotonic() > deadline:
-            return decode_profile(client.snapshot_response(pid).profile), False
-        if not told:
-            say("waiting for stacklensd to read up to the window's end")
-            told = True
-        time.sleep(0.05)
+    say(f"profiling {pid} through stacklensd (its compiled program)")
+    return client.profile(pid, duration_s=duration_s, agent=agent, cpu_hz=cpu_hz, no_ops=not ops, on_phase=phase)
 
 
 def record_command(cmd: list[str], *, agent: bool = False, cpu_hz: int = 99,

@@ -35,6 +35,11 @@ class AgentLink:
     def stats(self) -> dict:
         return self.server.stats()
 
+    def request_flush(self) -> int | None:
+        """A window's edge (`ProcessSession.edge`): the agent hands over what it has; None when
+        no agent is connected."""
+        return self.server.request_flush()
+
     def connected(self) -> bool:
         """The agent's channel is up (hello received, not gone): the Prometheus agent gauge."""
         return self.server.connected

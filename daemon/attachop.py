@@ -46,6 +46,9 @@ class AttachOp:
         self.notes: list[str] = []
         self.error: BaseException | None = None
         self._tb = None
+        # who waits for this attach to hold the session ("attach", "window N"): the session's
+        # first holders (daemon/core.py); an attach no one holds any more is cancelled
+        self.holders: set[str] = set()
         self._cv = threading.Condition()
 
     @property

@@ -28,6 +28,7 @@ TOKEN_NAME = "token"
 ATTACH_POLL_S = 10.0    # one Attach/WaitAttach call waits at most this long for the next step
 ATTACH_STALL_S = 600.0  # a client stops following an attach whose step lasts longer than this
 RPC_SLACK_S = 30.0      # on top of a call's own wait: a daemon on a loaded machine answers late
+JOB_ATTACHES = 8        # attach --job: ranks attached at once (the daemon takes MAX_ATTACHES)
 
 
 def token_subdir(sock: Path | str) -> str:
@@ -137,6 +138,37 @@ class DaemonClient:
                                                                       wait_s=poll), timeout=poll + RPC_SLACK_S)
         return list(r.notes)
 
+    def profile(self, pid: int, *, duration_s: float, agent: bool = False, cpu_hz: int = 0, no_ops: bool = False,
+                on_phase: Callable[[str], None] | None = None) -> Snapshot:
+        """A profile window of `duration_s` on `pid` held by this call (daemon/windows.py): the
+        window's profile; `on_phase` hears its steps. Ending this client ends the window."""
+        check_pid_range(pid)
+        req = pb.ProfileRequest(pid=pid, duration_s=duration_s, agent=agent, cpu_sample_hz=cpu_hz, no_ops=no_ops)
+        try:
+            for r in self.stub.Profile(req, metadata=self._md):
+                if r.profile:
+                    return decode_profile(r.profile)
+                if on_phase is not None:
+                    on_phase(r.phase)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise errors.DaemonUnavailable(
+                    "this stacklensd has no profile windows (an older version): restart it from this "
+                    "installation, or profile with --no-daemon") from None
+            raise _translate(e, self.socket_path, "Profile") from None
+        raise errors.StacklensError(f"stacklensd ended the window on {pid} without a profile: `stacklens ps` "
+                                    "shows its state")
+
+    def in_flight(self, pid: int) -> pb.InFlightResponse:
+        """An attached process's calls still waiting and each thread's last launch (the probes')."""
+        check_pid_range(pid)
+        return self._call(self.stub.GetInFlight, pb.InFlightRequest(pid=pid), timeout=30)
+
+    def find_job(self, launcher: int) -> pb.FindJobResponse:
+        """The torch.distributed ranks under a launcher PID (daemon/ranks.py), by rank."""
+        check_pid_range(launcher)
+        return self._call(self.stub.FindJob, pb.FindJobRequest(launcher_pid=launcher))
+
     def detach(self, pid: int) -> str:
         """Detaches `pid`, or cancels its attach in progress; what happened, in a line."""
         check_pid_range(pid)
@@ -182,17 +214,28 @@ def ps_lines(rows) -> list[str]:
     states = [safe_text(p.state) for p in rows]
     heads = [st if len(st) <= STATE_COLUMN_MAX else st.split(":", 1)[0][:STATE_COLUMN_MAX] for st in states]
     width = max([5] + [len(h) for h in heads])    # a long state's first word fits whole
-    out = [f"{'PID':>8} {'COMM':16} {'STATE':{width}} {'AGENT':5} {'GPU%':>6} {'LAUNCH/s':>9} {'SYNC%':>6}  PYTHON"]
+    out = [f"{'PID':>8} {'COMM':16} {'STATE':{width}} {'AGENT':5} {'GPU%':>6} {'LAUNCH/s':>9} {'SYNC%':>6} "
+           f"{'RANK':>5}  PYTHON"]
     for p, st, short in zip(rows, states, heads):
         share = p.gpu_time_share if not hasattr(p, "HasField") or p.HasField("gpu_time_share") else math.nan
         gpu = "n/a" if math.isnan(share) else f"{100 * share:.1f}"   # unset: not measured; NaN: an older daemon
         out.append(f"{p.pid:>8} {p.comm[:16]:16} {short:{width}} {'yes' if p.agent else 'no':5} {gpu:>6} "
-                   f"{p.launches_per_s:>9.1f} {100 * p.sync_wait_share:>6.1f}  {p.python}")
+                   f"{p.launches_per_s:>9.1f} {100 * p.sync_wait_share:>6.1f} {_rank_text(p):>5}  {p.python}")
         if short != st:
             out.append(f"{'':8} state: {st}")
+        held = list(getattr(p, "held_by", ()))
+        if held and held != ["attach"]:     # a profile window holds it (it ends with the window)
+            out.append(f"{'':8} held by: {', '.join(held)}")
     if not rows:
         out.append("(no process with a GPU driver, torch or JAX loaded, and nothing attached)")
     return out
+
+
+def _rank_text(p) -> str:
+    """RANK/WORLD_SIZE of a torch.distributed rank, '-' for other processes (and older daemons)."""
+    if not hasattr(p, "HasField") or "rank" not in p.DESCRIPTOR.fields_by_name or not p.HasField("rank"):
+        return "-"
+    return f"{p.rank}/{p.world_size}" if p.HasField("world_size") else str(p.rank)
 
 
 def _attach_progress(pid: int) -> Callable[[pb.AttachResponse], None]:
@@ -214,6 +257,8 @@ def run_client_command(args, socket_path: str) -> int:
     from stacklens.render.textreport import short_note
 
     with DaemonClient(socket_path) as c:
+        if args.command == "attach" and getattr(args, "job", False):
+            return _attach_job(c, args)
         if args.command == "attach":
             for note in c.attach(args.pid, agent=args.agent, wait_s=args.wait, on_progress=_attach_progress(args.pid)):
                 print(short_note(note, args.pid))   # whole in `stacklens doctor --pid PID`
@@ -223,3 +268,33 @@ def run_client_command(args, socket_path: str) -> int:
         else:
             raise errors.InputError(f"unknown command {args.command}")
     return 0
+
+
+def _attach_job(c: DaemonClient, args) -> int:
+    """`stacklens attach --job LAUNCHER`: every rank under it, at once (the daemon compiles one
+    program for their CPython build, the attaches share it). A rank that cannot be attached (it
+    exited, it is refused) is said with its error; the others stay attached. The exit code is
+    the first failure's by rank, 0 when every rank is attached."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    job = c.find_job(args.pid)
+    print(f"job under {args.pid} ({job.job}): ranks "
+          + ", ".join(f"{r.rank} (PID {r.pid})" for r in job.ranks), file=sys.stderr)
+
+    def one(r) -> errors.StacklensError | str | None:
+        try:
+            c.attach(r.pid, agent=args.agent, wait_s=args.wait, on_progress=_attach_progress(r.pid))
+        except errors.AlreadyAttached:
+            return "attached already"
+        except errors.StacklensError as e:
+            return e
+        return None
+
+    with ThreadPoolExecutor(max_workers=min(JOB_ATTACHES, len(job.ranks))) as pool:
+        results = list(pool.map(one, job.ranks))
+    failed = [e for e in results if isinstance(e, errors.StacklensError)]
+    for r, res in zip(job.ranks, results):
+        what = "attached" if res is None else res if isinstance(res, str) else f"not attached: {res}"
+        print(f"rank {r.rank} (PID {r.pid}): {what}")
+    print(f"attached {len(job.ranks) - len(failed)} of {len(job.ranks)} ranks")
+    return failed[0].exit_code if failed else 0

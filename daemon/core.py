@@ -10,6 +10,10 @@ An attach is an operation the daemon owns (`AttachOp`, on a thread of its own): 
 `AttachOp.wait`) and it goes on without them; a detach of a PID being attached cancels it at its
 next step (a BPF compile in progress is not interrupted), and the process ends detached.
 
+A session is held: by `attach` (until `detach`) and by each profile window through the daemon
+(`daemon/windows.py`, a lease of one client call); it is detached when its last holder lets go,
+and ends with its process (a PID reused by another process ends it too).
+
 A session that ends (detach, target exit) is retired: its probes, agent, queues, joiner and window
 buckets are dropped, and only a `ClosedSession` stays — the final cumulative profile, gzip-encoded
 (typically tens of KiB), and the last stats — so `stacklens report PID` works after the end. At
@@ -173,6 +177,7 @@ class Daemon:
         self._prepare = prepare
         self._warmed: set[str] = set()   # CPython builds whose program warm_up compiled
         self.sessions: dict[int, ProcessSession] = {}
+        self.holders: dict[int, set[str]] = {}   # pid -> who holds its session: "attach", "window N"
         self.closed: collections.OrderedDict[int, ProcessSession | ClosedSession] = collections.OrderedDict()
         self._factory = session_factory
         self.procfs = procfs or ProcFS()
@@ -197,32 +202,83 @@ class Daemon:
         check_target(pid, self.procfs, who="stacklensd")
 
     def begin_attach(self, pid: int, *, agent: bool = False, cpu_hz: int = 99, ops: bool = True,
-                     join: bool = False) -> tuple[AttachOp, bool]:
+                     join: bool = False, holder: str = "attach") -> tuple[AttachOp, bool]:
         """Starts the attach of `pid` on a thread of the daemon's own and returns at once:
-        (the operation, False). With `join`, an attach of `pid` in progress with the same options
-        is returned instead: (it, True). What cannot be attached is refused here, before any work."""
+        (the operation, False); `holder` holds the session once it is attached. With `join`, an
+        attach of `pid` in progress with the same options is returned instead: (it, True). A
+        session held by others (a profile window) is held by `holder` too: (an ended op saying
+        so, True). What cannot be attached is refused here, before any work."""
         check_pid_range(pid)
         if not 1 <= cpu_hz <= 10_000:
             raise InputError(f"cpu sample rate {cpu_hz} Hz out of range (1..10000)")
         self._check_target(pid)
+        stale = None
         with self._lock:
             if self._closing:
                 raise DaemonUnavailable("stacklensd is shutting down: attach again once it is back")
             op = self.attaching.get(pid)
             if op is not None:
                 if join and op.options == (agent, cpu_hz, ops) and not op.cancelled:
+                    op.holders.add(holder)
                     return op, True
                 raise AlreadyAttached(f"{pid} is being attached already ({op.progress()[0]}): "
                                       f"`stacklens attach {pid}` follows it, `stacklens detach {pid}` cancels it")
-            if pid in self.sessions:
-                raise AlreadyAttached(f"already attached to {pid}; detach first (`stacklens detach {pid}`)")
+            s = self.sessions.get(pid)
+            if s is not None and not self._same_process(s):
+                stale = self.sessions.pop(pid)   # its process ended and the PID names another now
+                self.holders.pop(pid, None)
+                self._remember(pid, stale)
+            elif s is not None:
+                return self._hold_attached(s, holder), True
             if len(self.sessions) + len(self.attaching) >= MAX_SESSIONS:
                 raise InputError(f"at most {MAX_SESSIONS} processes can be attached at once")
             op = AttachOp(pid, agent=agent, cpu_hz=cpu_hz, ops=ops, comm=self._comm(pid),
                           proc_start=process_start(pid, self.procfs))
+            op.holders.add(holder)
             self.attaching[pid] = op
+        if stale is not None:
+            stale.stop("exited")
+            self._retire(stale)
         threading.Thread(target=self._run_attach, args=(op,), name=f"stacklens-attach-{pid}", daemon=True).start()
         return op, False
+
+    def _same_process(self, s: ProcessSession) -> bool:
+        start = getattr(s, "proc_start", None)
+        return start is None or process_start(s.pid, self.procfs) in (start, None)
+
+    def _hold_attached(self, s: ProcessSession, holder: str) -> AttachOp:
+        """Under the lock: `holder` holds the attached session `s` too; an ended op says so."""
+        held = self.holders.setdefault(s.pid, set())
+        if holder in held:
+            raise AlreadyAttached(f"already attached to {s.pid}; detach first (`stacklens detach {s.pid}`)")
+        others = sorted(held)
+        held.add(holder)
+        op = AttachOp(s.pid, agent=bool(getattr(s, "want_agent", False)), cpu_hz=getattr(s, "cpu_hz", 0),
+                      ops=getattr(s, "ops", True), comm=getattr(s, "comm", ""), proc_start=getattr(s, "proc_start", None))
+        op.end(notes=[f"attached already (held by {', '.join(others) or 'nothing'}): held by this {holder} too"])
+        self._keep(op)
+        return op
+
+    def release(self, pid: int, holder: str) -> None:
+        """`holder` lets go of `pid`'s session (or of its attach in progress); the last to let go
+        detaches it (cancels the attach)."""
+        with self._lock:
+            op = self.attaching.get(pid)
+            if op is not None and holder in op.holders:
+                op.holders.discard(holder)
+                if not op.holders:
+                    op.cancel()
+                return
+            held = self.holders.get(pid)
+            if held is None or holder not in held:
+                return
+            held.discard(holder)
+            if held:
+                return
+        try:
+            self.detach(pid, force=True)
+        except NoSuchProcess:
+            pass
 
     def attach(self, pid: int, *, agent: bool = False, cpu_hz: int = 99, ops: bool = True) -> list[str]:
         """`begin_attach`, then waits for the attach's end: its notes, or its error raised."""
@@ -261,8 +317,7 @@ class Daemon:
             notes = s.start(progress=op.advance) if _takes_progress(s.start) else s.start()
         except BaseException as e:  # noqa: BLE001 — the outcome of the attach, kept for its clients
             with self._lock:
-                if self.attaching.get(pid) is op:
-                    del self.attaching[pid]
+                self._settle(op)
             if op.cancelled:
                 if s is not None:     # `ps` shows it detached (its attach had begun), not "not attached"
                     self._retire_unstarted(s)
@@ -279,11 +334,11 @@ class Daemon:
             s = None   # the error's traceback holds this frame: it must not hold the session too
             return
         with self._lock:
-            if self.attaching.get(pid) is op:
-                del self.attaching[pid]
+            self._settle(op)
             closing, cancelled = self._closing, op.cancelled
             if not (closing or cancelled):
                 self.sessions[pid] = s
+                self.holders[pid] = set(op.holders)
         if closing or cancelled:   # the daemon stopped, or a detach came, while this attach ran
             s.stop("detached")
             with self._lock:
@@ -300,6 +355,19 @@ class Daemon:
         self.counters["attaches"] += 1
         self._end_op(op, notes=notes)
 
+    def _settle(self, op: AttachOp) -> None:
+        """Under the lock: `op` leaves the attaches in progress and joins the kept ones in one
+        step, so a client that follows it by id finds it in one or the other at every moment
+        (it ends soon after: its clients wait for that)."""
+        if self.attaching.get(op.pid) is op:
+            del self.attaching[op.pid]
+        self._keep(op)
+
+    def _keep(self, op: AttachOp) -> None:
+        self._ended_ops[op.id] = op
+        while len(self._ended_ops) > KEPT_ATTACH_OPS:
+            self._ended_ops.popitem(last=False)
+
     def _end_op(self, op: AttachOp, *, notes: list[str] | None = None, error: BaseException | None = None) -> None:
         """Ends `op` and keeps it (the last KEPT_ATTACH_OPS) for the clients that follow it; the
         frames of its error's traceback lose their locals (the session and what it held)."""
@@ -311,9 +379,7 @@ class Daemon:
                 traceback.clear_frames(e.__traceback__)
             e = e.__cause__ or e.__context__
         with self._lock:
-            self._ended_ops[op.id] = op
-            while len(self._ended_ops) > KEPT_ATTACH_OPS:
-                self._ended_ops.popitem(last=False)
+            self._keep(op)
         op.end(notes=notes, error=error)
 
     def _attach_error(self, op: AttachOp, e: BaseException) -> BaseException:
@@ -408,6 +474,7 @@ class Daemon:
             mine = self.sessions.get(s.pid) is s
             if mine:
                 del self.sessions[s.pid]
+                self.holders.pop(s.pid, None)
                 self._remember(s.pid, s)
         self.counters["sessions_closed"] += 1
         if mine:
@@ -430,11 +497,17 @@ class Daemon:
 
             threading.Thread(target=retire, name=f"stacklens-retire-{s.pid}", daemon=True).start()
 
-    def detach(self, pid: int, *, cancel_wait_s: float = CANCEL_WAIT_S) -> str:
+    def detach(self, pid: int, *, cancel_wait_s: float = CANCEL_WAIT_S, force: bool = False) -> str:
         """Detaches `pid`, or cancels its attach in progress (waiting up to `cancel_wait_s` for
-        the attach to stop at its next step). Returns what happened, in a line."""
+        the attach to stop at its next step). Returns what happened, in a line. A session that
+        profile windows hold too stays for them (their leases end it), unless `force`."""
         with self._lock:
             op = self.attaching.get(pid)
+            windows = sorted((op.holders if op is not None else self.holders.get(pid, set())) - {"attach"})
+            if windows and not force:
+                (op.holders if op is not None else self.holders[pid]).discard("attach")
+                return (f"{pid} stays attached while {', '.join(windows)} of `stacklens profile` hold"
+                        f"{'s' if len(windows) == 1 else ''} it: detached when {'it ends' if len(windows) == 1 else 'they end'}")
             if op is not None:
                 op.cancel()          # under the lock: the attach installs its session under it too
             else:
@@ -442,6 +515,7 @@ class Daemon:
                 if s is None:
                     raise NoSuchProcess(f"not attached to {pid} (see `stacklens ps`)")
                 del self.sessions[pid]
+                self.holders.pop(pid, None)
         if op is not None:
             if op.wait(timeout=cancel_wait_s):
                 return f"cancelled the attach of {pid} (at step '{op.phase}'); nothing stays attached"
@@ -597,6 +671,6 @@ class Daemon:
             op.cancel()
         for s in self.active():
             try:
-                self.detach(s.pid)
+                self.detach(s.pid, force=True)
             except NoSuchProcess:
                 pass

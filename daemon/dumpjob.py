@@ -12,13 +12,12 @@ the launcher's descendants (a few ms) and /proc/PID/environ of each.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
 from stacklens.daemon.dump import ProcessDump, PyFrameText, dump_process
+from stacklens.daemon.ranks import ProcRankHost, RankHost, RankProc, find_ranks, parse_environ
 from stacklens.errors import StacklensError
-from stacklens.introspect.procfs import ProcFS
 
 # torch.distributed entry points that block until every rank joins (and Work.wait on them)
 COLLECTIVES = frozenset({
@@ -31,86 +30,17 @@ COLLECTIVES = frozenset({
 DIST_DIR = "torch/distributed/"
 
 
-class JobHost(Protocol):
+class JobHost(RankHost, Protocol):
     """What finding and dumping the ranks needs from the machine (fakes in tests)."""
-
-    def children(self, pid: int) -> list[int]: ...
-
-    def environ(self, pid: int) -> dict[str, str] | None: ...
 
     def dump(self, pid: int) -> ProcessDump: ...
 
 
-def parse_environ(data: bytes | None) -> dict[str, str] | None:
-    """NUL-separated NAME=VALUE (/proc/PID/environ) -> dict; None stays None (unreadable)."""
-    if data is None:
-        return None
-    out = {}
-    for item in data.split(b"\0"):
-        name, eq, value = item.partition(b"=")
-        if eq and name:
-            out[name.decode(errors="replace")] = value.decode(errors="replace")
-    return out
-
-
-class ProcJobHost:
-    """`JobHost` over /proc (introspect/procfs.py) and daemon/dump.py."""
-
-    def __init__(self, procfs: ProcFS | None = None) -> None:
-        self.procfs = procfs or ProcFS()
-        self._kids: dict[int, list[int]] | None = None
-
-    def children(self, pid: int) -> list[int]:
-        if self._kids is None:
-            kids: dict[int, list[int]] = {}
-            for p in self.procfs.pids():
-                try:
-                    ppid = int(self.procfs.stat(p)[1][1])
-                except (StacklensError, OSError, IndexError, ValueError):
-                    continue          # exited while we looked
-                kids.setdefault(ppid, []).append(p)
-            self._kids = kids
-        return sorted(self._kids.get(pid, []))
-
-    def environ(self, pid: int) -> dict[str, str] | None:
-        return parse_environ(self.procfs.environ(pid))
+class ProcJobHost(ProcRankHost):
+    """`JobHost` over /proc (daemon/ranks.py) and daemon/dump.py."""
 
     def dump(self, pid: int) -> ProcessDump:
         return dump_process(pid, self.procfs)
-
-
-@dataclass(frozen=True)
-class RankProc:
-    rank: int
-    pid: int
-    local_rank: int | None
-    world_size: int | None
-    local_world_size: int | None
-
-
-def _int(env: dict[str, str], name: str) -> int | None:
-    try:
-        return int(env[name])
-    except (KeyError, ValueError):
-        return None
-
-
-def find_ranks(host: JobHost, launcher: int) -> list[RankProc]:
-    """The launcher's descendants that are ranks: the outermost process of each RANK (breadth
-    first: a rank's children inherit its RANK and are not searched)."""
-    found: dict[int, RankProc] = {}
-    queue = deque(host.children(launcher))
-    while queue:
-        pid = queue.popleft()
-        env = host.environ(pid) or {}
-        rank = _int(env, "RANK")
-        if rank is None:
-            queue.extend(host.children(pid))
-            continue
-        if rank not in found:
-            found[rank] = RankProc(rank, pid, _int(env, "LOCAL_RANK"), _int(env, "WORLD_SIZE"),
-                                   _int(env, "LOCAL_WORLD_SIZE"))
-    return [found[r] for r in sorted(found)]
 
 
 def collective_frame(dump: ProcessDump) -> tuple[PyFrameText, PyFrameText | None] | None:

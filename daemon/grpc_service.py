@@ -32,6 +32,7 @@ import hmac
 import inspect
 import logging
 import math
+import queue
 import threading
 import time
 
@@ -44,7 +45,9 @@ from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon import stacklens_pb2_grpc as pbg
 from stacklens.daemon.attachop import ATTACHING, AttachOp
 from stacklens.daemon.core import NOT_ATTACHED, Daemon
-from stacklens.errors import DaemonUnavailable, InputError, StacklensError
+from stacklens.daemon.ranks import ProcRankHost, RankProc, find_job
+from stacklens.daemon.windows import WindowSpec, run_window
+from stacklens.errors import DaemonUnavailable, InputError, NoSuchProcess, StacklensError
 from stacklens.introspect.procfs import check_pid_range
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,7 @@ MIN_INTERVAL_MS = 100
 WORKERS = 32
 MAX_STREAMS = 8
 MAX_ATTACHES = 16
+MAX_WINDOWS = 8     # profile windows at once (each holds a worker for its length)
 MAX_REFLECTION = 2  # a reflection client holds its stream (and a worker) while it asks
 MAX_WATCHES = 64    # health Watch streams (open without the token; they hold no worker)
 # Health/Check and Health/Watch need no token: kubelet's gRPC probe and grpc_health_probe cannot
@@ -63,6 +67,15 @@ OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Healt
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 MAX_ATTACH_WAIT_S = 30.0   # one Attach/WaitAttach call waits at most this long for progress
 DEFAULT_ATTACH_WAIT_S = 10.0
+
+
+def _set_rank(p: pb.ProcessInfo, rank: RankProc) -> None:
+    p.rank = rank.rank
+    if rank.local_rank is not None:
+        p.local_rank = rank.local_rank
+    if rank.world_size is not None:
+        p.world_size = rank.world_size
+    p.job = rank.job
 
 
 class Busy(StacklensError):
@@ -224,6 +237,8 @@ class StacklensServicer(pbg.StacklensServicer):
                                "`stacklens top` or poll with GetSnapshot")
         self._attaches = _Slots(MAX_ATTACHES, f"at most {MAX_ATTACHES} attaches in flight: retry when one "
                                 "has finished")
+        self._windows = _Slots(MAX_WINDOWS, f"at most {MAX_WINDOWS} profile windows at once: retry when one "
+                               "has ended, or profile with --no-daemon")
         self._waits: set[threading.Event] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -333,6 +348,11 @@ class StacklensServicer(pbg.StacklensServicer):
                 python=(info.python or "") if info else "",
                 container=(info.container if info else ""),
             )                  # gpu_time_share stays unset unless measured (JSON: no "NaN" string)
+            rank = getattr(s, "rank", None) if s is not None else None
+            if rank is not None:
+                _set_rank(p, rank)
+            if p.attached:
+                p.held_by.extend(sorted(self.daemon.holders.get(p.pid, ())))
             cpu_ns = self._cpu_time_ns(p.pid)
             if cpu_ns is not None:     # for the client's CPU% (two listings); unset if unreadable
                 p.cpu_time_ns = cpu_ns
@@ -349,6 +369,80 @@ class StacklensServicer(pbg.StacklensServicer):
                     pass
             out.append(p)
         return pb.ListProcessesResponse(processes=out)
+
+    @rpc
+    def GetInFlight(self, request, context):
+        check_pid_range(request.pid)
+        s = self.daemon.session(request.pid)
+        read = getattr(s, "in_flight", None)
+        if read is None:          # a detached session: nothing is in flight any more
+            raise NoSuchProcess(f"{request.pid} is not attached any more: nothing in flight is known")
+        now = read()
+        out = pb.InFlightResponse(pid=request.pid)
+        for w in now["waiting"]:
+            out.waiting.add(tid=w["tid"], thread=w["thread"], api=w["api"], since_s=w["since_s"], path=w["path"])
+        for x in now["last_launches"]:
+            out.last_launches.add(tid=x["tid"], thread=x["thread"], kernel=x["kernel"], ago_s=x["ago_s"],
+                                  path=x["path"])
+        return out
+
+    @rpc
+    def Profile(self, request, context):
+        """The window runs on a thread of its own; this call relays its steps, then its profile.
+        The call's end (a client cancelled or killed) sets `gone`: the window ends and lets go."""
+        check_pid_range(request.pid)
+        if math.isnan(request.duration_s):
+            raise InputError("duration_s must be a number of seconds")
+        spec = WindowSpec(request.pid, request.duration_s, agent=request.agent,
+                          cpu_hz=request.cpu_sample_hz or 99, ops=not request.no_ops)
+        spec.check()
+        self._windows.take()
+        gone = threading.Event()
+        steps: queue.Queue = queue.Queue()
+        try:
+            with self._lock:
+                if self._closed:
+                    raise DaemonUnavailable("stacklensd is shutting down")
+                self._waits.add(gone)
+            if not context.add_callback(gone.set):
+                return  # cancelled already
+            result: dict = {}
+
+            def run() -> None:
+                try:
+                    result["snap"] = run_window(self.daemon, spec, say=steps.put, gone=gone)
+                except BaseException as e:  # noqa: BLE001 — raised on the RPC's thread below
+                    result["error"] = e
+                finally:
+                    steps.put(None)
+
+            threading.Thread(target=run, name=f"stacklens-window-{request.pid}", daemon=True).start()
+            while (phase := steps.get()) is not None:
+                yield pb.ProfileReply(phase=phase)
+            if "error" in result:
+                raise result["error"]
+            yield pb.ProfileReply(profile=encode_profile(result["snap"]))
+        finally:
+            gone.set()
+            with self._lock:
+                self._waits.discard(gone)
+            self._windows.give()
+
+    @rpc
+    def FindJob(self, request, context):
+        check_pid_range(request.launcher_pid)
+        if request.launcher_pid <= 0:
+            raise InputError("launcher_pid must be a PID")
+        host = ProcRankHost(getattr(self.daemon, "procfs", None))
+        ranks = find_job(host, request.launcher_pid)
+        out = pb.FindJobResponse(launcher_pid=request.launcher_pid, job=ranks[0].job)
+        for r in ranks:
+            info = out.ranks.add(rank=r.rank, pid=r.pid)
+            if r.local_rank is not None:
+                info.local_rank = r.local_rank
+            if r.world_size is not None:
+                info.world_size = r.world_size
+        return out
 
     def _cpu_time_ns(self, pid: int) -> int | None:
         procfs = getattr(self.daemon, "procfs", None)
@@ -461,6 +555,25 @@ def _health_servicer(names):
             if not context.add_callback(slots.give):  # already over
                 slots.give()
             return super().Watch(request, context, send_response_callback)
+
+        def enter_graceful_shutdown(self):
+            """NOT_SERVING for every name, sent to the Watch streams outside the servicer's lock.
+            grpc's own sends under it, and a send can wait for the server thread, which may be
+            waiting for that lock to drop a stream its client cancelled: a daemon stopping just
+            after a Watch was cancelled hung in `stop()` (CI, 2 of 4 runs of 2026-12-02)."""
+            with self._lock:
+                if self._gracefully_shutting_down:
+                    return
+                self._gracefully_shutting_down = True
+                for service in self._server_status:
+                    self._server_status[service] = health_pb2.HealthCheckResponse.NOT_SERVING
+                sends = [cb for cbs in self._send_response_callbacks.values() for cb in list(cbs)]
+            gone = health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)
+            for send in sends:
+                try:
+                    send(gone)
+                except Exception:  # noqa: BLE001 - a stream that ended meanwhile
+                    pass
 
     checker = BoundedHealth()  # non-blocking Watch: holds no worker
     for name in names:

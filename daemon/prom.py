@@ -3,7 +3,9 @@
 Names: `stacklens_` prefix, `_total` counters, base units (`_seconds`, `_bytes`); one family per
 metric of the registry (cct/metrics.py: name, HELP, unit), so a new metric is exported without an
 edit here; a sample count with a known rate (CPU samples) also as `_seconds_total`. Process labels
-`pid`, `comm`, `container`; a process's series end when it is detached. Node-wide counters
+`pid`, `comm`, `container`, and `rank`, `local_rank`, `world_size` from a torch.distributed rank's
+environment (empty for other processes; bounded by the attached processes); a process's series
+end when it is detached. Node-wide counters
 (`stacklens_events_total`, `_drops_total`, `_unjoined_total`, …) never decrease: they count every
 session since the daemon started (the daemon keeps the final stats of detached ones, `health()`),
 and a scrape never exports less than the one before. Hotspots are the top-K contexts per process
@@ -58,6 +60,7 @@ from prometheus_client.registry import Collector
 
 from stacklens.cct import Frame, Snapshot, metrics
 from stacklens.cct.labels import context_label
+from stacklens.daemon.ranks import NO_RANK_LABELS, RankProc
 from stacklens.introspect.procfs import ProcFS
 
 log = logging.getLogger(__name__)
@@ -123,6 +126,7 @@ class Source:
     stats: Mapping[str, int]
     cpu_hz: float | None = None         # the CPU sampling rate: samples → seconds (None: unknown)
     agent_connected: bool | None = None  # None: no agent asked for; else whether its channel is up
+    rank: RankProc | None = None         # a torch.distributed rank (its environment): rank labels
 
 
 def short_path(file: str, roots: Iterable[str] = ()) -> str:
@@ -365,7 +369,7 @@ class StacklensCollector(Collector):
         return budget
 
     def collect(self):
-        labels = ["pid", "comm", "container"]
+        labels = ["pid", "comm", "container", *NO_RANK_LABELS]
         fams = {
             m: CounterMetricFamily(f"stacklens_{stem}", help_, labels=labels)
             for m, (stem, _, help_) in PROCESS_METRICS.items()
@@ -399,7 +403,8 @@ class StacklensCollector(Collector):
                 src = Source(*src)
             snap = src.snapshot
             attached += 1
-            lv = [str(src.pid), src.comm, src.container]
+            ranks = src.rank.labels() if src.rank is not None else NO_RANK_LABELS
+            lv = [str(src.pid), src.comm, src.container, *(ranks[k] for k in NO_RANK_LABELS)]
             measured = [m for m in PROCESS_METRICS if m in snap.metrics and m not in snap.unavailable]
             for m in measured:
                 fams[m].add_metric(lv, snap.total(m) * PROCESS_METRICS[m][1])

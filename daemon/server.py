@@ -289,7 +289,8 @@ class StacklensDaemon:
 
         for s in self.daemon.active():
             try:
-                yield Source(s.pid, s.comm, "", s.snapshot(), s.stats(), cpu_hz=s.cpu_hz, agent_connected=_agent_up(s))
+                yield Source(s.pid, s.comm, "", s.snapshot(), s.stats(), cpu_hz=s.cpu_hz, agent_connected=_agent_up(s),
+                             rank=getattr(s, "rank", None))
             except StacklensError:
                 continue
 
@@ -413,7 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     print(f"stacklensd: ready on unix:{d.socket_path}", flush=True)
-    done.wait()
+    # Python runs handlers on the main thread, but the kernel may hand SIGTERM to any thread (CI
+    # saw it go to another while the warm-up compiled); a main thread blocked in an untimed wait
+    # is then never woken and the daemon hangs. A timed wait returns to the interpreter, which
+    # runs the pending handler.
+    while not done.wait(0.5):
+        pass
     # a stop that hangs is a bug to see, not to wait for: its threads' stacks go to the log
     watchdog = threading.Timer(STOP_WATCHDOG_S, _stuck_stop)
     watchdog.daemon = True

@@ -19,9 +19,10 @@ from typing import Any, Callable, Protocol
 
 from stacklens.cct import Snapshot
 from stacklens.daemon.join.joiner import Joiner
+from stacklens.daemon.ranks import RankProc, read_rank
 from stacklens.errors import NoSuchProcess, StacklensError
 from stacklens.inject.channel.gpu import VENDORS, Vendor, pick_join, vendor_for
-from stacklens.records.agent import JoinKind
+from stacklens.records.agent import AgentFlushed, JoinKind
 from stacklens.introspect.procfs import ProcFS, pid_alive
 from stacklens.textsafe import safe_text
 
@@ -43,6 +44,9 @@ DRAIN_TIMEOUT_S = 300.0
 # code objects live for milliseconds, so the ring is read every 1 ms then (not every POLL_MS)
 # to name them before they are freed.
 FAST_START_S = 2.0   # the drain waits on events, this only bounds a stuck one (then: not drained)
+# A window's edge through a held session (`edge`) waits at most this long for the BPF ring and
+# the agent's flush; what it could not wait for is said (the edge is then not drained).
+EDGE_TIMEOUT_S = 10.0
 
 
 class EventSource(Protocol):
@@ -258,10 +262,15 @@ class ProcessSession:
         self.state = "starting"
         self.started = time.time()
         self._requests: queue.Queue[tuple[concurrent.futures.Future, Callable[[], Any]]] = queue.Queue()
+        # the aggregation thread takes requests until its very end; a request is queued only
+        # while it does (both under the lock), else run by its caller: none waits for a thread gone
+        self._requests_lock = threading.Lock()
+        self._taking_requests = True
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stats: dict[str, int] = {}
         self.comm = ""
+        self.rank: RankProc | None = None
         self.window: Window | None = None
         self.read_up_to_ns = 0   # the BPF ring was found empty at this time (every event before it joined)
         self._window_done = threading.Event()
@@ -269,6 +278,9 @@ class ProcessSession:
         self._window_stats: dict[str, int] = {}
         self._fast_start = False   # a program let go at its start: read the ring every 1 ms at first
         self._read_notes: list[str] = []   # the probes' read_notes(), kept past their detach
+        self._agent_flushed = 0   # the newest flush request whose answer (and records before it) joined
+        self._collecting_since: float | None = None   # time.monotonic() at the end of the attach
+        self._ended_at: float | None = None           # ... and when the session ended
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, *, window: bool = False, progress: Callable[[str], None] | None = None,
@@ -284,6 +296,9 @@ class ProcessSession:
             pass
         self.joiner.meta.update({"pid": self.pid, "comm": self.comm, "cpu_hz": self.cpu_hz,
                                  "start_unix_ns": time.time_ns()})
+        self.rank = read_rank(self.pid)   # a torch.distributed rank: its labels (daemon/ranks.py)
+        if self.rank is not None:
+            self.joiner.meta["rank"] = self.rank.to_json()
         cwd = process_cwd(self.pid)   # read once: `line` labels are relative to it (daemon/prom.py)
         if cwd is not None:
             self.joiner.meta["cwd"] = cwd
@@ -319,6 +334,7 @@ class ProcessSession:
             raise
         self.joiner.meta["notes"] = list(self.notes)
         self.state = "attached"
+        self._collecting_since = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"stacklens-agg-{self.pid}", daemon=True)
         self._thread.start()
         return self.notes
@@ -417,7 +433,10 @@ class ProcessSession:
                     self.joiner.on_bpf(ev)
                 if self.agent is not None:
                     for rec in self.agent.poll(BATCH_EVENTS):
-                        self.joiner.on_agent(rec)
+                        if type(rec) is AgentFlushed:   # every record before it is joined now
+                            self._agent_flushed = max(self._agent_flushed, rec.id)
+                        else:
+                            self.joiner.on_agent(rec)
                 self._serve_requests()
                 if w is not None and (w.past_end(ring_empty, time.monotonic_ns()) or self._window_abort):
                     self._close_window()
@@ -427,7 +446,7 @@ class ProcessSession:
                 if now - last_alive > 0.2:
                     last_alive = now
                     self.joiner.expire(time.monotonic_ns())
-                    if not pid_alive(self.pid):
+                    if not self._same_process():
                         # drain what is left, then close
                         if w is not None:
                             self._drain_exited(w)
@@ -442,12 +461,56 @@ class ProcessSession:
             self.state = f"error: {type(e).__name__}: {e}"
             log.error("session %d (%s) ended: %s", self.pid, self.comm or "?", self.state, exc_info=e)
         finally:
+            self._ended_at = time.monotonic()
             self._serve_requests()
             if self.state != "attached":
                 self._teardown()
                 self._serve_requests()
                 if self._on_close:
                     self._on_close(self)
+            with self._requests_lock:
+                self._taking_requests = False
+            self._serve_requests()   # those queued before: none waits for a thread that has ended
+
+    def _same_process(self) -> bool:
+        """The process is alive and is the one attached: a PID reused between two polls names
+        another start time."""
+        if not pid_alive(self.pid):
+            return False
+        return self.proc_start is None or process_start(self.pid) in (self.proc_start, None)
+
+    # ---- a window's edge on a held session ----------------------------------------------------
+    def edge(self, timeout_s: float = EDGE_TIMEOUT_S) -> tuple[Snapshot, list[str]]:
+        """The tree at a window's edge (now), once every event stamped before now is in it: the
+        BPF ring read past now, and the agent's answer to a flush asked now joined (its forced
+        flush: every GPU record of activity completed by now, with the samples), the order join
+        settled. Waits at most `timeout_s` (or until the session ends); returns the snapshot and
+        what it could not wait for, one phrase each (empty: the edge is exact)."""
+        t = time.monotonic_ns()
+        ask = getattr(self.agent, "request_flush", None) if self.agent is not None else None
+        fid = ask() if ask is not None else None
+        missing_agent = self.want_agent and fid is None
+
+        def reached() -> bool:
+            return self.read_up_to_ns >= t and (fid is None or self._agent_flushed >= fid)
+
+        deadline = time.monotonic() + timeout_s
+        while not reached() and self.state == "attached" and time.monotonic() < deadline:
+            time.sleep(0.005)
+        missing = []
+        if missing_agent:
+            missing.append("the agent was not connected to flush its GPU records")
+        if self.read_up_to_ns < t and self.state == "attached":
+            missing.append(f"the BPF ring was not read up to it within {timeout_s:g}s")
+        if fid is not None and self._agent_flushed < fid and self.state == "attached":
+            missing.append(f"the agent did not answer its flush within {timeout_s:g}s")
+
+        def take() -> Snapshot:
+            self.joiner.settle()
+            self._refresh_read_notes()
+            return self.joiner.snapshot()
+
+        return self._call(take), missing
 
     # ---- a window with an end ---------------------------------------------------------------
     def close_window(self, *, cpu_end_ns: int | None = None,
@@ -581,20 +644,49 @@ class ProcessSession:
                     fut.set_exception(e)
 
     def _call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
-        if self._thread is None or not self._thread.is_alive():
-            return fn()  # the thread has finished: the joiner is no longer written to
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._requests.put((fut, fn))
+        with self._requests_lock:
+            queued = self._thread is not None and self._taking_requests
+            if queued:
+                self._requests.put((fut, fn))
+        if not queued:
+            return fn()  # no aggregation thread (yet, or any more): the joiner is not written to
         try:
             return fut.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
             raise StacklensError(f"session {self.pid} did not answer within {timeout}s") from None
 
     # ---- reading --------------------------------------------------------------------------
+    def in_flight(self) -> dict[str, list[dict]]:
+        """The GPU side of the target now, as the probes saw it (`stacklens dump`): the
+        return-probed calls entered and not returned (a sync or a collective still waiting:
+        since when, under which line) and each thread's last kernel launch (how long ago, from
+        where). Whether that kernel has finished is not known here (the probes see launches)."""
+        def read() -> dict[str, list[dict]]:
+            now = time.monotonic_ns()
+            entered = getattr(self.probes, "in_flight", None)
+            names = self.joiner.thread_names()
+            waits = [{"tid": ev.tid, "thread": names.get(ev.tid, ""), "api": ev.api,
+                      "since_s": max(0, now - ev.ktime_ns) / 1e9,
+                      "path": [f.label() for f in self.joiner.context_of(ev)]}
+                     for ev in (entered() if entered is not None else [])]
+            launches = [{"tid": tid, "thread": names.get(tid, ""), "kernel": path[-1].name if path else "",
+                         "ago_s": max(0, now - t) / 1e9, "path": [f.label() for f in path]}
+                        for tid, (t, path) in sorted(self.joiner.last_launch.items())]
+            return {"waiting": waits, "last_launches": launches}
+
+        return self._call(read)
+
     def snapshot(self, window_s: float | None = None) -> Snapshot:
+        """The tree: cumulative since the attach (its meta's window_s: the seconds it covers, what
+        advice and rates divide by), or the last `window_s` seconds."""
         def take() -> Snapshot:
             self._refresh_read_notes()
-            return self.joiner.snapshot(window_s=window_s)
+            snap = self.joiner.snapshot(window_s=window_s)
+            if window_s is None and self.window is None and self._collecting_since is not None:
+                end = self._ended_at if self._ended_at is not None else time.monotonic()
+                snap.meta["window_s"] = round(max(0.0, end - self._collecting_since), 6)
+            return snap
 
         return self._call(take)
 

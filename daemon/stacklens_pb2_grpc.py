@@ -54,6 +54,21 @@ class StacklensStub(object):
                 request_serializer=stacklens__pb2.HealthRequest.SerializeToString,
                 response_deserializer=stacklens__pb2.HealthResponse.FromString,
                 )
+        self.FindJob = channel.unary_unary(
+                '/stacklens.v1.Stacklens/FindJob',
+                request_serializer=stacklens__pb2.FindJobRequest.SerializeToString,
+                response_deserializer=stacklens__pb2.FindJobResponse.FromString,
+                )
+        self.GetInFlight = channel.unary_unary(
+                '/stacklens.v1.Stacklens/GetInFlight',
+                request_serializer=stacklens__pb2.InFlightRequest.SerializeToString,
+                response_deserializer=stacklens__pb2.InFlightResponse.FromString,
+                )
+        self.Profile = channel.unary_stream(
+                '/stacklens.v1.Stacklens/Profile',
+                request_serializer=stacklens__pb2.ProfileRequest.SerializeToString,
+                response_deserializer=stacklens__pb2.ProfileReply.FromString,
+                )
 
 
 class StacklensServicer(object):
@@ -115,6 +130,33 @@ class StacklensServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FindJob(self, request, context):
+        """The torch.distributed ranks under a launcher (torchrun) PID, by their environment (RANK …):
+        what `stacklens attach --job` attaches. NOT_FOUND/INVALID_ARGUMENT: no ranks, or two jobs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetInFlight(self, request, context):
+        """An attached process's GPU side now, as the probes saw it (`stacklens dump`): calls still
+        waiting (a sync, a collective) with their line, and each thread's last kernel launch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Profile(self, request, context):
+        """A profile window with an end, held as a lease by this call: the process is attached for it
+        (or its session, held already, shared), GPU records are flushed at both edges, and the window
+        ends at its deadline, at the process's exit, or when the client goes (the call cancelled):
+        then the session is detached unless something else holds it. Replies: the window's steps
+        (phase), then one with the profile.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StacklensServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -157,6 +199,21 @@ def add_StacklensServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=stacklens__pb2.HealthRequest.FromString,
                     response_serializer=stacklens__pb2.HealthResponse.SerializeToString,
+            ),
+            'FindJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindJob,
+                    request_deserializer=stacklens__pb2.FindJobRequest.FromString,
+                    response_serializer=stacklens__pb2.FindJobResponse.SerializeToString,
+            ),
+            'GetInFlight': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetInFlight,
+                    request_deserializer=stacklens__pb2.InFlightRequest.FromString,
+                    response_serializer=stacklens__pb2.InFlightResponse.SerializeToString,
+            ),
+            'Profile': grpc.unary_stream_rpc_method_handler(
+                    servicer.Profile,
+                    request_deserializer=stacklens__pb2.ProfileRequest.FromString,
+                    response_serializer=stacklens__pb2.ProfileReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,5 +358,56 @@ class Stacklens(object):
         return grpc.experimental.unary_unary(request, target, '/stacklens.v1.Stacklens/Health',
             stacklens__pb2.HealthRequest.SerializeToString,
             stacklens__pb2.HealthResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def FindJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/stacklens.v1.Stacklens/FindJob',
+            stacklens__pb2.FindJobRequest.SerializeToString,
+            stacklens__pb2.FindJobResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetInFlight(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/stacklens.v1.Stacklens/GetInFlight',
+            stacklens__pb2.InFlightRequest.SerializeToString,
+            stacklens__pb2.InFlightResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Profile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/stacklens.v1.Stacklens/Profile',
+            stacklens__pb2.ProfileRequest.SerializeToString,
+            stacklens__pb2.ProfileReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -296,6 +296,7 @@ class SymbolTable:
 # DWARF register numbers on x86-64
 DW_RBP, DW_RSP, DW_RA = 6, 7, 16
 CFA_PLT = -1          # the CFA is the PLT's expression (rsp + 8, + 8 more past the push): see CfiRule
+_DEREF = "deref"      # EhFrame._run's state: the CFA is the word at register + offset
 _S4 = struct.Struct("<i")
 _HDR_ENTRY = struct.Struct("<ii")
 
@@ -303,14 +304,20 @@ _HDR_ENTRY = struct.Struct("<ii")
 @dataclass(frozen=True)
 class CfiRule:
     """What a function's CFI says at one pc: CFA = register `cfa_reg` + `cfa_off` (CFA_PLT: the
-    PLT's expression), `saved`: (DWARF register, offset from the CFA) of the registers saved on
-    the stack (the return address is register 16), `outermost`: the return address is undefined
-    (_start, clone: the thread's first frame)."""
+    PLT's expression; `cfa_deref`: the CFA is the word stored there, GCC's stack realignment),
+    `saved`: (DWARF register, offset from the CFA) of the registers saved on the stack (the
+    return address is register 16), `saved_at`: (register, base register, offset) of those saved
+    at an address given by another register (DW_CFA_expression `DW_OP_breg`, same realignment),
+    `outermost`: the return address is undefined (_start, clone: the thread's first frame),
+    `start`: the link-time address of the function's first instruction (its FDE's initial location)."""
 
     cfa_reg: int
     cfa_off: int
     saved: tuple[tuple[int, int], ...]
     outermost: bool
+    start: int = 0
+    cfa_deref: bool = False
+    saved_at: tuple[tuple[int, int, int], ...] = ()
 
 
 def _uleb(m, p: int) -> tuple[int, int]:
@@ -335,6 +342,15 @@ def _sleb(m, p: int) -> tuple[int, int]:
             if b & 0x40:
                 r -= 1 << s
             return r, p
+
+
+def _breg(m, p: int, end: int, tail: int) -> tuple[int, int] | None:
+    """(register, offset) of a DWARF expression from p to end that is one DW_OP_breg<r> <sleb>
+    followed by `tail` more bytes; None for any other expression."""
+    if not 0x70 <= m[p] <= 0x8F:
+        return None
+    off, q = _sleb(m, p + 1)
+    return (m[p] - 0x70, off) if q + tail == end else None
 
 
 class EhFrame:
@@ -465,13 +481,19 @@ class EhFrame:
             return None
         if state[3] is None:
             return None
+        saved = tuple((r, v) for r, v in state[2].items() if type(v) is int)
+        at = tuple((r,) + v for r, v in state[2].items() if type(v) is tuple)
         ra = state[2].get(DW_RA)
-        return CfiRule(state[0], state[1], tuple(state[2].items()), ra is None)
+        if type(ra) is tuple:
+            return None
+        return CfiRule(state[0], state[1], saved, ra is None, start, state[3] == _DEREF, at)
 
     def _run(self, p: int, end: int, ca: int, da: int, enc: int, loc: int, target: int, state: list,  # long: one dispatch over DWARF CFA opcodes, a call per opcode would cost the walk
              init) -> None:
         """Runs CFA instructions from p to end while loc <= target. state: [cfa_reg, cfa_off,
-        {reg: offset from CFA} (absent: same value / undefined for RA), cfa_is_plt (None: not followed)]."""
+        {reg: offset from CFA, or (base register, offset): saved at an address given by another
+        register; absent: same value / undefined for RA}, how the CFA is formed (False: register +
+        offset, True: the PLT's expression, _DEREF: the word at register + offset, None: not followed)]."""
         m = self._m
         stack: list = []
         while p < end:
@@ -546,14 +568,26 @@ class EhFrame:
             elif op == 0x0F:
                 n, p = _uleb(m, p)
                 # the PLT's: rsp + 8 + ((rip & 15) >= 11) * 8 (DW_OP_breg7 8; DW_OP_breg16 0; ...)
-                state[0], state[1] = (CFA_PLT, 8) if m[p] == 0x77 and m[p + 2] == 0x80 else (-2, 0)
-                state[3] = True if state[0] == CFA_PLT else None
+                if m[p] == 0x77 and m[p + 2] == 0x80:
+                    state[0], state[1], state[3] = CFA_PLT, 8, True
+                else:
+                    # GCC's stack realignment: DW_OP_breg<r> off; DW_OP_deref
+                    b = _breg(m, p, p + n, 1)
+                    if b is not None and m[p + n - 1] == 0x06:
+                        state[0], state[1], state[3] = b[0], b[1], _DEREF
+                    else:
+                        state[0], state[1], state[3] = -2, 0, None
                 p += n
             elif op in (0x10, 0x16):
                 r, p = _uleb(m, p)
                 n, p = _uleb(m, p)
+                # saved at DW_OP_breg<b> off (the realignment's saves); other expressions: not followed
+                b = _breg(m, p, p + n, 0) if op == 0x10 else None
+                if b is not None:
+                    state[2][r] = b
+                else:
+                    state[2].pop(r, None)
                 p += n
-                state[2].pop(r, None)
             elif op in (0x14, 0x15):
                 r, p = _uleb(m, p)
                 _, p = (_uleb if op == 0x14 else _sleb)(m, p)

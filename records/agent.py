@@ -49,7 +49,8 @@ class KernelRecord:
     correlation_id: int
     grid: tuple[int, int, int] = (0, 0, 0)
     block: tuple[int, int, int] = (0, 0, 0)
-    graph_id: int = 0
+    graph_id: int = 0                    # non-zero: launched by a CUDA graph (all of one replay share
+    graph_node_id: int = 0               # the launch's correlation id); the node, stable over replays
 
     @property
     def duration_ns(self) -> int:
@@ -108,6 +109,14 @@ class AgentStats:
     sample_cost_us: float
     dropped: dict = field(default_factory=dict)
     gpu: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentFlushed:
+    """The agent's answer to the daemon's flush request `id` (a window's edge): every record of
+    GPU activity completed by `t_ns` (CLOCK_MONOTONIC, when it flushed) came before this one."""
+    id: int
+    t_ns: int
 
 
 HloOp = tuple[str, str, int, str]       # (op_name, source_file, source_line, function); "" / 0 if unknown

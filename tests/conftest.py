@@ -139,18 +139,45 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
 
 
-@pytest.fixture(scope="session")
-def bpf_available() -> None:
-    """Skip (with the reason) unless a trivial BPF program loads and a uprobe attaches here."""
+BPF_PROBE_PROGRAM = "int sl_cap_probe(void *ctx) { return 0; }"
+# a test replaces the capability probe's program (tests/bpf/test_tier_probe.py: a broken one must fail the tier)
+BPF_PROBE_ENV = "STACKLENS_TEST_BPF_PROBE"
+
+
+class BpfTierBroken(Exception):
+    """Root with BCC installed, yet a trivial program does not load or attach: a regression, not a
+    machine that cannot run the tier."""
+
+
+def bpf_tier_skip_reason(program: str = BPF_PROBE_PROGRAM) -> str | None:
+    """Why the eBPF tier cannot run on this machine (not root, no BCC), or None when it can.
+    Under root with BCC importable, the tier runs: a program that fails to load or attach raises
+    BpfTierBroken with the loader's error, so a BCC regression fails the run instead of skipping it."""
+    if os.geteuid() != 0:
+        return "not root: the eBPF tier loads BPF programs and attaches uprobes (run the tests as root)"
     try:
         from bcc import BPF
-
-        b = BPF(text="int sl_cap_probe(void *ctx) { return 0; }")
-        b.attach_uprobe(name="c", sym="getpid", fn_name="sl_cap_probe")
+    except ImportError as e:
+        return f"BCC is not importable ({e}): bash scripts/setup.sh installs Debian's python3-bpfcc"
+    try:
+        b = BPF(text=program.encode())
+        b.attach_uprobe(name=b"c", sym=b"getpid", fn_name=b"sl_cap_probe")
         b.cleanup()
-    except Exception as e:  # noqa: BLE001 — any failure means this machine can't run the tier
-        pytest.skip(f"BPF unavailable here ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                    "needs root, BCC and kernel headers (bash scripts/setup.sh)")
+    except Exception as e:  # noqa: BLE001 — whatever the loader raised is the message
+        raise BpfTierBroken(f"root with BCC, but a trivial BPF program did not load and attach: "
+                            f"{type(e).__name__}: {e}") from e
+    return None
+
+
+@pytest.fixture(scope="session")
+def bpf_available() -> None:
+    """Skip (with the reason) where the tier cannot run; fail where it should and does not."""
+    try:
+        reason = bpf_tier_skip_reason(os.environ.get(BPF_PROBE_ENV, BPF_PROBE_PROGRAM))
+    except BpfTierBroken as e:
+        pytest.fail(str(e), pytrace=False)
+    if reason is not None:
+        pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ class ProcessRow:
     unavailable: tuple[str, ...] = ()
     cpu_time_ns: int | None = None  # utime + stime so far, from the daemon; None: not in the reply
     read_at: float = float("nan")   # when the listing was read (time.monotonic, s)
+    rank: str = ""                  # a torch.distributed rank: "RANK/WORLD_SIZE"; "" for others
 
 
 def cpu_shares(before: dict[int, tuple[int, float]], rows: Sequence[ProcessRow]) -> tuple[dict[int, float], dict[int, tuple[int, float]]]:
@@ -60,5 +61,6 @@ def process_cells(p: ProcessRow, cpu_share: float | None = None) -> tuple[str, .
         gpu,
         f"{p.launches_per_s:.1f}",
         f"{100 * p.sync_wait_share:.1f}%",
+        p.rank or "-",
         p.python,
     )

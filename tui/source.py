@@ -229,6 +229,13 @@ class DaemonSnapshotSource:
             return _daemon_error(e, self.pid)
 
 
+def _rank(p: Any) -> str:
+    """"RANK/WORLD_SIZE" of a torch.distributed rank; "" for other processes and older daemons."""
+    if not _present(p, "rank", absent=False):
+        return ""
+    return f"{p.rank}/{p.world_size}" if _present(p, "world_size", absent=False) else str(p.rank)
+
+
 def _present(message: Any, name: str, *, absent: bool = True) -> bool:
     """Whether an `optional` field of a reply is set; a field without presence counts as set,
     and one this daemon's proto lacks (an older daemon) as `absent`."""
@@ -267,6 +274,7 @@ class DaemonProcesses:
                 unavailable=tuple(p.unavailable),
                 cpu_time_ns=p.cpu_time_ns if _present(p, "cpu_time_ns", absent=False) else None,
                 read_at=read_at,
+                rank=_rank(p),
             )
             for p in reply
         ]

@@ -192,7 +192,8 @@ class FakeProcesses:
 
     def __init__(self, rows: list[ProcessRow] | None = None, source: Callable[[int], Any] | None = None) -> None:
         self.rows = rows if rows is not None else [
-            ProcessRow(4242, "python", True, False, "attached", "3.12", float("nan"), 1520.0, 0.31, ("gpu_time_ns",)),
+            ProcessRow(4242, "python", True, False, "attached", "3.12", float("nan"), 1520.0, 0.31, ("gpu_time_ns",),
+                       rank="0/2"),
             ProcessRow(5151, "python3", False, False, "detached", "3.11", 0.0, 0.0, 0.0),
         ]
         self.down = False
@@ -217,7 +218,7 @@ class FakeProcesses:
     def _set(self, pid: int, attached: bool) -> None:
         for i, r in enumerate(self.rows):
             if r.pid == pid:
-                self.rows[i] = ProcessRow(r.pid, r.comm, attached, r.agent, "attached" if attached else "detached", r.python, r.gpu_time_share, r.launches_per_s, r.sync_wait_share, r.unavailable)
+                self.rows[i] = dataclasses.replace(r, attached=attached, state="attached" if attached else "detached")
                 return
         raise errors.NoSuchProcess(f"no process {pid}")
 

@@ -19,6 +19,8 @@ attached and detached again and again, and its *control*, never attached. Counte
   runs on the same pinned CPUs (the harness on others); each phase's per-round ratios are kept and
   their spread (min, quartiles, max) reported. ``--no-early`` keeps every attach after the
   "before" timing, so "before" is a process never attached (a timing run wants that).
+Every agent cycle also asks for two window edges mid-cycle (`ProcessSession.edge`: the agent's
+forced CUPTI flush while activities are on, as windows through stacklensd ask it).
 Graph workloads are told (a switch file) during some agent windows: the target captures a new CUDA graph (or
 records a new cudagraph-tree shape, or compiles a new XLA executable) while attached, and the
 window lasts until that shape's first episode is logged. The first agent cycle of the compiled
@@ -146,7 +148,13 @@ def one_cycle(t: Target, mode: str, a, switch: bool) -> dict:
     try:
         if switch:
             rec["new_shape_while_attached"] = t.switch_shape(a.switch_timeout_s)
-        time.sleep(a.window_s)
+        time.sleep(a.window_s / 2)
+        # a window's edge through the daemon (daemon/windows.py): the agent's forced CUPTI flush
+        # while activities are on, twice per cycle, as two windows' edges would ask it
+        for _ in range(2):
+            _snap, missing = sess.edge(timeout_s=10.0)
+            rec.setdefault("edges_not_exact", []).extend(missing)
+        time.sleep(a.window_s / 2)
     finally:
         rec["detach_at"] = time.monotonic()
         try:

@@ -23,6 +23,61 @@ struct sl_sample {
 };
 BPF_PERCPU_ARRAY(sample_scratch, struct sl_sample, 1);
 
+#if SL_STACK_COPY
+/* Reads the user stack from `usp` into `dst` (`max` bytes, a multiple of 4096): to the end of
+ * usp's page, then whole pages while they read (the stack's top ends it). Returns the bytes read. */
+static __always_inline u64 sl_copy_stack(u8 *dst, u64 usp, const u64 max)
+{
+    u64 got = 4096 - (usp & 4095);
+    if (bpf_probe_read_user(dst, got & 4095 ? got & 4095 : 4096, (void *)usp) != 0)
+        return 0;
+    for (int i = 0; i < max / 4096 - 1; i++) {
+        u64 at = got;
+        SL_OPAQUE(at);      /* the bound checked on the register the read uses */
+        if (at > max - 4096)
+            break;
+        if (bpf_probe_read_user(dst + at, 4096, (void *)(usp + at)) != 0)
+            break;
+        got = at + 4096;
+    }
+    return got;
+}
+#endif
+
+#if SL_STACK_COPY && SL_DEEP_COPY
+/* a sample whose operator's frame is beyond SL_STACK_COPY: the same record, a longer copy */
+struct sl_deep_sample {
+    struct sl_event ev;
+    u64 ips[SL_SAMPLE_DEPTH];
+    u64 regs[21];
+    u64 stack_len;
+    u8 stack[SL_DEEP_COPY];
+};
+
+/* The entry sp of the innermost live operator, `depth` deep (sl_op_context; 0: none). */
+static __always_inline u64 sl_op_sp(u32 depth)
+{
+    struct sl_shadow *s = depth ? sl_shadow_get(0) : 0;
+    if (!s || depth > SL_OP_DEPTH)
+        return 0;
+    return s->e[sl_op_idx(depth - 1)].sp;
+}
+
+/* Sends `smp` (registers read) with SL_DEEP_COPY bytes of stack from usp, reserved in the ring
+ * and read into it page by page. 0 when the ring had no room for it. */
+static __always_inline int sl_emit_deep(struct sl_sample *smp, u64 usp)
+{
+    struct sl_deep_sample *d = events.ringbuf_reserve(sizeof(struct sl_deep_sample));
+    if (!d)
+        return 0;
+    bpf_probe_read_kernel(d, offsetof(struct sl_sample, stack), smp);
+    d->stack_len = sl_copy_stack(d->stack, usp, SL_DEEP_COPY);
+    events.ringbuf_submit(d, sl_wake_flags());
+    sl_count(SL_C_DEEP_COPIES);
+    return 1;
+}
+#endif
+
 int sl_cpu_sample(struct bpf_perf_event_data *ctx)
 {
     if (!sl_enter())
@@ -66,19 +121,24 @@ int sl_cpu_sample(struct bpf_perf_event_data *ctx)
     if (size > sizeof(smp->ips))
         size = sizeof(smp->ips);
 #if SL_STACK_COPY
-    if (SL_NATIVE_STACKS && usp && size > 0) {
+    /* A copy is up to SL_STACK_COPY bytes of ring per sample: while three quarters of the ring
+     * wait to be read (the reader behind: a loaded machine, many busy threads, the first
+     * symbolization of libtorch), the sample goes without it (its frame-pointer walk only,
+     * ~1 KiB; counted) instead of being lost with it: the last quarter holds thousands of those.
+     * Asked of the ring itself at each sample: a reader stalled between its polls cannot let
+     * the ring fill. */
+    int room = sl_ring_waiting() < (u64)SL_RINGBUF_PAGES * 4096 / 4 * 3;
+    if (SL_NATIVE_STACKS && usp && size > 0 && !room)
+        sl_count(SL_C_COPY_SKIPPED);
+    if (SL_NATIVE_STACKS && usp && size > 0 && room) {
         bpf_probe_read_kernel(smp->regs, sizeof(smp->regs), uregs);
-        /* to the end of sp's page, then whole pages while they read (the stack's top ends it) */
-        u64 got = 4096 - (usp & 4095);
-        if (bpf_probe_read_user(smp->stack, got & 4095 ? got & 4095 : 4096, (void *)usp) != 0)
-            got = 0;
-        for (int i = 0; i < SL_STACK_COPY / 4096 - 1; i++) {
-            if (got == 0 || got > SL_STACK_COPY - 4096)
-                break;
-            if (bpf_probe_read_user(smp->stack + got, 4096, (void *)(usp + got)) != 0)
-                break;
-            got += 4096;
-        }
+#if SL_DEEP_COPY
+        /* under an operator whose entry is past the copy's reach, the copy reaches it */
+        u64 osp = sl_op_sp(ev->op_depth);
+        if (osp > usp + SL_STACK_COPY - 1024 && osp < usp + SL_DEEP_COPY - 1024 && sl_emit_deep(smp, usp))
+            return 0;
+#endif
+        u64 got = sl_copy_stack(smp->stack, usp, SL_STACK_COPY);
         smp->stack_len = got;
         u64 n = offsetof(struct sl_sample, stack) + got;
         if (n > sizeof(*smp))

@@ -91,6 +91,12 @@ _Static_assert(SL_STACK_ENTRIES < SL_STACK_IN_2, "stack ids must stay below the 
 #ifndef SL_STACK_COPY
 #define SL_STACK_COPY 16384
 #endif
+/* bytes a sample under an operator copies when the operator's frame lies beyond SL_STACK_COPY
+ * (MKL's AVX-512 sgemm kernels align a packing buffer of tens of KiB on the stack below their
+ * return address): written straight into the ring, no scratch */
+#ifndef SL_DEEP_COPY
+#define SL_DEEP_COPY 65536
+#endif
 
 #define SL_OP_MASK (SL_OP_DEPTH - 1)
 /* keeps clang from dropping an index mask it can prove redundant (the verifier cannot) */
@@ -135,7 +141,9 @@ static __always_inline u32 sl_op_idx(u32 i)
 #define SL_C_RING_FALLBACK 12  /* events the ring refused twice, sent through events_fb instead */
 #define SL_C_NATIVE_REUSED 13  /* launch events that reused a native stack id of the same thread, place and context */
 #define SL_C_STACK_MAP2 14      /* stacks kept in the second map after a collision in the first */
-#define SL_NCOUNTERS 16
+#define SL_C_COPY_SKIPPED 15    /* cpu samples sent without their stack copy: 3/4 of the ring waited */
+#define SL_C_DEEP_COPIES 16     /* cpu samples sent with SL_DEEP_COPY bytes of stack (cpu.bpf.c) */
+#define SL_NCOUNTERS 17
 
 /* One probe target of bpf/probes.toml, as the generic API programs need it.
  * src[i]: where value i comes from at function entry: 0..5 = argument registers
@@ -242,6 +250,16 @@ struct sl_op_slot {
 
 #ifndef SL_ABI_ONLY
 BPF_RINGBUF_OUTPUT(events, SL_RINGBUF_PAGES);
+/* Bytes in `events` not yet read (bpf_ringbuf_query, BPF_RB_AVAIL_DATA). BCC 0.26 (Debian 12)
+ * has no map.ringbuf_query(): its rewriter turns events.ringbuf_output(d, n, f) into
+ * bpf_ringbuf_output(<the map>, d, n, f), which this macro makes the query for that map. */
+#define bpf_ringbuf_output(map, data, size, flags) bpf_ringbuf_query(map, flags)
+static __always_inline u64 sl_ring_waiting(void)
+{
+    u64 unused = 0;
+    return events.ringbuf_output(&unused, sizeof(unused), 0 /* BPF_RB_AVAIL_DATA */);
+}
+#undef bpf_ringbuf_output
 /* per-CPU perf buffers: only for events the ring refused (see sl_emit); user space drains both */
 BPF_PERF_OUTPUT(events_fb);
 BPF_STACK_TRACE(stacks, SL_STACK_ENTRIES);

@@ -210,6 +210,9 @@ class ApiRecordJoin:
         stay (`waiting_launches` counts them)."""
         self._expire_copies(0, True)
 
+    def settle(self) -> None:
+        """Nothing waits to settle: a record joins as it arrives."""
+
     def _expire_copies(self, now_ns: int, force: bool) -> None:
         """Calls and records that waited too long (all of them if `force`): calls keep their own
         bytes, records land under `[copy call not seen]`."""

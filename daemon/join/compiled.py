@@ -59,6 +59,8 @@ _ASSIGN = re.compile(r"^\s+(buf\w+) = ")
 _BUF = re.compile(r"\b(buf\w+)\b")
 _SOURCE_NODES = re.compile(r"Source Nodes: \[([^\]]*)\]")
 _MAPPING = re.compile(r"^#\s+(\w+) => (.+)$")
+_SUBGRAPH_NODE = re.compile(r"^#\s+%(\w+) : .*= call_function\[")
+_BODY = re.compile(r"^\s*def (?:call|partition_\d+)\(")
 
 
 def parse_trace(text: str) -> Path:
@@ -104,6 +106,11 @@ def build_map(path: str, lines, regions, traces, nodes) -> WrapperMap:
     stacks = [parse_trace(t) for t in traces]
     regs = sorted((ln, stacks[i] if i < len(stacks) else ()) for ln, i in regions)
     first = regs[0][0] if regs else 1 << 62
+    no_map = not regs                        # rule "no line map": each call its own node's line
+    if no_map:
+        first = next((ln for ln, text in sorted(lines) if _BODY.match(text)), 1 << 62)
+        funcs = {n: fn for n, _f, _ln, fn in nodes}
+        extern_seen: dict[str, int] = {}
     backward = False
     defined: dict[str, list[str]] = {}       # kernel -> source node names of its definition's comment
     comment: list[str] = []                  # the comment block just read
@@ -139,6 +146,11 @@ def build_map(path: str, lines, regions, traces, nodes) -> WrapperMap:
         if kernel is None:
             continue
         others = tuple(dict.fromkeys(locs[n] for n in names if n in locs))
+        if no_map:
+            own = _own_node(kernel, kernel in defined, names, locs, extern_seen)
+            regs.append((ln, () if own is None else (Frame.python(clip_text(locs[own][0], MAX_FRAME_FILE),
+                                                                  clip_text(funcs[own], MAX_FRAME_NAME),
+                                                                  locs[own][1]),)))
         at = ln
         if kernel.startswith("cpp_"):
             # Inductor flushes C++ kernels late (after the next node's region began): the region
@@ -146,6 +158,28 @@ def build_map(path: str, lines, regions, traces, nodes) -> WrapperMap:
             at = max((assigned[b] for b in _BUF.findall(text) if assigned.get(b, ln) < ln), default=ln)
         kernels[ln] = (clip_text(kernel, MAX_FRAME_NAME), others, at)
     return WrapperMap(path, backward, tuple(r[0] for r in regs), tuple(r[1] for r in regs), kernels)
+
+
+def _own_node(kernel: str, triton: bool, names: list[str], locs: dict, seen: dict[str, int]) -> str | None:
+    """Rule "no line map": the post-grad node a kernel call is charged to. A Triton kernel: the
+    last node of its definition's subgraph (Inductor's "last node" rule) that has a source line. A
+    library call (``extern_kernels.mm``, ``aten._scaled_dot_product_…``): the node of its op that
+    its ``Source Nodes`` comment names last (``[permute_33, mm_1]``: a backward graph's own
+    nodes, called out of their order); else, the comment naming the model's own nodes instead
+    (``[layer_norm, linear]``), FX names a graph's nodes of one op ``mm``, ``mm_1``, … in graph
+    order and the wrapper calls them in that order, so the k-th call of an op is the node of that
+    op named for k; else its own nodes' last located one."""
+    if not triton:
+        op = kernel.rpartition(".")[2]
+        k = seen.get(op, 0)
+        seen[op] = k + 1
+        own = next((n for n in reversed(names) if n in locs and (n == op or n.startswith(op + "_"))), None)
+        if own is not None:
+            return own
+        name = op if k == 0 else f"{op}_{k}"
+        if name in locs:
+            return name
+    return next((n for n in reversed(names) if n in locs), None)
 
 
 def _comment_nodes(comment: list[str], mapping: bool) -> list[str]:
@@ -158,6 +192,8 @@ def _comment_nodes(comment: list[str], mapping: bool) -> list[str]:
         m = _SOURCE_NODES.search(s)
         if m:
             out.extend(_names(m.group(1)))
+        elif mapping and (g := _SUBGRAPH_NODE.match(s)):
+            out.append(g.group(1))           # the kernel's post-grad subgraph, printed in its comment
         elif mapping and s.startswith("# Source node to ATen node mapping"):
             in_mapping = True
         elif in_mapping:
@@ -199,6 +235,7 @@ class InductorIndex:
         self._pending: dict[str, _Parts] = {}
         self._lines = 0
         self._ops: dict[tuple[str, int], Frame] = {}
+        self._by_kernel: dict[str, list[str]] | None = None      # Triton kernel -> modules calling it
         self.stats = {"modules": 0, "kernel_lines": 0, "refused": 0}
 
     def add(self, rec: InductorRecord) -> bool:
@@ -220,6 +257,7 @@ class InductorIndex:
             self.stats["refused"] += 1
             return False
         self.modules[rec.path] = m
+        self._by_kernel = None
         self._lines += len(m.kernels)
         self.stats["modules"] = len(self.modules)
         self.stats["kernel_lines"] = self._lines
@@ -265,6 +303,46 @@ class InductorIndex:
 
     def meta(self) -> dict[str, int]:
         return dict(self.stats)
+
+    # ---- CUDA-graph replays of compiled code (daemon/join/graphs.py) --------------------------
+    def best_module(self, kernels: list[str]) -> str | None:
+        """The module whose Triton kernels most of `kernels` (a graph replay's names) are; the
+        newest on a tie; None if no name is one of theirs."""
+        if self._by_kernel is None:
+            by: dict[str, list[str]] = {}
+            for path, m in self.modules.items():
+                for name in {k for k, _o, _a in m.kernels.values() if is_triton(k)}:
+                    by.setdefault(name, []).append(path)
+            self._by_kernel = by
+        score: dict[str, int] = {}
+        for k in set(kernels):
+            for path in self._by_kernel.get(k, ()):
+                score[path] = score.get(path, 0) + 1
+        if not score:
+            return None
+        order = {p: i for i, p in enumerate(self.modules)}
+        return max(score, key=lambda p: (score[p], order[p]))
+
+    def calls(self, path: str) -> tuple[list[tuple[str, bool]], list[Path | None]]:
+        """A module's kernel calls in the order ``call`` makes them: [(kernel, is Triton)], and
+        for each the model's stack trace and op frame its line is charged to (None: no trace)."""
+        m = self.modules[path]
+        calls, tails = [], []
+        for line in sorted(m.kernels):
+            kernel = m.kernels[line][0]
+            calls.append((kernel, is_triton(kernel)))
+            hit = m.at(line)
+            if hit is None:
+                tails.append(None)
+                continue
+            stack, kernel, others = hit
+            tails.append(stack + (Frame.op(op_label(m, kernel, stack, others)),))
+        return calls, tails
+
+
+def is_triton(kernel: str) -> bool:
+    """A wrapper's own kernel (Triton on GPU; its launch keeps the name), not a library call."""
+    return not kernel.startswith(("extern_kernels.", "aten.", "cpp_"))
 
 
 def _cut(path: Path, w: int, top: Frame) -> int:

@@ -99,6 +99,10 @@ class GpuJoin(Protocol):
     def finish(self) -> None:
         """At detach: join or drop everything still waiting."""
 
+    def settle(self) -> None:
+        """At a window's edge, once the agent's flush has arrived: join every record received
+        (none waits for others to arrive); launches and calls still waiting stay."""
+
     def waiting_launches(self) -> int:
         """Launches still waiting for a record that will now never come (a window's `unjoined`)."""
 

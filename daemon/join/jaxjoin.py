@@ -24,6 +24,9 @@ Rules (also written into the snapshot's ``meta["notes"]`` and ``meta["jax"]``):
   after *i* (up to the next named kernel) had exactly as many kernels as there are such custom
   calls, the k-th kernel to the k-th custom call. Marked in ``meta["jax"]["by_order"]``; no
   candidate → the kernel keeps its plain path (``unmatched``).
+- **transposed op**: a backward operator without a source line (``…/transpose(jvp())/mul``) takes
+  the line of the forward operator it transposes (``…/jvp()/mul``) where exactly one located
+  operator of the module has that name; else it stays without one.
 - Compile events (``jax.monitoring`` trace/lowering/backend compile durations) add
   ``compile_time_ns`` to the user call site that triggered them.
 """
@@ -126,6 +129,7 @@ class JaxIndex:
             for i in range(m.nparts):
                 for k in m.parts[i]:
                     m.entries.append((k.name, k.opcode, tuple(k.ops)))
+            _forward_lines(m.entries)
             for i, (name, _opcode, _ops) in enumerate(m.entries):
                 m.by_instr.setdefault(name, i)
                 m.by_name.setdefault(sanitize(name), i)
@@ -264,6 +268,39 @@ class JaxIndex:
 
     def meta(self) -> dict[str, int]:
         return dict(self.stats)
+
+
+def forward_op_name(op_name: str) -> str:
+    """The forward operator a transposed one differentiates: every ``transpose(X)`` in the name
+    read as ``X`` (``jit(step)/transpose(jvp())/mul`` -> ``jit(step)/jvp()/mul``)."""
+    while True:
+        i = op_name.find("transpose(")
+        if i < 0:
+            return op_name
+        depth, j = 0, i + len("transpose(")
+        while j < len(op_name) and (op_name[j] != ")" or depth):
+            depth += {"(": 1, ")": -1}.get(op_name[j], 0)
+            j += 1
+        op_name = op_name[:i] + op_name[i + len("transpose("):j] + op_name[j + 1:]
+
+
+def _forward_lines(entries: list) -> None:
+    """Rule "transposed op": a backward operator XLA left without a source line takes the line of
+    the forward operator it transposes, where its name (``forward_op_name``) names exactly one
+    located operator of the module; otherwise it stays without one."""
+    located: dict[str, set] = {}
+    for _name, _opcode, ops in entries:
+        for op_name, file, line, func in ops:
+            if file:
+                located.setdefault(op_name, set()).add((file, line, func))
+    for k, (name, opcode, ops) in enumerate(entries):
+        if all(o[1] or "transpose(" not in o[0] for o in ops):
+            continue
+        new = []
+        for op_name, file, line, func in ops:
+            at = located.get(forward_op_name(op_name)) if not file and "transpose(" in op_name else None
+            new.append((op_name, *next(iter(at))) if at and len(at) == 1 else (op_name, file, line, func))
+        entries[k] = (name, opcode, tuple(new))
 
 
 def split_paths(path: tuple[Frame, ...], kernel: str, gpu_ns: int, ops: tuple) -> list[Charge]:

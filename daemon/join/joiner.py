@@ -30,21 +30,21 @@ does not call `Joiner.flush()`; it is there for callers that want the counts in 
 
 from __future__ import annotations
 
-import collections
-import functools
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 from stacklens.cct import Frame, Snapshot, WindowedCCT, metrics
 from stacklens.daemon.join.apijoin import ApiRecordJoin
 from stacklens.daemon.join.backward import BackwardLink
 from stacklens.daemon.join.compiled import COMPILED_NOTE, InductorIndex
 from stacklens.daemon.join.gpujoin import CopyCall, GpuJoin, Path
+from stacklens.daemon.join.graphs import GRAPH_NOTE, GraphSplit
 from stacklens.daemon.join.jaxjoin import SPLIT_NOTE, JaxIndex
 from stacklens.daemon.join.orderjoin import LaunchOrderJoin
 from stacklens.daemon.join.rename import name_launches
+from stacklens.daemon.join.splice import sample_frames, splice
 from stacklens.records.agent import (AgentRecord, AgentStats, ApiRecord, CompileRecord, HloMapRecord, InductorRecord,
                                       JoinKind, KernelRecord, MemcpyRecord, Note, PySample)
 
@@ -56,15 +56,6 @@ if TYPE_CHECKING:
 DAEMON_METRICS = metrics.ALL
 GPU_MEASURED = tuple(m.name for m in metrics.REGISTRY if m.needs == "gpu")  # unavailable without it
 
-# The interpreter's files as the Symbolizer names native frames (the mapped file's basename):
-# a shared libpython ("libpython3.12.so.1.0", "libpython3.13t.so.1.0") or a statically linked
-# executable ("python3.12", "python3": Debian/Ubuntu system Pythons; "python"). A full path is
-# taken by its basename.
-_INTERPRETER_FILE = re.compile(r"^(lib)?python(3(\.\d+)?[a-z]*)?(\.so(\.[\d.]*)?)?$")
-MAX_NATIVE_FRAMES = 16
-# native frames kept from an operator's entry to the leaf: the dispatcher's layers alone take
-# 16-40 between at::_ops::mm::call and MKL's kernel (benchmarks/bench_native_stacks.py)
-MAX_OP_NATIVE_FRAMES = 96
 HANDLE_NAMES_MAX = 65_536
 THREAD_NAMES_MAX = 4096   # threads named per process; later ones keep their tid only
 _UNSEEN = (Frame.other("[launch not seen]"),)  # one tuple: its charges are staged together
@@ -73,132 +64,10 @@ _COPY_UNSEEN = (Frame.other("[copy call not seen]"),)
 _MEMSET_UNIT = re.compile(r"MemsetD(8|16|32)")
 
 
-def trim_native(frames: Iterable[Frame]) -> tuple[Frame, ...]:
-    """Native frames below the interpreter, leaf-most MAX_NATIVE_FRAMES of them.
-
-    Frames of the interpreter itself (and everything above it: _start, Py_RunMain …) are what the
-    Python frames already say; a truncated marker is kept so a cut stack is never hidden.
-    """
-    out: list[Frame] = []
-    for f in reversed(tuple(frames)):  # leaf first
-        if _is_interp(f):
-            break
-        out.append(f)
-        if len(out) >= MAX_NATIVE_FRAMES:
-            out.append(Frame.other("[truncated]"))
-            break
-    out.reverse()
-    return tuple(out)
-
-
-def sample_frames(frames) -> tuple[Frame, ...]:
-    """An agent sample's frames; a module's forward, (file, qualname, line, path, class), is its
-    `module` frame (the attribute path and class the sampler read) over its Python frame."""
-    out: list[Frame] = []
-    for f in frames:
-        if len(f) == 5:
-            out.append(Frame.module(f[3], f[4]))
-        out.append(Frame.python(f[0], f[1], f[2]))
-    return tuple(out)
-
-
-EVAL_LOOP = "_PyEval_EvalFrameDefault"
-_OP_LIBS = ("libtorch_cpu", "libtorch_cuda", "libtorch_hip")
-
-
-def _is_eval(f: Frame) -> bool:
-    return f.kind == "native" and (f.name == EVAL_LOOP or f.name.startswith(EVAL_LOOP + "."))
-
-
-@functools.lru_cache(maxsize=1024)
-def _is_interp_file(file: str) -> bool:
-    # a mapping whose file was replaced while the process runs (an upgrade) is named "... (deleted)"
-    return _INTERPRETER_FILE.match(file.rpartition("/")[2].removesuffix(" (deleted)")) is not None
-
-
-def _is_interp(f: Frame) -> bool:
-    return f.kind == "native" and _is_interp_file(f.file)
-
-
-def _between_runs(seg: tuple[Frame, ...]) -> list[Frame]:
-    """The native frames between two eval-loop frames that go between the two Python runs: not
-    the interpreter's own frames, nor an `other` frame (`[anon]`, `[vdso]`) inside the
-    interpreter's region — one whose nearest non-`other` neighbours on both sides are the
-    interpreter's (the bounding eval frames count): under `python -X perf` (CPython 3.12+) each
-    eval-loop invocation is entered through a perf trampoline in anonymous memory, an `[anon]`
-    frame between the eval frames that the Python frames already stand for. JIT code a C
-    function calls (a non-interpreter frame on either side) stays."""
-    out: list[Frame] = []
-    for i, f in enumerate(seg):
-        if _is_interp(f):
-            continue
-        if f.kind == "other":
-            up = next((g for g in reversed(seg[:i]) if g.kind != "other"), None)   # None: the eval frame
-            down = next((g for g in seg[i + 1:] if g.kind != "other"), None)
-            if (up is None or _is_interp(up)) and (down is None or _is_interp(down)):
-                continue
-        out.append(f)
-    return out
-
-
-def _is_op_entry(f: Frame) -> bool:
-    return f.kind == "native" and f.name.startswith("at::_ops::")
-
-
-def splice(py: tuple[Frame, ...], entries: tuple[bool, ...], ops: tuple[str, ...],
-           native: tuple[Frame, ...]) -> tuple[Frame, ...]:
-    """One path, outermost first: Python → C extension → operators → native leaf.
-
-    py/entries: the event's Python frames and, aligned with them, True where one eval-loop
-    invocation begins (`Event.py_entries`). native: the unwound native stack, outermost first.
-    - Below the interpreter: the native frames under the innermost interpreter frame (the C
-      extension the Python code called, e.g. libtorch_python.so, then the operator's library).
-      Operator frames (from the shadow stack) go right above the first `at::_ops::…` or
-      libtorch_cpu frame (after the extension frames); without one, above all of them. Leaf-most MAX_NATIVE_FRAMES
-      kept, a cut marked — the contract of `trim_native`.
-    - Between Python runs: when the native stack holds exactly one `_PyEval_EvalFrameDefault`
-      (incl. `.cold`) frame per run (run k = Python frames from the k-th entry frame on), the
-      non-interpreter native frames between two eval frames (a C function calling back into
-      Python: qsort, ctypes callbacks, torch autograd hooks) go between the two runs; `[anon]`
-      frames among the interpreter's (perf trampolines under `python -X perf`) do not
-      (`_between_runs`). Otherwise (unwind cut, no markers on 3.10, count mismatch) the Python
-      frames sit above, unspliced. The leaf part is kept as unwound: a sample in the vDSO
-      (clock_gettime) or in JIT code ends in its `[vdso]` / `[anon]` frame.
-    Interpreter frames: those of a shared libpython3.x or of a statically linked python3.x
-    executable (`_is_interp`).
-    """
-    native = tuple(native)
-    op_frames = tuple(Frame.op(o) for o in ops)
-    # index just below the innermost interpreter frame (0 if the unwind never reached one)
-    cut = 0
-    for i in range(len(native) - 1, -1, -1):
-        if _is_interp(native[i]):
-            cut = i + 1
-            break
-    below = native[cut:]
-    j = next((i for i, f in enumerate(below) if _is_op_entry(f) or f.file.startswith(_OP_LIBS)), 0)
-    ext, rest = below[:j], below[j:]
-    if ext and all(f.kind == "other" for f in ext):
-        ext, rest = (), ext + rest  # only a cut marker above the op library: it belongs to the leaf part
-    keep = MAX_OP_NATIVE_FRAMES if rest and (_is_op_entry(rest[0]) or rest[0].file.startswith(_OP_LIBS)) \
-        else MAX_NATIVE_FRAMES
-    if len(rest) > keep:
-        rest = (Frame.other("[truncated]"),) + rest[-keep:]
-    if len(ext) > MAX_NATIVE_FRAMES:
-        ext = (Frame.other("[truncated]"),) + ext[-MAX_NATIVE_FRAMES:]
-    head = tuple(py)
-    starts = [i for i, e in enumerate(entries) if e] if len(entries) == len(py) else []
-    if len(starts) > 1:
-        evals = [i for i, f in enumerate(native[:cut]) if _is_eval(f)]
-        if len(evals) == len(starts):
-            out: list[Frame] = list(py[:starts[0]])
-            for k, s in enumerate(starts):
-                end = starts[k + 1] if k + 1 < len(starts) else len(py)
-                out.extend(py[s:end])
-                if k + 1 < len(evals):
-                    out.extend(_between_runs(native[evals[k] + 1:evals[k + 1]]))
-            head = tuple(out)
-    return head + ext + op_frames + rest
+def _demangle(name: str) -> str:
+    # libstdc++'s demangler through ctypes: loaded at the first kernel, so the join imports pure
+    from stacklens.introspect.demangle import demangle
+    return demangle(name)
 
 
 AGENT_DROP_KINDS = ("samples", "gpu", "gpu_buffers", "messages", "jax", "inductor")
@@ -317,6 +186,9 @@ class Joiner:
         self._thread_name = thread_name
         self._thread_names: dict[int, str] = {}
         self._handle_names: dict[str, str] = {}  # "unresolved:0x…" (a CUfunction) → CUPTI's kernel name
+        # per thread, its last launch (CLOCK_MONOTONIC ns, charged path): what `stacklens dump`
+        # shows as the GPU work a thread queued last; one dict store per launch
+        self.last_launch: dict[int, tuple[int, Path]] = {}
         j = self.gpu_join
         self._on_launch = j.on_launch if agent else None   # without an agent no GPU record comes
         self._on_record: dict[type, Callable[[Any], None]] = {
@@ -326,6 +198,8 @@ class Joiner:
             InductorRecord: self._on_inductor,
         }
         self.compiled: InductorIndex | None = None   # once the agent sends torch.compile's modules
+        # CUDA-graph replays split per node (daemon/join/graphs.py)
+        self.graphs = GraphSplit(_demangle, lambda: self.compiled)
 
     # ---- BPF side -------------------------------------------------------------------------
     def on_bpf(self, ev: Event) -> None:
@@ -351,6 +225,10 @@ class Joiner:
             if path is None:
                 path = self._suffixed(m, api, name)
             self.tree.stage(path, self._i_launch, 1)
+            if len(self.last_launch) < THREAD_NAMES_MAX or ev.tid in self.last_launch:
+                self.last_launch[ev.tid] = (ev.ktime_ns, path)
+            if self.graphs.open and self.graphs.on_launch(ev.tid, path):
+                return          # captured into a graph: no kernel runs now, its node replays later
             if self._on_launch is not None:
                 self._on_launch(ev, path)
             return
@@ -366,12 +244,16 @@ class Joiner:
         api = Frame.api(ev.api)
         if kind == "sync":
             add(base + (api,), {"sync_wait_ns": ev.duration_ns})  # a wait, not API time: once, here
+        elif kind == "collective":              # waiting for a torch.distributed collective
+            add(base + (api,), {"collective_wait_ns": ev.duration_ns})
         elif kind == "memcpy":                  # copies and memsets (probes.toml: direction "memset")
             self._on_copy_call(ev, base + (api,))
         elif kind == "alloc":
             add(base + (api,), {"alloc_bytes": ev.bytes, "api_cpu_ns": getattr(ev, "duration_ns", 0)})
         elif kind == "free":
             add(base + (api,), {"api_cpu_ns": getattr(ev, "duration_ns", 0)})
+        elif kind == "capture":                 # a stream capture begins or ends on this thread
+            self.graphs.on_capture(ev.tid, "BeginCapture" in ev.api)
         elif kind == "op_counts":
             pass  # aggregated op entry counts are reported through stats only
         elif kind == "autograd_node":
@@ -390,6 +272,15 @@ class Joiner:
             by_name.clear()
         by_name[name] = path
         return path
+
+    def thread_names(self) -> dict[int, str]:
+        """tid → name of the threads seen so far ("" where none was read)."""
+        return dict(self._thread_names)
+
+    def context_of(self, ev: Event) -> Path:
+        """The path an event of this kind would be charged under, charging nothing: a call
+        still in progress (`stacklens dump`)."""
+        return self._base_entry(ev).path + (Frame.api(ev.api),)
 
     def _base_entry(self, ev: Event) -> _Entry:
         """The memo entry of the event's stacks (`_Entry`: their splice() and launch paths),
@@ -508,6 +399,7 @@ class Joiner:
         if self.compiled.add(rec):
             self._splice_memo.clear()
             self._backward_memo.clear()
+            self.graphs.forget_unknown()
         self.meta["inductor"] = self.compiled.meta()
 
     # ---- Charges: what the GpuJoin decided ---------------------------------------------------
@@ -518,6 +410,14 @@ class Joiner:
         self.gpu_collector_active = True
         self.stats.kernels_joined += 1
         if self.jax is None:
+            if rec.graph_id:                    # a node of a CUDA-graph replay
+                p = self.graphs.known(path, rec) if rec.graph_node_id else None
+                if p is None:
+                    self._graph_charges(self.graphs.kernel(path, rec))
+                    return
+                d = rec.end_ns - rec.start_ns
+                self.tree.stage_pair(p, self._i_gpu, d if d > 0 else 0, self._i_kernels, 1)
+                return
             e = self._charge_memo.get(id(path))
             if e is not None:
                 hit = e.by_name.get(rec.name)
@@ -528,6 +428,18 @@ class Joiner:
                     self.tree.stage_pair(hit.path, self._i_gpu, d if d > 0 else 0, self._i_kernels, 1)
                     return
         self._charge_new(path, rec)
+
+    def _graph_charges(self, charges) -> None:
+        if not charges:
+            return
+        if "graphs" not in self.meta:
+            notes = self.meta.setdefault("notes", [])
+            if GRAPH_NOTE not in notes:
+                notes.append(GRAPH_NOTE)
+        for p, r in charges:
+            d = r.end_ns - r.start_ns
+            self.tree.stage_pair(p, self._i_gpu, d if d > 0 else 0, self._i_kernels, 1)
+        self.meta["graphs"] = self.graphs.meta()       # counts change only here
 
     def kernel_unseen(self, rec: KernelRecord) -> None:
         self.gpu_collector_active = True
@@ -658,11 +570,21 @@ class Joiner:
         """At detach: join what is still waiting (the order join's unsettled kernel groups, the
         copies and memsets)."""
         self.gpu_join.finish()
+        self._graph_charges(self.graphs.flush())
+        self.stats.extra.update(self.gpu_join.stats())
+        self.tree.flush()
+
+    def settle(self) -> None:
+        """A window's edge, once the agent's flush is in: every GPU record received is joined."""
+        self.gpu_join.settle()
+        self._graph_charges(self.graphs.flush())
         self.stats.extra.update(self.gpu_join.stats())
         self.tree.flush()
 
     def expire(self, now_ns: int) -> None:
         self.gpu_join.expire(now_ns)
+        if self.graphs.waiting():
+            self._graph_charges(self.graphs.flush())
         self.stats.extra.update(self.gpu_join.stats())
         if self.backward.stats:
             self.stats.extra.update(self.backward.stats)
@@ -682,6 +604,8 @@ class Joiner:
             out.update(GPU_MEASURED)  # no agent, or an agent without a GPU collector (CPU job)
         if self.jax is None or not self.jax.stats["compile_events"]:
             out.add("compile_time_ns")  # measured only for JAX targets (jax.monitoring)
+        if "rank" not in self.meta:
+            out.add("collective_wait_ns")  # probed in torch.distributed ranks only (bpf/attach.py)
         return out
 
     def snapshot(self, window_s: float | None = None) -> Snapshot:

@@ -352,6 +352,13 @@ class LaunchOrderJoin:
         self.copies.drain(0, self._charge_copy, force=True)
         self.copies.discard()
 
+    def settle(self) -> None:
+        """Join every group received, settled or not: after the agent's forced flush at a window's
+        edge, every record of activity completed before it has arrived. Launches and copy calls
+        still waiting stay for records to come."""
+        self.kernels.drain(0, self._charge_group, force=True)
+        self.copies.drain(0, self._charge_copy, force=True)
+
     def waiting_launches(self) -> int:
         """Launches no kernel record has claimed yet; after `finish` (every record drained), the
         ones none ever will: a window counts them as unjoined (they used to go uncounted)."""

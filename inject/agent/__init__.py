@@ -228,6 +228,8 @@ class Agent:
         self.raw_dropped = 0                    # CUPTI buffers dropped (the daemon was too slow)
         self.max_gpu_queue = DEFAULTS["max_gpu_queue"]
         self.samples_dropped = 0
+        self.flush_asked = []           # ids of the daemon's edge flushes not yet answered
+        self.flush_at_ns = None         # CLOCK_MONOTONIC when the GPU collector was last flushed for them
         if config:
             self._apply_config(config)
 
@@ -293,6 +295,10 @@ class Agent:
                 self._apply_config(m)
             elif t == "free":
                 self._release(m.get("a"))
+            elif t == "flush":
+                fid = m.get("id")
+                if type(fid) is int and len(self.flush_asked) < 64:
+                    self.flush_asked.append(fid)
 
     def _gpu_call(self, name, *args, default=None):
         """A collector call that not every collector has (buffers left in place are CUPTI's);
@@ -376,7 +382,11 @@ class Agent:
             if now >= next_stats:
                 self._send_stats(sampler)
                 next_stats = now + 1.0
+            if self.flush_asked:
+                self._edge_flush(batch)
             wait = min(next_sample, next_flush) - time.monotonic()
+            if self.flush_asked:
+                wait = min(wait, 0.005)        # its records are still on their way out
             self._handle(ch.pump(max(0.0, wait)))
 
     def _set_switch_interval(self):
@@ -436,6 +446,24 @@ class Agent:
         self._send_gpu_records()
         self._poll_jax()
         self._poll_inductor()
+
+    def _edge_flush(self, batch):
+        """The daemon's window edge: every GPU record of activity completed by now is handed over
+        (CUPTI's forced flush: records of kernels still running come back incomplete and are
+        counted lost by the daemon), with the samples; then {"t": "flushed", "id", "t_ns"} once
+        they are all in the outbox, after them on the ordered socket. One flush answers every
+        request that came before it."""
+        if self.flush_at_ns is None:
+            self.flush_at_ns = time.monotonic_ns()
+            self._gpu_call("flush_now")
+            self._flush(batch)
+        else:
+            self._send_gpu_records()
+        if self.gpu_queue or self.raw_queue:
+            return                             # the outbox is full: answered once they are out
+        if self.ch.send({"t": "flushed", "id": self.flush_asked[-1], "t_ns": self.flush_at_ns}):
+            self.flush_asked = []
+            self.flush_at_ns = None
 
     def _poll_inductor(self):
         # torch._inductor.codecache is imported when torch.compile first compiles a graph

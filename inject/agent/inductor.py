@@ -17,6 +17,9 @@ built by the daemon, ``daemon/join/compiled.py``), per generated wrapper module,
 - ``["S", line number, text]``: the wrapper's comment lines, kernel definition lines and the
   lines from the first region on (the ``call`` body), where the daemon finds which kernel each line calls and the
   ``Source Nodes`` comments Inductor wrote for it.
+A wrapper without a line map (torch 2.11 keeps none for the graph-partitioned wrappers of
+cudagraph trees) is sent without T and M rows; other modules without one (a Triton kernel's own
+module) are not sent.
 Rows of one module travel in parts of at most MSG_BUDGET bytes.
 """
 
@@ -75,10 +78,16 @@ def post_grad_nodes(graph_str):
 
 def wrapper_rows(text, starts):
     """The ``S`` rows of a wrapper's source: comment lines, kernel definitions (``NAME =
-    async_compile.…``) and every non-blank line from the first region start on."""
-    first = min(starts) if starts else 1
+    async_compile.…``) and every non-blank line from the first region start on (without a line
+    map: from the first ``def call(`` or ``def partition_N(``, where the kernel calls are)."""
+    lines = text.splitlines()
+    if starts:
+        first = min(starts)
+    else:
+        first = next((i for i, line in enumerate(lines, 1) if line.startswith(("def call(", "def partition_"))
+                      or line.lstrip().startswith("def call(")), len(lines) + 1)
     rows = []
-    for i, line in enumerate(text.splitlines(), 1):
+    for i, line in enumerate(lines, 1):
         s = line.strip()
         if s and (i >= first or s.startswith("#") or (line[0] != " " and " = async_compile." in line)):
             rows.append(["S", i, line[:MAX_TEXT]])
@@ -195,13 +204,15 @@ class InductorWatcher:
         lines, traces = (), ()
         if linemap and len(linemap) == 2:
             lines, traces = tuple(linemap[0]), tuple(str(t) if t else "" for t in linemap[1])
-        if not lines:
-            return
+        # no line map (torch 2.11's graph-partitioned wrappers of cudagraph trees keep none): the
+        # daemon charges each kernel call to its own nodes' lines (daemon/join/compiled.py)
         if os.path.getsize(path) > MAX_FILE:
             self.note("warning", f"inductor: generated module {path[:200]} over {MAX_FILE} bytes not read")
             return
         with open(path, encoding="utf-8", errors="replace") as fh:
             text = fh.read()
+        if not lines and "def call(" not in text:
+            return                                   # a Triton kernel's own module, not a wrapper
         key = _key(path)
         nodes = post_grad_nodes(self.graphs[key]) if key in self.graphs else []
         parts = chunks(module_rows(text, lines, traces, nodes))

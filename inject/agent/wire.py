@@ -49,7 +49,7 @@ RAW_FIELDS = {
     "memcpy": ("kind", "copy_kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id"),
     "memset": ("kind", "bytes", "start", "end", "device_id", "stream_id", "correlation_id"),
 }
-RAW_OPTIONAL_FIELDS = {"kernel": ("graph_id",), "memcpy": ("src_kind", "dst_kind", "graph_id"),
+RAW_OPTIONAL_FIELDS = {"kernel": ("graph_id", "graph_node_id"), "memcpy": ("src_kind", "dst_kind", "graph_id"),
                        "memset": ("memory_kind", "graph_id")}
 RAW_COPY_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
 # CUpti_ActivityMemoryKind, as torch.profiler names them ("Memcpy DtoH (Device -> Pinned)")

@@ -15,7 +15,7 @@ from stacklens.inject.channel.inductor import parse_inductor
 from stacklens.inject.channel.validate import MAX_FRAME_FILE, MAX_FRAME_NAME, MAX_INT, MAX_STR, ProtocolError
 from stacklens.inject.channel.validate import check_int as _int, check_list as _list, check_num as _num
 from stacklens.inject.channel.validate import check_row as _row, check_text as _str, clip_text
-from stacklens.records.agent import AgentStats, CompileRecord, HloKernel, HloMapRecord, Note, PySample
+from stacklens.records.agent import AgentFlushed, AgentStats, CompileRecord, HloKernel, HloMapRecord, Note, PySample
 
 LEVELS = ("info", "warning", "error")
 MAX_HLO_PARTS = 4096
@@ -25,7 +25,7 @@ HLO_LIMITS = {"id": 128, "module": 512, "platform": 32, "instr": 1024, "opcode":
               "file": MAX_STR, "func": 1024, "event": 128, "fun_name": 256}
 
 KNOWN_KINDS = ("samples", "kernel", "api", "memcpy", "sync", "note", "stats", "hlo", "compile", "bye",
-               "cupti_layout", "cupti_raw", "cupti_ref", "inductor")
+               "cupti_layout", "cupti_raw", "cupti_ref", "inductor", "flushed")
 FRAME_BYTES = 180           # a (file, name, line) tuple, two str headers, the line int
 
 
@@ -119,6 +119,8 @@ def parse_message(msg, counts=None, conn: Connection | None = None) -> list:
         return out
     if t == "inductor":                 # torch.compile's generated modules (inject/channel/inductor.py)
         return [parse_inductor(msg)]
+    if t == "flushed":                  # the answer to a flush request (a window's edge)
+        return [AgentFlushed(_int(msg.get("id"), 0, MAX_INT), _int(msg.get("t_ns")))]
     if t == "bye":
         return []
     raise ProtocolError(f"unknown message kind {str(t)[:32]!r}")

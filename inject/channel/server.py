@@ -115,6 +115,7 @@ class AgentServer:
         self._gone_event = threading.Event()
         self._closing = threading.Event()
         self._send_lock = threading.Lock()
+        self._flush_ids = 0             # flush requests sent (request_flush)
         self._names: NameReader | None = None   # the target's memory (kernel names, buffers read in place)
         self._link = Connection(pid)        # the current agent connection as the GPU decoders see it
         self._hello_seen = False
@@ -396,6 +397,17 @@ class AgentServer:
     def queued_bytes(self) -> int:
         """Estimated bytes of the records waiting for ``poll()`` (at most MAX_QUEUED_BYTES)."""
         return self._queued_bytes
+
+    def request_flush(self) -> int | None:
+        """Asks the agent to hand over every GPU record of activity completed by now (a window's
+        edge); it answers with an `AgentFlushed` of this id, queued after those records. None:
+        no agent is connected to ask."""
+        if not self.connected:
+            return None
+        with self._send_lock:
+            self._flush_ids += 1
+            fid = self._flush_ids
+        return fid if self._send({"t": "flush", "id": fid}) else None
 
     def stop_agent(self, timeout_s: float = 3.0) -> bool:
         """Ask the agent to detach; True once it has closed its end."""

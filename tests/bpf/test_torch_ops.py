@@ -94,7 +94,7 @@ def test_cpu_samples_carry_op_path_and_stack(bpf_ok, start_target):
     assert with_ops, "no sample landed inside an operator"
     for e in with_ops:
         assert e.op_path in counts or e.op_path == ("[unknown op path]",), e.op_path
-    assert stats["lost_samples"] == 0 and stats["drops"] == 0
+    assert stats["lost_samples"] == 0 and stats["drops"] == 0, stats
 
 
 def _ten_steps(t, config: ProbeConfig):

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.torchrun_job import TorchrunJob
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = ROOT / "tests" / "targets" / "gloo_hang.py"
@@ -28,49 +26,11 @@ STACKLENS = [str(Path(sys.executable).with_name("stacklens"))]   # the installed
 COLLECTIVE_LINE = next(i for i, s in enumerate(TARGET.read_text().splitlines(), 1) if "# COLLECTIVE" in s)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class GlooJob:
-    """torchrun with two gloo ranks, in a session of its own (killed as a group at the end);
-    its output (both ranks share it) read by a thread into a queue."""
+class GlooJob(TorchrunJob):
+    """tests/targets/gloo_hang.py under torchrun, with rank 0's progress lines."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        torchrun = Path(sys.executable).with_name("torchrun")
-        self.proc = subprocess.Popen(
-            [str(torchrun), "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-             f"--master-port={_free_port()}", str(TARGET)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(ROOT),
-            env=env, start_new_session=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        self.ranks: dict[int, int] = {}
-        try:
-            while len(self.ranks) < 2:
-                line = self.next_line(120, what="both ranks' 'ready'")
-                if line.startswith("ready "):
-                    _, rank, pid = line.split()
-                    self.ranks[int(rank)] = int(pid)
-        except BaseException:
-            self.kill()
-            raise
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put("")              # EOF
-
-    def next_line(self, timeout: float, what: str = "a line") -> str:
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"no {what} from the gloo job in {timeout} s") from None
-        if line == "" and self.proc.poll() is not None:
-            raise AssertionError(f"the gloo job exited ({self.proc.returncode}) waiting for {what}")
-        return line
+        super().__init__(TARGET, env)
 
     def progress(self, n: int) -> list[tuple[int, float, float]]:
         """The next `n` progress lines of rank 0's busy thread: (iterations, cpu s, wall s)."""
@@ -81,25 +41,6 @@ class GlooJob:
                 _, it, cpu, wall = line.split()
                 out.append((int(it), float(cpu), float(wall)))
         return out
-
-    def drain(self) -> None:
-        while not self.lines.empty():
-            self.lines.get_nowait()
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)   # the group this test started
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=15)
-        except ProcessLookupError:
-            pass
-        for pid in self.ranks.values():               # ranks are in the group; make sure
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +89,11 @@ def _dump_in_collective(env, pid: int) -> dict:
 
 
 def _rate(prog: list[tuple[int, float, float]]) -> tuple[float, float]:
-    (n0, c0, w0), (n1, c1, w1) = prog[0], prog[-1]
-    return (n1 - n0) / (c1 - c0), (n1 - n0) / (w1 - w0)
+    """Iterations per CPU second and per wall second: the medians over the progress intervals
+    (one slow interval, another process's burst on the other core, does not decide)."""
+    cpu = sorted((n1 - n0) / (c1 - c0) for (n0, c0, _), (n1, c1, _) in zip(prog, prog[1:]) if c1 > c0)
+    wall = sorted((n1 - n0) / (w1 - w0) for (n0, _, w0), (n1, _, w1) in zip(prog, prog[1:]) if w1 > w0)
+    return cpu[len(cpu) // 2], wall[len(wall) // 2]
 
 
 def test_dump_of_a_rank_blocked_in_all_reduce(job, env):
@@ -188,6 +132,11 @@ def test_target_runs_at_its_former_speed_after_dumps(job, env):
     cpu_after, wall_after = _rate(after)
     print(f"iterations per CPU s: {cpu_before:.0f} before, {cpu_after:.0f} after; "
           f"per wall s: {wall_before:.0f} before, {wall_after:.0f} after")
+    if not 0.75 < cpu_after / cpu_before < 1.33:
+        # a slowdown the dumps left stays; one from the machine (CI ran 0.70x once, the other
+        # core busy) passes: measured again, later
+        cpu_after, _ = _rate(job.progress(16))
+        print(f"again: {cpu_after:.0f} per CPU s")
     assert 0.75 < cpu_after / cpu_before < 1.33
     status = Path(f"/proc/{pid}/status").read_text()
     assert "TracerPid:\t0" in status                   # nothing left attached

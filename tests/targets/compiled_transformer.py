@@ -1,14 +1,17 @@
-"""A torch.compile'd (default mode, Inductor) training step of four transformer blocks on CUDA, for
-tests/gpu/compiled.py. Compiles, prints `ready`, then reads commands on stdin:
-`steps N` (N steps, synchronized, prints `done`), `profile N OUT` (N steps under torch.profiler
-with stacks: per kernel, the generated wrapper line of the op that launched it, see
-`kernel_sites`, as JSON in OUT, prints `done`), `quit`."""
+"""A torch.compile'd (Inductor; `--mode reduce-overhead` for cudagraph trees, default mode
+otherwise) training step of four transformer blocks on CUDA, for tests/gpu/compiled.py. Compiles,
+prints `ready`, then reads commands on stdin: `steps N` (N steps, synchronized, prints `done`),
+`profile N OUT` (N steps under torch.profiler with stacks: per kernel, the generated wrapper line
+of the op that launched it, see `kernel_sites`, and every GPU kernel as CUPTI named it with its
+correlation id, start and duration, as JSON in OUT, prints `done`), `quit`. Between commands the
+main thread runs Python (a select loop), so an agent can be injected while it waits."""
 
+import argparse
 import json
 import re
-import sys
 
 import torch
+from stdin_commands import commands
 
 
 class Block(torch.nn.Module):
@@ -59,9 +62,24 @@ def kernel_sites(prof):
     return out
 
 
+def kernel_list(prof):
+    """[name, correlation id, start ns, duration ns] of every GPU kernel of the profile (graph
+    replays included: their kernels share the graph launch's correlation id)."""
+    out = []
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() == torch.autograd.DeviceType.CUDA and e.name() and e.duration_ns() > 0:
+            out.append([e.name(), e.correlation_id(), e.start_ns(), e.duration_ns()])
+    return out
+
+
+
+
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", default="default")
+    mode = ap.parse_args().mode
     model = Model().cuda()
-    step_fn = torch.compile(model)
+    step_fn = torch.compile(model) if mode == "default" else torch.compile(model, mode=mode)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(8, 512, 1024, device="cuda")
 
@@ -74,7 +92,7 @@ def main():
         step()
     torch.cuda.synchronize()
     print("ready", flush=True)
-    for line in sys.stdin:
+    for line in commands():
         cmd = line.split()
         if not cmd or cmd[0] == "quit":
             break
@@ -90,7 +108,7 @@ def main():
                     step()
                 torch.cuda.synchronize()
             with open(cmd[2], "w") as fh:
-                json.dump(kernel_sites(prof), fh)
+                json.dump({"sites": kernel_sites(prof), "kernels": kernel_list(prof)}, fh)
         print("done", flush=True)
 
 

@@ -326,3 +326,43 @@ def test_attach_op_wait_returns_on_a_new_step_or_the_end():
     assert not op.wait(None, 0.01)        # a step is not the end
     op.end(notes=["ok"])
     assert op.wait(1, 30) and op.result() == ["ok"]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_an_attach_is_found_by_its_id_between_its_last_step_and_its_end(target, fails):
+    """The attach leaves the ones in progress and joins the ended ones in one step: a client that
+    follows it by id in between (CI: 8 concurrent attaches, one client told "knows no attach")
+    finds it, and gets its outcome."""
+
+    known = threading.Event()   # the test has the op's id
+
+    class Probes(FakeProbes):
+        def attach(self):
+            assert known.wait(30)
+            if fails:
+                raise AttachError("the probes could not attach")
+            return super().attach()
+
+    d = Daemon(session_factory=lambda pid, **kw: ProcessSession(pid, probe_factory=lambda q, **_: Probes(q), **kw))
+    seen = []
+    between = "_attach_error" if fails else "_count_sharers"   # what runs after the op left `attaching`
+    step = getattr(d, between)
+
+    def looked_up(*a, **kw):
+        op = d.attaching.get(target)
+        assert op is None, "the hook ran before the attach left the ones in progress"
+        seen.append(d.attach_op(target, ids[0]))
+        return step(*a, **kw)
+
+    setattr(d, between, looked_up)
+    op, _ = d.begin_attach(target)
+    ids = [op.id]
+    known.set()
+    assert op.wait(timeout=30)
+    assert seen == [op], "the attach was not found by its id while it ended"
+    if fails:
+        with pytest.raises(AttachError):
+            op.result()
+    else:
+        assert op.result() == ["fake probes attached"]
+        d.detach(target)

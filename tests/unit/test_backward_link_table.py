@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from stacklens.cct import Frame
 from stacklens.daemon.join.backward import NO_SEQUENCE, BackwardLink
-from stacklens.daemon.join.joiner import splice
+from stacklens.daemon.join.splice import splice
 
 PY = (Frame.python("model.py", "Net.forward", 42),)
 OPS = ("aten::linear", "aten::addmm")

@@ -161,3 +161,14 @@ def test_meta_and_unavailable_pass_through() -> None:
     w.add((FRAMES[0],), "cpu_samples", 1)
     snap = w.snapshot(meta={"pid": 7}, unavailable={"gpu_time_ns"})
     assert snap.meta == {"pid": 7} and snap.unavailable == {"gpu_time_ns"}
+
+
+def test_a_window_says_the_seconds_it_covers() -> None:
+    """To a bucket, from the oldest bucket's start; a tree younger than the window from its first
+    event (rates and shares divide by it: analyzer/view.py reads meta window_s)."""
+    w = WindowedCCT(bucket_s=1.0, horizon_s=60.0)
+    w.add((FRAMES[0],), "cpu_samples", 1, now=100.25)
+    assert w.snapshot(10.0, now=103.5).meta["window_s"] == pytest.approx(3.25)   # young: since 100.25
+    w.add((FRAMES[0],), "cpu_samples", 1, now=115.0)
+    assert w.snapshot(10.0, now=115.5).meta["window_s"] == pytest.approx(9.5)    # buckets 106..115
+    assert "window_s" not in w.snapshot(now=115.5).meta                          # cumulative

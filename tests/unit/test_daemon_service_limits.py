@@ -4,13 +4,15 @@
   stream gives its worker back at once, stop() ends open streams, unary calls always answer;
 - errors: an unexpected exception is INTERNAL with a short message (no exception text), logged
   once; undecodable requests are one log line, not a traceback each; PIDs out of range refused;
-- `stacklensd --socket DIR/s.sock` leaves a shared 1777 DIR's mode and owner as they were.
+- `stacklensd --socket DIR/s.sock` leaves a shared 1777 DIR's mode and owner as they were;
+- a SIGTERM that the kernel hands to a thread other than the main one still stops the daemon.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import ctypes
 import signal
 import stat
 import subprocess
@@ -216,6 +218,36 @@ def test_socket_in_a_shared_sticky_dir_leaves_its_mode_and_owner_alone(shared_di
         after = os.stat(shared_dir)
         assert (after.st_mode, after.st_uid, after.st_gid) == (before.st_mode, before.st_uid, before.st_gid)
         assert not sock.exists() and not tok.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def _tgkill(tgid: int, tid: int, sig: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(234, tgid, tid, sig) != 0:  # SYS_tgkill on x86_64
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_delivered_to_another_thread_stops_the_daemon(tmp_path):
+    """The kernel may give a process's SIGTERM to any of its threads (CI saw it while the warm-up
+    compiled); the main thread must not sleep through it."""
+    proc = _start_stacklensd(tmp_path / "s.sock", tmp_path / "d.log")
+    try:
+        assert "ready" in proc.stdout.readline(), (tmp_path / "d.log").read_text()
+        others = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
+        assert others, "stacklensd runs its server and housekeeping on threads of their own"
+        _tgkill(proc.pid, others[-1], signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("stacklensd slept through a SIGTERM handed to thread %d: %s"
+                        % (others[-1], (tmp_path / "d.log").read_text()))
+        assert rc == 0, (tmp_path / "d.log").read_text()
+        assert not (tmp_path / "s.sock").exists()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from stacklens.cct import Frame
-from stacklens.daemon.join.joiner import Joiner, trim_native
+from stacklens.daemon.join.joiner import Joiner
+from stacklens.daemon.join.splice import trim_native
 from stacklens.records.agent import ApiRecord as _Api, KernelRecord as _Kernel, Note, PySample
 from tests.fakes.sources import FakeEvent, py
 
@@ -280,7 +281,7 @@ def test_the_agent_samples_at_20_hz_only_where_bpf_reads_python_stacks():
 def test_an_interpreter_replaced_on_disk_is_still_the_interpreter():
     """A Python upgraded while the job runs is mapped as "... (deleted)"; its frames are still
     the interpreter's."""
-    from stacklens.daemon.join.joiner import _is_interp
+    from stacklens.daemon.join.splice import _is_interp
 
     for f in ("libpython3.12.so.1.0 (deleted)", "python3.12 (deleted)", "/usr/bin/python3.11 (deleted)"):
         assert _is_interp(Frame.native(f, "_PyEval_EvalFrameDefault")), f

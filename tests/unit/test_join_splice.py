@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from stacklens.cct import Frame
-from stacklens.daemon.join.joiner import MAX_NATIVE_FRAMES, Joiner, splice
+from stacklens.daemon.join.joiner import Joiner
+from stacklens.daemon.join.splice import MAX_NATIVE_FRAMES, splice
 from stacklens.records.events import make_event
 
 PY = "libpython3.11.so.1.0"

@@ -291,36 +291,3 @@ def test_a_call_returning_after_the_end_is_cut_and_a_sync_still_waiting_is_count
     assert "syncs still waiting at the end 1" in window_line(meta)
 
 
-class _Response:
-    def __init__(self, samples: int, read_up_to_ns: int):
-        from stacklens.cct.export import encode_profile
-
-        self.profile = encode_profile(snap_with({}, samples=samples))
-        self.stats = {"read_up_to_ns": read_up_to_ns}
-
-
-class _Daemon:
-    """Answers snapshots whose stats say how far the daemon has read (read_up_to_ns): 10 ns more
-    per call; the profile's sample count is the call's number."""
-
-    def __init__(self):
-        self.calls = []
-
-    def snapshot_response(self, pid, **kw):
-        self.calls.append(kw)
-        return _Response(len(self.calls), 10 * len(self.calls))
-
-
-def test_a_window_through_the_daemon_is_read_once_the_daemon_has_read_past_its_end():
-    d = _Daemon()
-    said = []
-    snap, drained = oneshot.drained_snapshot(d, 1, end_ns=30, say=said.append)
-    # pruned trees until the stats reach 30 (the third); then the whole tree, served after them
-    assert drained and d.calls == [{"depth": 1}] * 3 + [{}] and snap.total("cpu_samples") == 4
-    assert said == ["waiting for stacklensd to read up to the window's end"]
-
-
-def test_a_daemon_that_does_not_catch_up_gives_the_tree_marked_not_drained():
-    d = _Daemon()
-    snap, drained = oneshot.drained_snapshot(d, 1, end_ns=10**12, say=lambda _: None, timeout_s=0.0)
-    assert not drained and d.calls == [{"depth": 1}, {}] and snap.total("cpu_samples") == 2

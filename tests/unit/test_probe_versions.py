@@ -22,6 +22,8 @@ cuModuleGetFunction cuLibraryGetKernel cuKernelGetFunction cuGetProcAddress cuGe
 cuMemsetD8 cuMemsetD8_v2 cuMemsetD8_v2_ptds cuMemsetD16 cuMemsetD16_v2 cuMemsetD32 cuMemsetD32_v2
 cuMemsetD32_v2_ptds cuMemsetD8Async cuMemsetD8Async_ptsz cuMemsetD16Async cuMemsetD16Async_ptsz
 cuMemsetD32Async cuMemsetD32Async_ptsz cuMemsetD2D8_v2
+cuStreamBeginCapture cuStreamBeginCapture_ptsz cuStreamBeginCapture_v2 cuStreamBeginCapture_v2_ptsz
+cuStreamBeginCaptureToGraph cuStreamEndCapture cuStreamEndCapture_ptsz
 """.split()
 CUDA_SPECS = [s for s in load_specs() if "libcuda" in s.library]
 
@@ -49,12 +51,15 @@ def test_each_probe_takes_its_call_s_exports_on_libcuda():
         "cuMemAllocAsync_ptsz": "cuMemAllocAsync", "cuMemFreeAsync_ptsz": "cuMemFreeAsync",
         "cuMemcpy_ptds": "cuMemcpy", "cuMemcpyAsync_ptsz": "cuMemcpyAsync",
         "cuMemcpyHtoD_v2_ptds": "cuMemcpyHtoD_v2", "cuMemcpyDtoHAsync_v2_ptsz": "cuMemcpyDtoHAsync_v2",
+        "cuStreamBeginCapture_v2": "cuStreamBeginCapture", "cuStreamBeginCapture_v2_ptsz": "cuStreamBeginCapture",
+        "cuStreamEndCapture_ptsz": "cuStreamEndCapture",
     }
     for export, probe in want.items():
         assert sites[export] == probe, export
     # older ABIs (32-bit pointers and sizes) and other calls of a similar name are left alone
     for other in ("cuMemAlloc", "cuMemFree", "cuMemcpyHtoD", "cuMemcpyDtoHAsync", "cuMemAllocHost_v2",
-                  "cuMemcpyPeer", "cuMemcpy2D_v2", "cuEventRecord_ptsz", "cuCtxCreate_v2", "cuGetProcAddress_v2"):
+                  "cuMemcpyPeer", "cuMemcpy2D_v2", "cuEventRecord_ptsz", "cuCtxCreate_v2", "cuGetProcAddress_v2",
+                  "cuStreamBeginCaptureToGraph"):
         assert other not in sites, other
     # every probe on its own name where exported, once per export
     assert all(sites.get(s.symbol) == s.symbol for s in CUDA_SPECS)

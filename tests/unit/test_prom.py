@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from stacklens.cct import CCT, Frame, metrics
 from stacklens.daemon.join.joiner import DAEMON_METRICS
 from stacklens.daemon import prom
+from stacklens.daemon.ranks import RankProc
 from stacklens.daemon.prom import MetricsServer, Source, StacklensCollector, build_registry, line_label
 
 
@@ -43,7 +44,7 @@ def registry_for(snap, **kw):
 def test_totals_units_and_unavailable():
     snap = make_snapshot(10)
     reg = registry_for(snap)
-    lv = {"pid": "42", "comm": "python3", "container": ""}
+    lv = {"pid": "42", "comm": "python3", "container": "", "rank": "", "local_rank": "", "world_size": ""}
     assert reg.get_sample_value("stacklens_kernel_launches_total", lv) == 20
     assert reg.get_sample_value("stacklens_sync_wait_seconds_total", lv) == pytest.approx(45_000e-9)
     assert reg.get_sample_value("stacklens_cpu_samples_total", lv) == 55
@@ -69,7 +70,7 @@ def test_hotspots_bounded_to_k_plus_other_with_10000_contexts():
     assert total == pytest.approx(snap.total("cpu_samples") / 100)
     top = reg.get_sample_value(
         "stacklens_hotspot_cpu_seconds_total",
-        {"pid": "42", "comm": "python3", "container": "", "line": "srv/model.py:10099",
+        {"pid": "42", "comm": "python3", "container": "", "rank": "", "local_rank": "", "world_size": "", "line": "srv/model.py:10099",
          "context": "model.py:block9999:10099 > aten::addmm > api:cuLaunchKernel"},
     )
     assert top == pytest.approx(100.0)
@@ -110,7 +111,7 @@ def test_every_registry_metric_is_exported_with_its_help_and_unit():
     snap = fully_measured_snapshot()
     text = generate_latest(registry_for(snap)).decode()
     reg = registry_for(snap)
-    lv = {"pid": "42", "comm": "python3", "container": ""}
+    lv = {"pid": "42", "comm": "python3", "container": "", "rank": "", "local_rank": "", "world_size": ""}
     for i, m in enumerate(metrics.REGISTRY):
         name = f"stacklens_{m.prom}_total"
         assert f"# HELP {name} {m.help}\n" in text, name
@@ -153,7 +154,7 @@ def test_cpu_seconds_need_the_sampling_rate():
     snap = make_snapshot(10)
     reg = CollectorRegistry()
     reg.register(StacklensCollector(lambda: [(42, "python3", "", snap, {})], hotspots=True, top_k=3))  # a rate-less source
-    lv = {"pid": "42", "comm": "python3", "container": ""}
+    lv = {"pid": "42", "comm": "python3", "container": "", "rank": "", "local_rank": "", "world_size": ""}
     assert reg.get_sample_value("stacklens_cpu_samples_total", lv) == 55
     assert reg.get_sample_value("stacklens_cpu_seconds_total", lv) is None
     assert reg.get_sample_value("stacklens_hotspot_sync_wait_seconds_total",
@@ -166,9 +167,28 @@ def test_agent_connected_gauge_only_for_processes_with_an_agent():
     reg.register(StacklensCollector(lambda: [Source(1, "a", "", snap, {}, agent_connected=True),
                                              Source(2, "b", "", snap, {}, agent_connected=False),
                                              Source(3, "c", "", snap, {})]))
-    assert reg.get_sample_value("stacklens_agent_connected", {"pid": "1", "comm": "a", "container": ""}) == 1
-    assert reg.get_sample_value("stacklens_agent_connected", {"pid": "2", "comm": "b", "container": ""}) == 0
-    assert reg.get_sample_value("stacklens_agent_connected", {"pid": "3", "comm": "c", "container": ""}) is None
+    assert reg.get_sample_value("stacklens_agent_connected", {"pid": "1", "comm": "a", "container": "", "rank": "", "local_rank": "", "world_size": ""}) == 1
+    assert reg.get_sample_value("stacklens_agent_connected", {"pid": "2", "comm": "b", "container": "", "rank": "", "local_rank": "", "world_size": ""}) == 0
+    assert reg.get_sample_value("stacklens_agent_connected", {"pid": "3", "comm": "c", "container": "", "rank": "", "local_rank": "", "world_size": ""}) is None
+
+
+def test_ranks_of_a_distributed_job_carry_rank_labels():
+    """Two ranks of one job (their environment read into RankProc) and a process that is no
+    rank: the ranks' series carry rank, local_rank and world_size; the other's are empty."""
+    snap = make_snapshot(3)
+    want = snap.total("cpu_samples")
+    ranks = [RankProc(r, 100 + r, r, 2, 2, "127.0.0.1:29500") for r in (0, 1)]
+    reg = CollectorRegistry()
+    reg.register(StacklensCollector(lambda: [Source(100, "python", "", snap, {}, cpu_hz=99, rank=ranks[0]),
+                                             Source(101, "python", "", snap, {}, cpu_hz=99, rank=ranks[1]),
+                                             Source(7, "serve", "", snap, {}, cpu_hz=99)]))
+    for r in (0, 1):
+        lv = {"pid": str(100 + r), "comm": "python", "container": "", "rank": str(r), "local_rank": str(r),
+              "world_size": "2"}
+        assert reg.get_sample_value("stacklens_cpu_samples_total", lv) == want
+    lv = {"pid": "7", "comm": "serve", "container": "", "rank": "", "local_rank": "", "world_size": ""}
+    assert reg.get_sample_value("stacklens_cpu_samples_total", lv) == want
+    assert 'rank="1"' in generate_latest(reg).decode()
 
 
 def test_node_counters_never_go_down():

@@ -277,7 +277,9 @@ def test_status_text():
 def test_process_cells_show_unavailable_never_zero():
     row = model.ProcessRow(1, "python", True, False, "attached", "3.12", float("nan"), 12.34, 0.5)
     assert model.process_cells(row) == (
-        "1", "python", "attached", "no", "unavailable", "unavailable", "12.3", "50.0%", "3.12")
+        "1", "python", "attached", "no", "unavailable", "unavailable", "12.3", "50.0%", "-", "3.12")
+    rank = model.ProcessRow(2, "python", True, False, "attached", "3.12", rank="1/4")
+    assert model.process_cells(rank)[8] == "1/4"
 
 
 def test_cpu_share_from_two_readings_of_cpu_time():

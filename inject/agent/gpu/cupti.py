@@ -285,6 +285,12 @@ class CuptiCollector:
             if self.periodic_flush:
                 self._flush_all(0)
 
+    def flush_now(self):
+        """The daemon's window edge: CUPTI hands over every buffer now (a forced flush: records of
+        kernels still in flight come back incomplete). Not while yielded to a user's profiler."""
+        if self.active and not self._stopped:
+            self._flush_all(1)
+
     def stop(self):
         self._stopped = True             # also while yielded: poll() must not enable again
         self.yielded_to = None
@@ -570,7 +576,8 @@ class CuptiCollector:
                     n_kernel += 1
                     yield "kernel", [str(r.name)[:8192], max(0, start + off), max(0, end + off), r.device_id,
                                      r.stream_id, r.correlation_id, r.grid_x, r.grid_y, r.grid_z,
-                                     r.block_x, r.block_y, r.block_z, getattr(r, "graph_id", 0) or 0]
+                                     r.block_x, r.block_y, r.block_z, getattr(r, "graph_id", 0) or 0,
+                                     getattr(r, "graph_node_id", 0) or 0]
                 elif k == rt or k == drv:
                     n_api += 1
                     cbid = r.cbid

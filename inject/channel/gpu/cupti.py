@@ -393,7 +393,7 @@ def _records(buf, offsets, mask: int, off_ns: int, layout: Layout, names: NameRe
             else:
                 append(r)
             continue
-        s, e, dev, strm, corr, gx, gy, gz, bx, by, bz, ptr, graph = v
+        s, e, dev, strm, corr, gx, gy, gz, bx, by, bz, ptr, graph, node = v
         if not e or e < s:
             incomplete += 1
             continue
@@ -404,13 +404,13 @@ def _records(buf, offsets, mask: int, off_ns: int, layout: Layout, names: NameRe
         if e < 0:
             e = 0
         # (a | b | ...) >> 63 is non-zero iff one of them is negative or >= 2**63
-        if e > MI or (strm | corr | graph | gx | gy | gz | bx | by | bz) >> 63 or not 0 <= dev <= MAX_DEVICE:
+        if e > MI or (strm | corr | graph | node | gx | gy | gz | bx | by | bz) >> 63 or not 0 <= dev <= MAX_DEVICE:
             bad += 1
             continue
         name = ncache.get(ptr)
         if name is None:
             name = nread(ptr)
-        append(KR(name, s, e, dev, strm, corr, (gx, gy, gz), (bx, by, bz), graph))
+        append(KR(name, s, e, dev, strm, corr, (gx, gy, gz), (bx, by, bz), graph, node))
     return out, incomplete, unknown, bad
 
 

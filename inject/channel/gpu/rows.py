@@ -36,11 +36,14 @@ def _choice(value, allowed: tuple[str, ...], what: str) -> str:
 
 
 def _kernel(r, names: list[str]) -> KernelRecord:
-    name, s, e, dev, strm, corr, gx, gy, gz, bx, by, bz, graph = _row(r, 13)
+    # 14 fields since the graph node id travels; an agent of 13 sends none (0)
+    name, s, e, dev, strm, corr, gx, gy, gz, bx, by, bz, graph, *node = _row(r, 14 if type(r) is list and len(r) == 14
+                                                                         else 13)
     if type(name) is int:
         name = names[_int(name, 0, len(names) - 1)] if names else _str(name)
     return KernelRecord(_str(name), *_interval(s, e, "kernel"), _int(dev, 0, 1 << 16), _int(strm), _int(corr),
-                        (_int(gx), _int(gy), _int(gz)), (_int(bx), _int(by), _int(bz)), _int(graph))
+                        (_int(gx), _int(gy), _int(gz)), (_int(bx), _int(by), _int(bz)), _int(graph),
+                        _int(node[0]) if node else 0)
 
 
 def _api(r) -> ApiRecord:
