@@ -32,7 +32,6 @@ import hmac
 import inspect
 import logging
 import math
-import queue
 import threading
 import time
 
@@ -46,7 +45,7 @@ from stacklens.daemon import stacklens_pb2_grpc as pbg
 from stacklens.daemon.attachop import ATTACHING, AttachOp
 from stacklens.daemon.core import NOT_ATTACHED, Daemon
 from stacklens.daemon.ranks import ProcRankHost, RankProc, find_job
-from stacklens.daemon.windows import WindowSpec, run_window
+from stacklens.daemon.windows import WindowSpec, window_steps
 from stacklens.errors import DaemonUnavailable, InputError, NoSuchProcess, StacklensError
 from stacklens.introspect.procfs import check_pid_range
 
@@ -388,17 +387,14 @@ class StacklensServicer(pbg.StacklensServicer):
 
     @rpc
     def Profile(self, request, context):
-        """The window runs on a thread of its own; this call relays its steps, then its profile.
-        The call's end (a client cancelled or killed) sets `gone`: the window ends and lets go."""
+        """The window's steps, then its profile (daemon/windows.py). The call's end (a client
+        cancelled or killed) sets `gone`: the window ends and lets go of the session."""
         check_pid_range(request.pid)
-        if math.isnan(request.duration_s):
-            raise InputError("duration_s must be a number of seconds")
         spec = WindowSpec(request.pid, request.duration_s, agent=request.agent,
                           cpu_hz=request.cpu_sample_hz or 99, ops=not request.no_ops)
         spec.check()
         self._windows.take()
         gone = threading.Event()
-        steps: queue.Queue = queue.Queue()
         try:
             with self._lock:
                 if self._closed:
@@ -406,22 +402,9 @@ class StacklensServicer(pbg.StacklensServicer):
                 self._waits.add(gone)
             if not context.add_callback(gone.set):
                 return  # cancelled already
-            result: dict = {}
-
-            def run() -> None:
-                try:
-                    result["snap"] = run_window(self.daemon, spec, say=steps.put, gone=gone)
-                except BaseException as e:  # noqa: BLE001 — raised on the RPC's thread below
-                    result["error"] = e
-                finally:
-                    steps.put(None)
-
-            threading.Thread(target=run, name=f"stacklens-window-{request.pid}", daemon=True).start()
-            while (phase := steps.get()) is not None:
-                yield pb.ProfileReply(phase=phase)
-            if "error" in result:
-                raise result["error"]
-            yield pb.ProfileReply(profile=encode_profile(result["snap"]))
+            for step in window_steps(self.daemon, spec, gone):
+                yield (pb.ProfileReply(phase=step) if isinstance(step, str) else
+                       pb.ProfileReply(profile=encode_profile(step)))
         finally:
             gone.set()
             with self._lock:

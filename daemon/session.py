@@ -8,7 +8,6 @@ locks. Target exit is noticed within one poll interval and closes the session.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import functools
 import logging
 import os
@@ -19,6 +18,7 @@ from typing import Any, Callable, Protocol
 
 from stacklens.cct import Snapshot
 from stacklens.daemon.join.joiner import Joiner
+from stacklens.daemon.oneshotwindow import DRAIN_GRACE_NS, Window
 from stacklens.daemon.ranks import RankProc, read_rank
 from stacklens.errors import NoSuchProcess, StacklensError
 from stacklens.inject.channel.gpu import VENDORS, Vendor, pick_join, vendor_for
@@ -34,11 +34,6 @@ POLL_MS = 50
 # plus as many kernel records kept the loop busy past the 10 s request timeout). What waits stays
 # in bounded queues: the BPF ring (drops counted by the probes) and the agent server's deque.
 BATCH_EVENTS = 20_000
-# A window with an end (one-shot `profile`, `record`): BPF stamps an event (CLOCK_MONOTONIC) and
-# reserves its ring record in the same program run, microseconds apart, so once an event stamped
-# later than end + DRAIN_GRACE_NS has been read, or the ring was found empty after that time,
-# every event stamped up to the end has been read (the ring is read in reservation order).
-DRAIN_GRACE_NS = 50_000_000
 DRAIN_TIMEOUT_S = 300.0
 # A program released by `record` imports its first modules within this long; their module-body
 # code objects live for milliseconds, so the ring is read every 1 ms then (not every POLL_MS)
@@ -96,67 +91,6 @@ def process_cpu_ns(pid: int, procfs: ProcFS | None = None) -> int | None:
         return (procfs or ProcFS()).cpu_time_ns(pid)
     except (StacklensError, OSError, IndexError):
         return None
-
-
-@dataclasses.dataclass
-class Window:
-    """What a one-shot profile covers: events stamped in [start_ns, end_ns] (CLOCK_MONOTONIC,
-    the clock BPF stamps with) are joined, the others counted; the target's CPU time over the
-    same span (from /proc/PID/stat) tells how many CPU samples were due."""
-
-    start_ns: int
-    cpu_start_ns: int | None
-    end_ns: int | None = None
-    cpu_end_ns: int | None = None
-    before: int = 0            # stamped before start (while the probes were being attached)
-    after: int = 0             # stamped after end
-    cut: int = 0               # calls that returned after end: counted up to end
-    in_flight: int = 0         # syncs still waiting at the close: counted from entry up to end
-    newest_ns: int = 0         # newest stamp read so far
-    drained: bool = False      # every event stamped up to end_ns was read
-    drain_s: float = 0.0       # from end_ns to the close
-    closed: bool = False
-
-    def admit(self, events: list) -> list:
-        if not events:
-            return events
-        lo, hi = self.start_ns, self.end_ns
-        newest = max(ev.ktime_ns for ev in events)
-        if newest > self.newest_ns:
-            self.newest_ns = newest
-        if hi is None and min(ev.ktime_ns for ev in events) >= lo:
-            return events
-        keep = []
-        for ev in events:
-            t = ev.ktime_ns
-            if t < lo:
-                self.before += 1
-            elif hi is not None and t > hi:
-                self.after += 1
-            elif hi is not None and t + ev.duration_ns > hi:
-                self.cut += 1
-                keep.append(ev.with_duration(hi - t))
-            else:
-                keep.append(ev)
-        return keep
-
-    def still_waiting(self, entered: list, returned: list) -> list:
-        """Syncs entered inside the window and not returned by its end (`entered`: the probes'
-        in-flight calls, read before the last drain of the ring, which gave `returned`): each
-        counted as a wait from its entry up to the end."""
-        done = {(ev.tid, ev.ktime_ns) for ev in returned}
-        out = [ev.with_duration(self.end_ns - ev.ktime_ns) for ev in entered
-               if ev.kind == "sync" and self.start_ns <= ev.ktime_ns <= self.end_ns
-               and (ev.tid, ev.ktime_ns) not in done]
-        self.in_flight += len(out)
-        return out
-
-    def past_end(self, ring_empty: bool, now_ns: int) -> bool:
-        """True once everything stamped up to end_ns has been read (see DRAIN_GRACE_NS)."""
-        if self.end_ns is None:
-            return False
-        limit = self.end_ns + DRAIN_GRACE_NS
-        return self.newest_ns > limit or (ring_empty and now_ns > limit)
 
 
 def default_probe_factory(pid: int, *, cpu_hz: int, ops: bool) -> EventSource:

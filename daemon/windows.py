@@ -18,10 +18,11 @@ are said in the notes (the window's expected sample count uses the session's rat
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from stacklens.cct import Snapshot, diff
 from stacklens.daemon.join.rename import META_KEY, name_launches
@@ -67,6 +68,28 @@ def run_window(daemon, spec: WindowSpec, *, say: Callable[[str], None], gone: th
         return _collect(s, spec, notes, say, gone)
     finally:
         daemon.release(spec.pid, holder)
+
+
+def window_steps(daemon, spec: WindowSpec, gone: threading.Event) -> Iterator[str | Snapshot]:
+    """`run_window` on a thread of its own: its steps as they come, then its profile (its error
+    raised here)."""
+    steps: queue.Queue = queue.Queue()
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["snap"] = run_window(daemon, spec, say=steps.put, gone=gone)
+        except BaseException as e:  # noqa: BLE001 — raised on the caller's thread below
+            result["error"] = e
+        finally:
+            steps.put(None)
+
+    threading.Thread(target=run, name=f"stacklens-window-{spec.pid}", daemon=True).start()
+    while (phase := steps.get()) is not None:
+        yield phase
+    if "error" in result:
+        raise result["error"]
+    yield result["snap"]
 
 
 def _follow_attach(op, say: Callable[[str], None], gone: threading.Event) -> None:
