@@ -42,6 +42,10 @@ FAST_START_S = 2.0   # the drain waits on events, this only bounds a stuck one (
 # A window's edge through a held session (`edge`) waits at most this long for the BPF ring and
 # the agent's flush; what it could not wait for is said (the edge is then not drained).
 EDGE_TIMEOUT_S = 10.0
+# A held session asks its agent for every GPU record this often (the agent's forced CUPTI flush;
+# CUPTI itself hands over a buffer only once it is full and complete, seconds to minutes on a busy
+# GPU): the live tree's GPU time lags its CPU samples by at most this, plus the transport.
+HELD_FLUSH_S = 2.0
 
 
 class EventSource(Protocol):
@@ -262,7 +266,8 @@ class ProcessSession:
                 if progress is not None:
                     progress("injecting the agent")
                 self.agent = self._agent_factory(self.pid, sample_hz=hz, **kw)
-                self.notes.append("agent: injected (Python sampler; GPU collector if CUDA/ROCm is present)")
+                self.notes.append("agent: injected (Python sampler; GPU collector if CUDA/ROCm is present; GPU "
+                                  f"records flushed every {HELD_FLUSH_S:g} s, at a window's edges too)")
         except BaseException:
             self._teardown()
             raise
@@ -346,6 +351,7 @@ class ProcessSession:
     # ---- the aggregation thread -----------------------------------------------------------
     def _run(self) -> None:
         last_alive = 0.0
+        last_flush = time.monotonic()
         try:
             w = self.window
             fast_until = time.monotonic() + FAST_START_S if self._fast_start else 0.0
@@ -369,6 +375,7 @@ class ProcessSession:
                     for rec in self.agent.poll(BATCH_EVENTS):
                         if type(rec) is AgentFlushed:   # every record before it is joined now
                             self._agent_flushed = max(self._agent_flushed, rec.id)
+                            self.joiner.settle()
                         else:
                             self.joiner.on_agent(rec)
                 self._serve_requests()
@@ -377,6 +384,11 @@ class ProcessSession:
                     self.state = "closed"
                     break
                 now = time.monotonic()
+                if now - last_flush >= HELD_FLUSH_S and self.agent is not None:
+                    last_flush = now
+                    ask = getattr(self.agent, "request_flush", None)
+                    if ask is not None:
+                        ask()
                 if now - last_alive > 0.2:
                     last_alive = now
                     self.joiner.expire(time.monotonic_ns())
