@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from stacklens.cct import Snapshot
+from stacklens.daemon.edges import Edge, EdgeGate
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.daemon.oneshotwindow import DRAIN_GRACE_NS, Window
 from stacklens.daemon.ranks import RankProc, read_rank
@@ -217,6 +218,7 @@ class ProcessSession:
         self._fast_start = False   # a program let go at its start: read the ring every 1 ms at first
         self._read_notes: list[str] = []   # the probes' read_notes(), kept past their detach
         self._agent_flushed = 0   # the newest flush request whose answer (and records before it) joined
+        self._edges = EdgeGate()  # windows' edges waiting for the aggregation thread (daemon/edges.py)
         self._collecting_since: float | None = None   # time.monotonic() at the end of the attach
         self._ended_at: float | None = None           # ... and when the session ended
 
@@ -369,15 +371,13 @@ class ProcessSession:
                     self.read_up_to_ns = max(self.read_up_to_ns, max(ev.ktime_ns for ev in evs) - DRAIN_GRACE_NS)
                 if w is not None:
                     evs = w.admit(evs)
-                for ev in evs:
+                for ev in self._edges.bpf(evs):
                     self.joiner.on_bpf(ev)
                 if self.agent is not None:
-                    for rec in self.agent.poll(BATCH_EVENTS):
-                        if type(rec) is AgentFlushed:   # every record before it is joined now
-                            self._agent_flushed = max(self._agent_flushed, rec.id)
-                            self.joiner.settle()
-                        else:
-                            self.joiner.on_agent(rec)
+                    self._join_agent(self._edges.agent(self.agent.poll(BATCH_EVENTS)))
+                edge = self._edges.due(self.read_up_to_ns)
+                if edge is not None:
+                    self._take_edge(edge)
                 self._serve_requests()
                 if w is not None and (w.past_end(ring_empty, time.monotonic_ns()) or self._window_abort):
                     self._close_window()
@@ -408,6 +408,7 @@ class ProcessSession:
             log.error("session %d (%s) ended: %s", self.pid, self.comm or "?", self.state, exc_info=e)
         finally:
             self._ended_at = time.monotonic()
+            self._end_edges()
             self._serve_requests()
             if self.state != "attached":
                 self._teardown()
@@ -427,36 +428,58 @@ class ProcessSession:
 
     # ---- a window's edge on a held session ----------------------------------------------------
     def edge(self, timeout_s: float = EDGE_TIMEOUT_S) -> tuple[Snapshot, list[str]]:
-        """The tree at a window's edge (now), once every event stamped before now is in it: the
-        BPF ring read past now, and the agent's answer to a flush asked now joined (its forced
-        flush: every GPU record of activity completed by now, with the samples), the order join
-        settled. Waits at most `timeout_s` (or until the session ends); returns the snapshot and
-        what it could not wait for, one phrase each (empty: the edge is exact)."""
+        """The tree at a window's edge (now), exactly: the aggregation thread takes it once the
+        BPF ring has been read past now and the agent's answer to a flush asked now is joined,
+        holding back what came after (daemon/edges.py). Waits at most `timeout_s` for that, then
+        takes it as it is; returns the snapshot and what it could not wait for (empty: exact)."""
         t = time.monotonic_ns()
         ask = getattr(self.agent, "request_flush", None) if self.agent is not None else None
         fid = ask() if ask is not None else None
-        missing_agent = self.want_agent and fid is None
+        edge = Edge(t, fid, timeout_s, missing_agent=self.want_agent and fid is None)
+        with self._requests_lock:
+            queued = self._thread is not None and self._taking_requests
+            if queued:
+                self._edges.pending.append(edge)
+        if not queued:        # the session has ended: everything it read is joined
+            self.joiner.settle()
+            return self.joiner.snapshot(), []
+        return edge.future.result(timeout=timeout_s + 60)
 
-        def reached() -> bool:
-            return self.read_up_to_ns >= t and (fid is None or self._agent_flushed >= fid)
+    def _join_agent(self, records: list) -> None:
+        for rec in records:
+            if type(rec) is AgentFlushed:   # every record before it is joined now
+                self._agent_flushed = max(self._agent_flushed, rec.id)
+                self.joiner.settle()
+            else:
+                self.joiner.on_agent(rec)
 
-        deadline = time.monotonic() + timeout_s
-        while not reached() and self.state == "attached" and time.monotonic() < deadline:
-            time.sleep(0.005)
-        missing = []
-        if missing_agent:
-            missing.append("the agent was not connected to flush its GPU records")
-        if self.read_up_to_ns < t and self.state == "attached":
-            missing.append(f"the BPF ring was not read up to it within {timeout_s:g}s")
-        if fid is not None and self._agent_flushed < fid and self.state == "attached":
-            missing.append(f"the agent did not answer its flush within {timeout_s:g}s")
-
-        def take() -> Snapshot:
+    def _take_edge(self, edge: Edge, ended: bool = False) -> None:
+        """On the aggregation thread: the edge's snapshot, then what was held back is let go."""
+        try:
             self.joiner.settle()
             self._refresh_read_notes()
-            return self.joiner.snapshot()
+            edge.future.set_result((self.joiner.snapshot(), edge.missing(self.read_up_to_ns, ended)))
+        except Exception as e:  # noqa: BLE001 — the window's client gets the error
+            edge.future.set_exception(e)
+        finally:
+            self._edges.pending.popleft()
 
-        return self._call(take), missing
+    def _end_edges(self) -> None:
+        """The session ends: what was held back is joined, and every edge still waiting is
+        taken (the process exited: nothing more will come)."""
+        bpf, agent = self._edges.release()
+        try:
+            for ev in bpf:
+                self.joiner.on_bpf(ev)
+            self._join_agent(agent)
+        except Exception:  # noqa: BLE001 — the edges below are still answered
+            log.exception("session %d: joining what an edge held back", self.pid)
+        with self._requests_lock:
+            edges = list(self._edges.pending)
+            self._edges.pending.clear()
+        for edge in edges:
+            self._edges.pending.append(edge)
+            self._take_edge(edge, ended=True)
 
     # ---- a window with an end ---------------------------------------------------------------
     def close_window(self, *, cpu_end_ns: int | None = None,

@@ -8,7 +8,9 @@ windows, and a held decode session against torch.profiler.
    jax with default XLA flags), one stacklensd. Per target, `--runs` rounds of: a window through
    the daemon and a `--no-daemon` window, both `profile --agent -f json`, for each duration. Row:
    GPU time, kernels, launches, the window's account and notes. A round pairs the two windows of
-   one length back to back on the same process; the ratio daemon / one-shot is per round.
+   one length back to back on the same process; the ratio daemon / one-shot is per round. At
+   most one window through the daemon and one one-shot window run at a time (run 36 profiled all
+   three at once: the machine's profilers were overloaded and dropped events).
 2. Batch-1 decoding of a GPT-2-shaped causal LM (tests/gpu/decode_window.py), alone on the GPU:
    `attach --agent`, 20 s, `report -f json`: the share of GPU time with no Python frame on its
    path, the session's join counters (why GPU time lacks a line, where it does); then the target
@@ -93,6 +95,8 @@ def part1(sock: str, a, out: Path, rows: list) -> None:
                     break
             log(f"{w} ready (pid {t.pid})")
 
+        lanes = {True: threading.Lock(), False: threading.Lock()}   # one window of each kind at a time
+
         def rounds(w: str, t) -> None:
             for i in range(a.runs):
                 for d in a.durations:
@@ -100,7 +104,8 @@ def part1(sock: str, a, out: Path, rows: list) -> None:
                         if time.monotonic() > a.part1_deadline:
                             return
                         try:
-                            row = window(sock, t.pid, d, daemon)
+                            with lanes[daemon]:
+                                row = window(sock, t.pid, d, daemon)
                         except Exception as e:  # noqa: BLE001 - kept as the row
                             row = {"error": f"{type(e).__name__}: {e}"[:300]}
                         row.update(workload=w, round=i)

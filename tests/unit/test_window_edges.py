@@ -20,7 +20,7 @@ from stacklens.daemon.session import ProcessSession
 from stacklens.inject.agent import Agent, wire
 from stacklens.inject.channel.messages import parse_message
 from stacklens.records.agent import AgentFlushed, KernelRecord
-from tests.fakes.sources import FakeProbes
+from tests.fakes.sources import FakeProbes, py
 
 
 # ---- the agent's side ----------------------------------------------------------------------
@@ -248,5 +248,56 @@ def test_a_pid_reused_by_another_process_ends_the_session(sleeper, monkeypatch):
                             lambda pid, procfs=None: (real(pid, procfs) or 0) + 1)   # another start time
         s._thread.join(30)
         assert s.state == "exited"
+    finally:
+        s.stop()
+
+
+# ---- exact edges: what comes after an edge waits for its snapshot --------------------------
+def test_the_gate_holds_what_comes_after_the_first_edge_and_lets_it_go_after():
+    from stacklens.daemon.edges import Edge, EdgeGate
+    from tests.fakes.sources import FakeEvent
+
+    g = EdgeGate()
+    g.pending.append(Edge(100, 7, 30.0))
+    evs = [FakeEvent(kind="cpu_sample", ktime_ns=t) for t in (50, 100, 150)]
+    assert [e.ktime_ns for e in g.bpf(evs)] == [50, 100]
+    recs = ["a", AgentFlushed(6, 1), "b", AgentFlushed(7, 2), "c"]
+    assert g.agent(recs) == ["a", AgentFlushed(6, 1), "b", AgentFlushed(7, 2)]
+    assert g.due(read_up_to_ns=99) is None                     # the ring not read past it yet
+    edge = g.due(read_up_to_ns=100)
+    assert edge is g.pending[0] and edge.missing(100) == []
+    assert g.agent(["d"]) == [] and g.bpf([]) == []            # still held while it waits
+    g.pending.popleft()
+    assert [e.ktime_ns for e in g.bpf([])] == [150] and g.agent(["e"]) == ["c", "d", "e"]
+
+
+def test_an_edge_past_its_deadline_says_what_it_missed():
+    from stacklens.daemon.edges import Edge
+
+    e = Edge(100, 3, 0.0, missing_agent=False)
+    assert e.missing(50) == ["the BPF ring was not read up to it within 0s",
+                             "the agent did not answer its flush within 0s"]
+    assert e.missing(50, ended=True) == []
+
+
+def test_an_edges_snapshot_leaves_out_what_was_stamped_after_it(sleeper):
+    from tests.fakes.sources import FakeEvent
+
+    made = {}
+
+    def factory(pid, **kw):
+        made["p"] = FakeProbes(pid, **kw)
+        return made["p"]
+
+    s = ProcessSession(sleeper.pid, probe_factory=factory, gpu_vendor="cupti")
+    s.start()
+    try:
+        later = time.monotonic_ns() + 3_000_000_000             # stamped 3 s after the edge below
+        made["p"].push(FakeEvent(kind="cpu_sample", ktime_ns=time.monotonic_ns() - 1, py_stack=(py("a", 1),)),
+                       FakeEvent(kind="cpu_sample", ktime_ns=later, py_stack=(py("b", 2),)))
+        snap, missing = s.edge(timeout_s=30)
+        assert missing == [] and snap.total("cpu_samples") == 1
+        while s.snapshot().total("cpu_samples") < 2:           # let go once the edge was taken
+            time.sleep(0.01)
     finally:
         s.stop()
