@@ -7,6 +7,6 @@ tests/unit/test_import_purity.py). No privilege, no I/O except `export.save` / `
 from stacklens.cct.frames import KINDS, Frame
 from stacklens.cct.snapshot import Snapshot
 from stacklens.cct.tree import CCT, METRICS
-from stacklens.cct.window import WindowedCCT, diff, merge
+from stacklens.cct.window import WindowedCCT, diff, growth, merge
 
-__all__ = ["CCT", "KINDS", "METRICS", "Frame", "Snapshot", "WindowedCCT", "diff", "merge"]
+__all__ = ["CCT", "KINDS", "METRICS", "Frame", "Snapshot", "WindowedCCT", "diff", "growth", "merge"]

@@ -252,7 +252,14 @@ def diff(a: Snapshot, b: Snapshot) -> Snapshot:
     return _combine(a, b, -1)
 
 
-def _combine(a: Snapshot, b: Snapshot, sign: int) -> Snapshot:
+def growth(later: Snapshot, earlier: Snapshot) -> Snapshot:
+    """What one growing tree gained between two snapshots of it: `later` minus `earlier`. A metric
+    is unavailable only where `later` does not measure it: the younger tree may not have measured
+    it yet (a GPU collector that had reported nothing), and then it held none of it."""
+    return _combine(later, earlier, -1, unavailable_of=later)
+
+
+def _combine(a: Snapshot, b: Snapshot, sign: int, unavailable_of: Snapshot | None = None) -> Snapshot:
     metrics = a.metrics + tuple(m for m in b.metrics if m not in a.metrics)
     tree = CCT(metrics, max_nodes=None)
     tree._absorb_snapshot(a)
@@ -261,7 +268,9 @@ def _combine(a: Snapshot, b: Snapshot, sign: int) -> Snapshot:
     def unmeasured(s: Snapshot) -> set[str]:
         return set(s.unavailable) | (set(metrics) - set(s.metrics))
 
-    if sign > 0:
+    if unavailable_of is not None:
+        unavailable = unmeasured(unavailable_of)
+    elif sign > 0:
         unavailable = unmeasured(a) & unmeasured(b)
     else:
         unavailable = unmeasured(a) | unmeasured(b)

@@ -427,12 +427,13 @@ class ProcessSession:
         return self.proc_start is None or process_start(self.pid) in (self.proc_start, None)
 
     # ---- a window's edge on a held session ----------------------------------------------------
-    def edge(self, timeout_s: float = EDGE_TIMEOUT_S) -> tuple[Snapshot, list[str]]:
+    def edge(self, timeout_s: float = EDGE_TIMEOUT_S, t_ns: int | None = None) -> tuple[Snapshot, list[str]]:
         """The tree at a window's edge (now), exactly: the aggregation thread takes it once the
         BPF ring has been read past now and the agent's answer to a flush asked now is joined,
         holding back what came after (daemon/edges.py). Waits at most `timeout_s` for that, then
-        takes it as it is; returns the snapshot and what it could not wait for (empty: exact)."""
-        t = time.monotonic_ns()
+        takes it as it is; returns the snapshot and what it could not wait for (empty: exact).
+        `t_ns`: the edge's time (CLOCK_MONOTONIC, not later than now), else now."""
+        t = time.monotonic_ns() if t_ns is None else t_ns
         ask = getattr(self.agent, "request_flush", None) if self.agent is not None else None
         fid = ask() if ask is not None else None
         edge = Edge(t, fid, timeout_s, missing_agent=self.want_agent and fid is None)

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from stacklens.cct import Snapshot, diff
+from stacklens.cct import Snapshot, growth
 from stacklens.daemon.join.rename import META_KEY, name_launches
 from stacklens.daemon.session import ProcessSession, process_cpu_ns
 from stacklens.errors import InputError, NoSuchProcess, StacklensError
@@ -121,22 +121,24 @@ def _check_options(s: ProcessSession, spec: WindowSpec) -> list[str]:
 
 
 def _collect(s: ProcessSession, spec: WindowSpec, notes: list[str], say, gone: threading.Event) -> Snapshot:
+    """The window is [t0, t1] exactly: each edge's snapshot holds what happened up to its time,
+    however long it took to get (daemon/edges.py)."""
+    cpu0, t0 = process_cpu_ns(spec.pid), time.monotonic_ns()
     say("flushing to the window's start")
-    first, missing0 = s.edge()
-    t0, cpu0 = time.monotonic_ns(), process_cpu_ns(spec.pid)
+    first, missing0 = s.edge(t_ns=t0)
     say(f"collecting for {spec.duration_s:g}s")
-    end = time.monotonic() + spec.duration_s
+    end = t0 / 1e9 + spec.duration_s
     while time.monotonic() < end and s.state == "attached":
         if gone.wait(min(0.05, max(0.0, end - time.monotonic()))):
             raise WindowAbandoned("the client went away during the window")
     exited = s.state != "attached"
-    say("flushing to the window's end")
-    last, missing1 = s.edge()
     t1 = time.monotonic_ns()
     cpu1 = process_cpu_ns(spec.pid) if not exited else None
+    say("flushing to the window's end")
+    last, missing1 = s.edge(t_ns=t1)
     # a kernel named during the window: the start's tree gets the same name before the difference
     first = name_launches(first, (last.meta.get(META_KEY) or {}).get("renamed", {}))
-    snap = diff(last, first)
+    snap = growth(last, first)
     snap.meta.clear()
     snap.meta.update(last.meta)
     snap.meta.pop("window_s", None)          # the session's age: this window's length is below

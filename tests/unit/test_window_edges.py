@@ -301,3 +301,21 @@ def test_an_edges_snapshot_leaves_out_what_was_stamped_after_it(sleeper):
             time.sleep(0.01)
     finally:
         s.stop()
+
+
+def test_a_windows_growth_measures_what_its_end_measures():
+    """The start's tree, taken before the GPU collector reported, marks GPU time unavailable; the
+    window holds GPU time all the same (the start held none of it). `diff` would drop it."""
+    from stacklens.cct import CCT, Frame, diff, growth
+
+    path = (Frame.python("m.py", "f", 1),)
+    start, end = CCT(("gpu_time_ns", "cpu_samples")), CCT(("gpu_time_ns", "cpu_samples"))
+    start.add(path, "cpu_samples", 2)
+    end.add(path, "cpu_samples", 5)
+    end.add(path, "gpu_time_ns", 700)
+    a = start.snapshot(unavailable={"gpu_time_ns"})
+    b = end.snapshot()
+    w = growth(b, a)
+    assert "gpu_time_ns" not in w.unavailable and w.total("gpu_time_ns") == 700 and w.total("cpu_samples") == 3
+    assert "gpu_time_ns" in diff(b, a).unavailable
+    assert "gpu_time_ns" in growth(a, a).unavailable       # unmeasured at the end: unavailable
