@@ -14,6 +14,7 @@ sampled shares near 40% has a standard deviation of 1.1 points: 3 points is 2.7 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -108,7 +109,11 @@ def test_caller_view_matches_py_spy_under_loss_backward(bpf_ok, start_target, tm
     print(f"\n{got}")
     assert n_ours >= MIN_SAMPLES and n_theirs >= MIN_SAMPLES / 2, got
     assert theirs > 20, got                                   # the loop does spend its time in backward
-    assert abs(caller - theirs) <= 3.0, got
+    # two samplings of one split, each off by its sampling error: 3 points, or 3.5 standard errors
+    # of the difference of the two proportions where py-spy got fewer samples (a loaded machine)
+    p = theirs / 100
+    se = 100 * math.sqrt(p * (1 - p) * (1 / n_theirs + 1 / n_ours))
+    assert abs(caller - theirs) <= max(3.0, 3.5 * se), (got, se)
     # the default view as the link makes it: backward work on the forward (model) lines
     assert forward < theirs / 2, got
     assert backward["under forward line"] > 4 * backward["under the backward call"], got

@@ -165,7 +165,9 @@ def test_a_window_whose_client_is_killed_leaves_nothing_attached(daemon, start_t
 def test_two_windows_at_once_and_an_attach_during_them(daemon, start_target, tmp_path):
     t = start_target("named_loop.py", "shared_loop", "0.5")
     outs = [tmp_path / f"w{i}.json" for i in range(2)]
-    procs = [subprocess.Popen(profile_cmd(daemon, t.pid, "--duration", "4", "--format", "json", "-o", str(o)),
+    # 15 s: the attach below must come while both windows still hold the session (a CLI takes
+    # seconds to start on a loaded 2-vCPU machine)
+    procs = [subprocess.Popen(profile_cmd(daemon, t.pid, "--duration", "15", "--format", "json", "-o", str(o)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for o in outs]
     try:
         for p in procs:
