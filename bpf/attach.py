@@ -70,9 +70,9 @@ class ProbeConfig:
     # the libraries' .eh_frame where frame pointers end (bpf/unwind.py): whole native stacks
     # through MKL/libpython (99.7-100% unbroken under ops on a torch loop) for 33-59 µs of CPU per
     # sample walked offline, 160 µs live on a loaded VM, less than symbolizing the frame-pointer
-    # walk's garbage costs (docs/benchmarks/native-stacks.md). On by default; env
-    # STACKLENS_NATIVE_UNWIND=fp (frame pointers only, no stack copy) turns it off for the CLI and the daemon
-    cfi_unwind: bool = field(default_factory=lambda: os.environ.get("STACKLENS_NATIVE_UNWIND", "") != "fp")
+    # walk's garbage costs (docs/benchmarks/native-stacks.md). Opt-in (env STACKLENS_NATIVE_UNWIND=cfi,
+    # for the CLI and the daemon) until the GPU safety matrix has run with it whole (docs/decisions.md)
+    cfi_unwind: bool = field(default_factory=lambda: os.environ.get("STACKLENS_NATIVE_UNWIND", "") == "cfi")
     # compile only the parts the process can use now: GPU probes when it maps a GPU driver library,
     # operator probes when it maps libtorch_cpu (a pure-Python target: 5.9 s of BCC compile instead
     # of 10 s on the 2-vCPU machine). For one-shot profiles; a daemon keeps one program for all.

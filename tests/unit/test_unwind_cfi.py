@@ -212,10 +212,12 @@ def test_other_cfa_expressions_are_not_followed():
     assert _run(prog, 0)[3] is None
 
 
-def test_the_cfi_walk_is_on_by_default_and_fp_turns_it_off(monkeypatch):
+def test_the_cfi_walk_is_opt_in(monkeypatch):
     from stacklens.bpf.attach import ProbeConfig
 
     monkeypatch.delenv("STACKLENS_NATIVE_UNWIND", raising=False)
+    assert not ProbeConfig().cfi_unwind
+    monkeypatch.setenv("STACKLENS_NATIVE_UNWIND", "cfi")
     assert ProbeConfig().cfi_unwind
     monkeypatch.setenv("STACKLENS_NATIVE_UNWIND", "fp")
     assert not ProbeConfig().cfi_unwind
