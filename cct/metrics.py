@@ -121,6 +121,20 @@ def fmt_value(metric: str, value: int | float, *, signed: bool = False, exact: b
     return fmt_quantity(kind_of(metric), value, signed=signed, exact=exact)
 
 
+def fmt_evidence(name: str, value: int | float) -> str:
+    """A finding's evidence as people read it: a share (`*_share`) in percent, a time (`*_ns`) or
+    a size (`*_bytes`) in units, a whole number as itself (never 7.60606e+09), other numbers to
+    four significant digits."""
+    if name.endswith("_share"):
+        return f"{100 * value:.1f}%"
+    kind = kind_of(name)
+    if kind in (TIME, BYTES):
+        return fmt_quantity(kind, value)
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:.4g}"
+
+
 def fmt_quantity(kind: str, value: int | float, *, signed: bool = False, exact: bool = False) -> str:
     """Human units: times (ns) as ns/us/ms/s, bytes as B/KiB/MiB/GiB, counts as 1.2k/3.4M (as the
     integer with `exact`). `signed` puts a + on positive values (diffs)."""

@@ -10,6 +10,7 @@ import json
 import math
 import sys
 
+from stacklens.cct.metrics import fmt_evidence
 from stacklens.daemon.client import DaemonClient, ps_lines
 
 
@@ -65,7 +66,7 @@ def run_advise(socket_path: str, pid: int, *, as_json: bool = False) -> int:
         print(f"[{f.severity}] {f.rule}: {f.title}")
         print("    at " + " → ".join(f.path[-4:]))
         for ev in f.evidence:
-            print(f"    {ev.metric} = {ev.value:g}")
+            print(f"    {ev.metric} = {fmt_evidence(ev.metric, ev.value)}")
         print(f"    fix: {f.fix}")
         if f.estimated_saving_share:
             print(f"    estimated saving: {100 * f.estimated_saving_share:.0f}%")
@@ -105,7 +106,7 @@ def run_advise_job(socket_path: str, launcher: int, *, window_s: float, as_json:
         print(f"[{f.severity}] {f.rule}: {f.title}")
         print("    at " + " → ".join(f.path[-4:]))
         for k, v in f.evidence.items():
-            print(f"    {k} = {v:g}")
+            print(f"    {k} = {fmt_evidence(k, v)}")
         print(f"    fix: {f.fix}")
         print(f"    estimated saving: {100 * f.estimated_saving:.0f}%")
     for n in notes:

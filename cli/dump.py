@@ -15,6 +15,7 @@ import sys
 
 from stacklens.daemon.dump import ProcessDump, ThreadDump
 from stacklens.daemon.dumpjob import JobDump
+from stacklens.errors import InputError
 
 
 def thread_text(t: ThreadDump) -> list[str]:
@@ -120,10 +121,14 @@ def run_dump(pid: int, *, job: bool, as_json: bool, all_threads: bool = False,
         from stacklens.daemon.dumpjob import dump_job
 
         j = dump_job(pid)
+        if not j.ranks and not j.missing:       # nothing under it is a rank: a wrong PID
+            raise InputError(j.notes[0] if j.notes else f"no process under PID {pid} sets RANK")
         sys.stdout.write(json.dumps(j.to_json(), indent=1) + "\n" if as_json else job_text(j))
         return 0
+    from stacklens.daemon.core import check_target
     from stacklens.daemon.dump import dump_process
 
+    check_target(pid, who="stacklens dump")   # a kernel thread, a zombie, a protected process: said as such
     d = dump_process(pid)
     gpu, why = in_flight(socket_path, pid)
     if as_json:

@@ -9,6 +9,7 @@ Errors come from one hierarchy (`stacklens.errors`) and map to exit codes here.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import sys
@@ -62,6 +63,24 @@ def check_output(out: str | None) -> None:
                          "write elsewhere")
 
 
+def open_output(out: str, *, binary: bool):
+    """`out` opened for writing without following a symbolic link that another user owns (root
+    writing where anyone may create files, /tmp: a planted link would aim our write at any file);
+    a link of our own is followed, as the user meant."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(out, flags | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        owner = os.lstat(out).st_uid
+        if owner != os.geteuid():
+            raise InputError(f"-o {out}: a symbolic link owned by another user (uid {owner}); not followed: "
+                             "write to another path") from None
+        fd = os.open(out, flags, 0o644)
+    return os.fdopen(fd, "wb" if binary else "w")
+
+
 def _socket_path(args: argparse.Namespace) -> str:
     return args.socket or os.environ.get("STACKLENS_SOCKET") or DEFAULT_SOCKET
 
@@ -107,9 +126,8 @@ def write_output(snap, fmt: str, metric: str | None, out: str | None, view: str 
         raise InputError(f"{fmt} is binary: give -o FILE (or redirect stdout)")
     data = form.render(snap, metric)
     if out:
-        mode = "wb" if isinstance(data, bytes) else "w"
         try:
-            with open(out, mode) as fh:
+            with open_output(out, binary=isinstance(data, bytes)) as fh:
                 fh.write(data)
         except OSError as e:   # checked before the work (check_output), yet it failed: keep the profile
             raise InputError(f"cannot write {out} ({e.strerror or e}); {_keep(snap)}") from None

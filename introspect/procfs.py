@@ -83,6 +83,11 @@ class ProcFS:
         except (FileNotFoundError, ProcessLookupError):
             raise NoSuchProcess(f"process {pid} does not exist (it may have exited)") from None
         except PermissionError:
+            if os.geteuid() == 0:     # root already: the kernel guards this process
+                raise PermissionDenied(
+                    f"the kernel refuses root access to /proc/{pid}/mem: the process is protected (not "
+                    "dumpable, a security module such as SELinux or a BPF LSM, or another PID/user "
+                    "namespace): it cannot be read from here") from None
             raise PermissionDenied(
                 f"cannot read /proc/{pid}/mem: run as root (or with CAP_SYS_PTRACE)") from None
 

@@ -108,7 +108,7 @@ def _exclusive(view, col, where: str, metric: str, total, missing: dict, min_sha
                 title=f"{where} hotspot (exclusive): {100 * share:.0f}% of {metric} "
                 + (f"at this line, mostly {short(what)}" if ln else f"in {short(what)} (these stacks carry no Python frames)"),
                 evidence=ev,
-                fix=f"Start here: this line's own work is the largest {where} cost. "
+                fix=f"This line's own work is the largest {where} cost. "
                 f"Check whether {short(what)} must run every step, runs at the right size and dtype, "
                 "and see the other findings for this path.",
             )
