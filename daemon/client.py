@@ -73,13 +73,28 @@ def decode_profile(data: bytes) -> Snapshot:
     return _decode_profile(data)
 
 
+def check_owner(path: Path | str, what: str) -> None:
+    """A stacklensd socket or token that another user owns is not trusted (it could be a planted
+    stand-in): root's, or this user's own (a daemon they started), or it is refused."""
+    try:
+        uid = os.lstat(path).st_uid
+    except OSError:
+        return                        # missing: the connection says so
+    if uid not in (0, os.geteuid()):
+        raise errors.PermissionDenied(f"the stacklensd {what} {path} belongs to uid {uid}, neither root nor you: "
+                                      "not trusted (a stand-in another user could have made); check `ls -l` "
+                                      "and give the daemon's own with --socket")
+
+
 class DaemonClient:
     def __init__(self, socket_path: str, *, timeout: float = 15.0, token: str | None = None) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
+        check_owner(socket_path, "socket")
         if token is None:
             cands = token_candidates(socket_path)
             tok = next((c for c in cands if os.path.lexists(c)), cands[-1])
+            check_owner(tok, "token")
             try:
                 token = tok.read_text().strip()
             except FileNotFoundError:

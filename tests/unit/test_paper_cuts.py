@@ -133,3 +133,26 @@ def test_root_refused_memory_access_is_not_told_to_run_as_root(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(PermissionDenied, match="run as root"):
         ProcFS().open_mem(os.getpid())
+
+
+def test_a_socket_or_token_of_another_user_is_not_trusted(tmp_path):
+    """The CLI used a socket and token that a non-root user owned (issue 45)."""
+    import os
+    import socket as socketlib
+
+    from stacklens.daemon.client import DaemonClient
+    from stacklens.errors import PermissionDenied
+
+    if os.geteuid() != 0:
+        pytest.skip("giving files to another user needs root")
+    sock = tmp_path / "s.sock"
+    srv = socketlib.socket(socketlib.AF_UNIX)
+    srv.bind(str(sock))
+    try:
+        os.lchown(sock, 12345, 12345)
+        with pytest.raises(PermissionDenied, match="belongs to uid 12345"):
+            DaemonClient(str(sock), token="t")
+        os.lchown(sock, 0, 0)
+        DaemonClient(str(sock), token="t").close()      # root's own: trusted (no call made)
+    finally:
+        srv.close()
