@@ -675,15 +675,6 @@ class StacklensApp(App):
                 screen.refresh_list()
 
 
-def check_known(processes: "DaemonProcesses", pid: int) -> None:
-    """`top PID` for a PID that is neither running nor known to the daemon fails before the UI."""
-    from stacklens.errors import NoSuchProcess
-    from stacklens.introspect.procfs import pid_alive
-
-    if not pid_alive(pid) and pid not in {p.pid for p in processes.processes()}:
-        raise NoSuchProcess(f"no process {pid}, and stacklensd holds no profile of it: see `stacklens ps`")
-
-
 def run_top(pid: int | None, input_path: str | None, socket_path: str) -> int:
     """`stacklens top [PID] [--input FILE]`. Errors before the UI starts raise `StacklensError`."""
     if input_path:
@@ -691,7 +682,7 @@ def run_top(pid: int | None, input_path: str | None, socket_path: str) -> int:
     else:
         processes = DaemonProcesses.connect(socket_path)
         if pid is not None:
-            check_known(processes, pid)
+            processes.check_known(pid)
         app = StacklensApp(processes=processes, pid=pid)
     app.run()
     return 0 if app.return_code is None else app.return_code

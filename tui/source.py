@@ -279,6 +279,14 @@ class DaemonProcesses:
             for p in reply
         ]
 
+    def check_known(self, pid: int) -> None:
+        """`top PID` for a PID neither running nor known to the daemon fails before the UI."""
+        from stacklens.errors import NoSuchProcess
+        from stacklens.introspect.procfs import pid_alive
+
+        if not pid_alive(pid) and pid not in {p.pid for p in self.client.processes()}:
+            raise NoSuchProcess(f"no process {pid}, and stacklensd holds no profile of it: see `stacklens ps`")
+
     def attach(self, pid: int) -> list[str]:
         return list(self.client.attach(pid))
 

@@ -35,19 +35,20 @@ def test_only_one_finding_may_say_start_here():
     assert len(fixes) >= 2 and sum(x.startswith("Start here") for x in fixes) <= 1, fixes
 
 
-class _Processes:
+class _Client:
     def processes(self):
         return []
 
 
 def test_top_on_a_pid_that_is_neither_running_nor_known_fails_before_the_ui():
-    from stacklens.tui.app import check_known
+    from stacklens.tui.source import DaemonProcesses
 
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()                                    # an exited process: its PID is free now
+    procs = DaemonProcesses(_Client())
     with pytest.raises(NoSuchProcess, match=f"no process {p.pid}"):
-        check_known(_Processes(), p.pid)
-    check_known(_Processes(), 1)                # a running process: the UI opens
+        procs.check_known(p.pid)
+    procs.check_known(1)                        # a running process: the UI opens
 
 
 def test_dump_job_on_a_pid_with_no_ranks_below_is_an_input_error(capsys):
