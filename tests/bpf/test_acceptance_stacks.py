@@ -45,7 +45,7 @@ def def_line(path: Path, func: str) -> int:
 
 
 def profile(pid: int, metric: str, duration: float = 5, *extra: str) -> dict[tuple[str, ...], int]:
-    r = subprocess.run([str(STACKLENS), "profile", "--pid", str(pid), "--duration", str(duration),
+    r = subprocess.run([str(STACKLENS), "profile", "--no-daemon", "--pid", str(pid), "--duration", str(duration),
                         "--format", "folded", "--metric", metric, *extra], capture_output=True, text=True,
                        timeout=180)
     assert r.returncode == 0, r.stderr
@@ -67,7 +67,7 @@ def profile_with_window(pid: int, metric: str, duration: float, *extra: str):
 
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "p.json"
-        r = subprocess.run([str(STACKLENS), "profile", "--pid", str(pid), "--duration", str(duration),
+        r = subprocess.run([str(STACKLENS), "profile", "--no-daemon", "--pid", str(pid), "--duration", str(duration),
                             "--format", "json", "-o", str(out), *extra], capture_output=True, text=True,
                            timeout=600)
         assert r.returncode == 0, r.stderr

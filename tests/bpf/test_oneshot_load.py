@@ -40,7 +40,7 @@ def hogs():
 
 
 def profile_json(pid: int, duration: float = 3) -> tuple[dict, str]:
-    r = subprocess.run([str(STACKLENS), "profile", "--pid", str(pid), "--duration", str(duration),
+    r = subprocess.run([str(STACKLENS), "profile", "--no-daemon", "--pid", str(pid), "--duration", str(duration),
                         "--format", "json", "--rate", str(RATE)], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr
@@ -74,7 +74,7 @@ def test_profile_samples_match_the_cpu_time_under_load(bpf_available, start_targ
 def test_profile_of_a_sleeping_process_says_it_used_no_cpu(bpf_available):
     p = subprocess.Popen(["sleep", "600"])
     try:
-        r = subprocess.run([str(STACKLENS), "profile", "--pid", str(p.pid), "--duration", "1"],
+        r = subprocess.run([str(STACKLENS), "profile", "--no-daemon", "--pid", str(p.pid), "--duration", "1"],
                            capture_output=True, text=True, timeout=600)
     finally:
         p.kill()
