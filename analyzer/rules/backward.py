@@ -77,7 +77,8 @@ def backward_cost(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
                        "backward of this line is all its cost (its forward is too small to register)")
                 + f": {100 * bshare:.0f}% of the time, in {', '.join(top)}" + _called_from(view, ln),
                 evidence=ev,
-                fix=_fix(top),
+                fix=_fix(top) + f" Estimate: the backward time beyond {normal_ratio:g}x its forward — a guessed "
+                "'normal' ratio, not yet checked against the speedup of applying the fix.",
                 estimated_saving=round(min(max(bshare - normal_ratio * fshare, 0.0), 0.9), 4),
             )
         )

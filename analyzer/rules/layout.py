@@ -13,7 +13,12 @@ from stacklens.analyzer.config import RuleConfig
 from stacklens.analyzer.finding import Finding, severity_for
 from stacklens.analyzer.registry import rule
 from stacklens.analyzer.view import name_matcher, op_base, view_of
-from stacklens.analyzer.rules._common import add_time_base, cost, is_memcpy_api, line_path, op_named, user_line
+from stacklens.analyzer.rules._common import (
+    add_time_base, cost, guessed, is_memcpy_api, line_path, op_named, user_line,
+)
+
+# guessed, not measured (the finding says so): the share of the conversion time a fix removes
+LAYOUT_SAVED = 0.9
 
 RULE = "layout_conversions"
 
@@ -80,8 +85,8 @@ def layout_conversions(snapshot: Snapshot, *, config: RuleConfig) -> list[Findin
                 + (f" (inside {', '.join(sorted(callers)[:3])})" if callers else "")
                 + (f", called from {user_line(view, ln)}" if user_line(view, ln) else ""),
                 evidence=ev,
-                fix=_fix(conv_names, callers),
-                estimated_saving=round(min(0.9 * share, 0.9), 4),
+                fix=_fix(conv_names, callers) + guessed(LAYOUT_SAVED, "the conversion time"),
+                estimated_saving=round(min(LAYOUT_SAVED * share, 0.9), 4),
             )
         )
     return out

@@ -15,7 +15,13 @@ from stacklens.analyzer.finding import Finding, severity_for
 from stacklens.analyzer.registry import rule
 from stacklens.analyzer.step import step_of
 from stacklens.analyzer.view import name_matcher, op_base, op_of_native, view_of
-from stacklens.analyzer.rules._common import add_time_base, cost, is_sync_api, line_path, names, op_named
+from stacklens.analyzer.rules._common import (
+    add_time_base, cost, guessed, is_sync_api, line_path, names, op_named,
+)
+
+# guessed, not measured (the finding says so): the share of a sync wait a fix removes where the
+# step model cannot say (no GPU time)
+SYNC_SAVED = 0.8
 
 RULE = "sync_stalls"
 
@@ -88,7 +94,7 @@ def sync_stalls(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
             continue
         # The step model (analyzer/step.py): a wait stalls the step only where the GPU went idle
         # behind it: wait x the GPU's idle share, at most the idle time; little on a GPU-bound job.
-        saving, severity = 0.8 * share, severity_for(share, 0.2, 0.05)
+        saving, severity = SYNC_SAVED * share, severity_for(share, 0.2, 0.05)
         if st is not None and view.has("sync_wait_ns"):
             saving = st.sync_saving(acc.get("sync_wait_ns", 0))
             severity = severity_for(saving, 0.2, 0.05)
@@ -106,7 +112,7 @@ def sync_stalls(snapshot: Snapshot, *, config: RuleConfig) -> list[Finding]:
                 title=f"synchronization in the loop: {100 * share:.0f}% of the time at a line calling "
                 + ", ".join(frames_here[:4]),
                 evidence=ev,
-                fix=_fix(frames_here) + _model_text(st),
+                fix=_fix(frames_here) + (_model_text(st) if st is not None else guessed(SYNC_SAVED, "the wait")),
                 estimated_saving=round(min(saving, 0.9), 4),
             )
         )
