@@ -66,6 +66,13 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def default_signals() -> None:
+    """In the child: the signals the test sends act as they do on a terminal's process, even
+    where this run inherited them ignored (nohup ignores SIGHUP, a background job SIGINT)."""
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def profile_cmd(d: Daemon, pid: int, *extra: str) -> list[str]:
     return [str(BIN / "stacklens"), "--socket", str(d.sock), "profile", "--pid", str(pid), *extra]
 
@@ -147,7 +154,7 @@ def test_a_target_that_exits_during_the_window_ends_it_at_its_exit(daemon, start
 def test_a_window_whose_client_is_killed_leaves_nothing_attached(daemon, start_target, sig, agent):
     t = start_target("named_loop.py", "lease_loop", "0.3")
     proc = subprocess.Popen(profile_cmd(daemon, t.pid, "--duration", "600", *(["--agent"] if agent else [])),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     try:
         wait_for_line(proc, "collecting for")
         assert attached(daemon, t.pid) and agent_threads(t.pid) == int(agent)
