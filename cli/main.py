@@ -18,7 +18,7 @@ from pathlib import Path
 from stacklens import __version__
 from stacklens.render.formats import FORMATS
 from stacklens.render.textreport import short_note
-from stacklens.errors import EXIT_INTERRUPTED, EXIT_USAGE, InputError, StacklensError, exit_codes
+from stacklens.errors import EXIT_INTERRUPTED, EXIT_USAGE, DaemonUnavailable, InputError, StacklensError, exit_codes
 
 DEFAULT_SOCKET = "/run/stacklens/stacklens.sock"
 PID_MAX = 2**31 - 1  # pid_t (the daemon's gRPC field is an int32)
@@ -200,21 +200,29 @@ def _oneshot_output(snap, args: argparse.Namespace) -> None:
         raise error
 
 
-def _running_daemon(socket_path: str):
-    """A client of the stacklensd answering at `socket_path`, or None when none does (no socket, no
-    token, no answer within 2 s): `profile` then compiles its own program."""
+def _running_daemon(socket_path: str, *, named: bool = False, say=None):
+    """A client of the stacklensd answering at `socket_path`, or None when there is none to ask
+    (no socket): `profile` then compiles its own program. A daemon that is there but does not
+    answer: one the user `named` (--socket, $STACKLENS_SOCKET) is an error after 15 s; the
+    default one is skipped after 2 s, and `say` tells so (never a silent change of path)."""
     from stacklens.daemon.client import DaemonClient
 
     if not os.path.exists(socket_path):
         return None
+    wait_s = 15.0 if named else 2.0
     try:
-        client = DaemonClient(socket_path, timeout=2.0)
-    except StacklensError:
-        return None
-    try:
-        client.health()
-    except StacklensError:
-        client.close()
+        client = DaemonClient(socket_path, timeout=wait_s)
+        try:
+            client.health()
+        except StacklensError:
+            client.close()
+            raise
+    except StacklensError as e:
+        if named:
+            raise DaemonUnavailable(f"stacklensd at {socket_path} did not answer within {wait_s:g}s ({e}); "
+                                    "profile with --no-daemon to compile here instead") from None
+        if say is not None:
+            say(f"stacklensd at {socket_path} did not answer within {wait_s:g}s: profiling without it")
         return None
     client.timeout = 15.0
     return client
@@ -229,7 +237,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     progress = Progress()
     kw = dict(duration_s=args.duration, agent=args.agent, cpu_hz=args.rate, ops=not args.no_ops, progress=progress)
     try:
-        client = None if args.no_daemon else _running_daemon(_socket_path(args))
+        named = bool(args.socket or os.environ.get("STACKLENS_SOCKET"))
+        client = None if args.no_daemon else _running_daemon(_socket_path(args), named=named, say=progress)
         if client is not None:
             with client:
                 snap = profile_through_daemon(client, args.pid, **kw)

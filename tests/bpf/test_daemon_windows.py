@@ -77,8 +77,8 @@ def profile_cmd(d: Daemon, pid: int, *extra: str) -> list[str]:
     return [str(BIN / "stacklens"), "--socket", str(d.sock), "profile", "--pid", str(pid), *extra]
 
 
-def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 300) -> None:
-    """Reads the command's stderr until a line holds `text` (its progress lines)."""
+def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 300) -> list[str]:
+    """Reads the command's stderr until a line holds `text` (its progress lines); the lines read."""
     deadline = time.monotonic() + timeout
     seen = []
     while time.monotonic() < deadline:
@@ -89,7 +89,7 @@ def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 300) -> No
                 break
             seen.append(line)
             if text in line:
-                return
+                return seen
     raise AssertionError(f"no {text!r} from the command: {''.join(seen)}")
 
 
@@ -178,7 +178,8 @@ def test_two_windows_at_once_and_an_attach_during_them(daemon, start_target, tmp
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for o in outs]
     try:
         for p in procs:
-            wait_for_line(p, "collecting for")
+            said = "".join(wait_for_line(p, "collecting for"))
+            assert "through stacklensd" in said, said       # a window of the daemon's, not a one-shot
         r = daemon.cli("attach", str(t.pid))
         assert r.returncode == 0 and "held by window" in r.stdout, r.stdout + r.stderr
         held = ps(daemon)[t.pid]["held_by"]

@@ -157,3 +157,24 @@ def test_a_socket_or_token_of_another_user_is_not_trusted(tmp_path):
         DaemonClient(str(sock), token="t").close()      # root's own: trusted (no call made)
     finally:
         srv.close()
+
+
+def test_profile_says_when_it_does_not_go_through_a_daemon_that_is_there(tmp_path):
+    """A stacklensd socket that does not answer: the default one is skipped with a line saying
+    so (it was silent); one the user named is an error (it fell back to compiling here)."""
+    import socket as socketlib
+
+    from stacklens.cli.main import _running_daemon
+    from stacklens.errors import DaemonUnavailable
+
+    sock = tmp_path / "s.sock"
+    srv = socketlib.socket(socketlib.AF_UNIX)
+    srv.bind(str(sock))                             # there, but no stacklensd behind it (no token)
+    try:
+        said: list[str] = []
+        assert _running_daemon(str(sock), say=said.append) is None
+        assert len(said) == 1 and "did not answer" in said[0] and "profiling without it" in said[0]
+        with pytest.raises(DaemonUnavailable, match="--no-daemon"):
+            _running_daemon(str(sock), named=True)
+    finally:
+        srv.close()
