@@ -18,9 +18,9 @@ import threading
 import time
 from typing import Callable, TextIO
 
-from stacklens.cct import Snapshot, diff
+from stacklens.cct import Snapshot
 from stacklens.daemon.core import check_target
-from stacklens.daemon.session import ProcessSession, process_cpu_ns, process_start
+from stacklens.daemon.session import ProcessSession, process_start
 from stacklens.errors import IncompleteProfile, NoSuchProcess, StacklensError
 from stacklens.render.textreport import window_line
 

@@ -11,7 +11,6 @@ from collections import Counter
 from pathlib import Path
 
 import jsonschema
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
