@@ -395,7 +395,8 @@ def add_profile_commands(command) -> None:
     pr = command("profile", "one-shot: attach to PID for a duration, print the profile (root)")
     add_pid(pr, required=True, what="the process to profile")
     pr.add_argument("-d", "--duration", type=float, default=5.0, metavar="SECONDS",
-                    help="how long to profile (default 5)")
+                    help="how long to profile (default 5; through stacklensd, Ctrl-C ends it sooner and "
+                         "the profile up to then is written)")
     pr.add_argument("-r", "--rate", type=int, default=99, metavar="HZ", help="CPU sampling rate in Hz (default 99)")
     pr.add_argument("--agent", action="store_true", help="also inject the in-process agent (GPU time, Python sampler)")
     pr.add_argument("--no-ops", action="store_true", help="skip libtorch operator probes")

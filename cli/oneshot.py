@@ -211,6 +211,9 @@ def assess(snap: Snapshot) -> tuple[list[str], IncompleteProfile | None]:
             "be read (/proc/PID/stat); nothing was written — run `stacklens doctor --pid PID`")
     if exited:
         lines.append(f"note: {exited}; the profile covers it up to its exit")
+    if w.get("ended_early"):
+        lines.append(f"note: the window was ended by its client (Ctrl-C) after {w.get('seconds', 0):.1f}s; "
+                     "the profile covers it up to then")
     if cpu_s is None:
         lines.append("note: the target's CPU time could not be read "
                      + ("after its exit" if exited else "(/proc/PID/stat)") + "; samples not checked")

@@ -8,9 +8,12 @@ socket sits in a directory it does not own, e.g. /tmp), else `token` beside the 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -86,6 +89,19 @@ def check_owner(path: Path | str, what: str) -> None:
                                       "and give the daemon's own with --socket")
 
 
+
+@contextlib.contextmanager
+def _sigint(handler):
+    """`handler` for SIGINT inside the block, on the main thread (elsewhere: unchanged)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
 class DaemonClient:
     def __init__(self, socket_path: str, *, timeout: float = 15.0, token: str | None = None) -> None:
         self.socket_path = socket_path
@@ -156,15 +172,30 @@ class DaemonClient:
     def profile(self, pid: int, *, duration_s: float, agent: bool = False, cpu_hz: int = 0, no_ops: bool = False,
                 on_phase: Callable[[str], None] | None = None) -> Snapshot:
         """A profile window of `duration_s` on `pid` held by this call (daemon/windows.py): the
-        window's profile; `on_phase` hears its steps. Ending this client ends the window."""
+        window's profile; `on_phase` hears its steps. Ending this client ends the window. On the
+        main thread, a first SIGINT (Ctrl-C) ends the window now and its profile up to then is
+        returned; a second one interrupts."""
         check_pid_range(pid)
         req = pb.ProfileRequest(pid=pid, duration_s=duration_s, agent=agent, cpu_sample_hz=cpu_hz, no_ops=no_ops)
+        window = {"id": 0, "ending": False}
+
+        def end_now(_sig, _frame) -> None:
+            if window["ending"] or not window["id"]:
+                raise KeyboardInterrupt
+            window["ending"] = True
+            if on_phase is not None:
+                on_phase("ending the window now (Ctrl-C again abandons it)")
+            threading.Thread(target=self._end_window, args=(pid, window["id"]), daemon=True).start()
+
         try:
-            for r in self.stub.Profile(req, metadata=self._md):
-                if r.profile:
-                    return decode_profile(r.profile)
-                if on_phase is not None:
-                    on_phase(r.phase)
+            with _sigint(end_now):
+                for r in self.stub.Profile(req, metadata=self._md):
+                    if r.profile:
+                        return decode_profile(r.profile)
+                    if r.window_id:
+                        window["id"] = r.window_id
+                    elif on_phase is not None:
+                        on_phase(r.phase)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                 raise errors.DaemonUnavailable(
@@ -173,6 +204,12 @@ class DaemonClient:
             raise _translate(e, self.socket_path, "Profile") from None
         raise errors.StacklensError(f"stacklensd ended the window on {pid} without a profile: `stacklens ps` "
                                     "shows its state")
+
+    def _end_window(self, pid: int, window_id: int) -> None:
+        try:
+            self._call(self.stub.EndWindow, pb.EndWindowRequest(pid=pid, window_id=window_id), timeout=30)
+        except errors.StacklensError:
+            pass        # the window ended meanwhile: its profile comes all the same
 
     def in_flight(self, pid: int) -> pb.InFlightResponse:
         """An attached process's calls still waiting and each thread's last launch (the probes')."""

@@ -220,6 +220,7 @@ class Daemon:
             if op is not None:
                 if join and op.options == (agent, cpu_hz, ops) and not op.cancelled:
                     op.holders.add(holder)
+                    log.info("%s joins attach %d of %d", holder, op.id, pid)
                     return op, True
                 raise AlreadyAttached(f"{pid} is being attached already ({op.progress()[0]}): "
                                       f"`stacklens attach {pid}` follows it, `stacklens detach {pid}` cancels it")
@@ -227,8 +228,10 @@ class Daemon:
             if s is not None and not self._same_process(s):
                 stale = self.sessions.pop(pid)   # its process ended and the PID names another now
                 self.holders.pop(pid, None)
+                log.info("PID %d names another process now: its old session ends", pid)
                 self._remember(pid, stale)
             elif s is not None:
+                log.info("%s holds the session of %d too", holder, pid)
                 return self._hold_attached(s, holder), True
             if len(self.sessions) + len(self.attaching) >= MAX_SESSIONS:
                 raise InputError(f"at most {MAX_SESSIONS} processes can be attached at once")
@@ -236,6 +239,7 @@ class Daemon:
                           proc_start=process_start(pid, self.procfs))
             op.holders.add(holder)
             self.attaching[pid] = op
+            log.info("%s begins attach %d of %d", holder, op.id, pid)
         if stale is not None:
             stale.stop("exited")
             self._retire(stale)
@@ -271,14 +275,22 @@ class Daemon:
                 return
             held = self.holders.get(pid)
             if held is None or holder not in held:
+                log.info("%s lets go of %d, which it did not hold (held by %s)", holder, pid, held)
                 return
             held.discard(holder)
             if held:
+                log.info("%s lets go of %d, still held by %s", holder, pid, sorted(held))
                 return
+        log.info("%s let go of %d, the last holder: detaching it", holder, pid)
         try:
             self.detach(pid, force=True)
         except NoSuchProcess:
             pass
+
+    def held_by(self, pid: int) -> list[str]:
+        """Who holds `pid`'s session now (`ps`), sorted; a copy taken under the lock."""
+        with self._lock:
+            return sorted(self.holders.get(pid, ()))
 
     def attach(self, pid: int, *, agent: bool = False, cpu_hz: int = 99, ops: bool = True) -> list[str]:
         """`begin_attach`, then waits for the attach's end: its notes, or its error raised."""
@@ -339,6 +351,7 @@ class Daemon:
             if not (closing or cancelled):
                 self.sessions[pid] = s
                 self.holders[pid] = set(op.holders)
+                log.info("attach %d of %d installed, held by %s", op.id, pid, sorted(op.holders))
         if closing or cancelled:   # the daemon stopped, or a detach came, while this attach ran
             s.stop("detached")
             with self._lock:
@@ -477,6 +490,7 @@ class Daemon:
                 self.holders.pop(s.pid, None)
                 self._remember(s.pid, s)
         self.counters["sessions_closed"] += 1
+        log.info("session %d (%s) ended: %s", s.pid, getattr(s, "comm", "") or "?", s.state)
         if mine:
             # the final profile is read once that thread has ended (it still owns the tree here,
             # and asking it for a snapshot now would wait on itself); session() waits for this
@@ -521,6 +535,7 @@ class Daemon:
                 return f"cancelled the attach of {pid} (at step '{op.phase}'); nothing stays attached"
             return (f"cancelling the attach of {pid}: it stops when its current step ('{op.phase}') ends, "
                     "and nothing stays attached")
+        log.info("detaching %d%s", pid, "" if force else " (asked)")
         s.stop("detached")
         with self._lock:
             self._remember(pid, s)

@@ -45,7 +45,7 @@ from stacklens.daemon import stacklens_pb2_grpc as pbg
 from stacklens.daemon.attachop import ATTACHING, AttachOp
 from stacklens.daemon.core import NOT_ATTACHED, Daemon
 from stacklens.daemon.ranks import ProcRankHost, RankProc, find_job
-from stacklens.daemon.windows import WindowSpec, window_steps
+from stacklens.daemon.windows import WindowSpec, end_window, window_steps
 from stacklens.errors import DaemonUnavailable, InputError, NoSuchProcess, StacklensError
 from stacklens.introspect.procfs import check_pid_range
 
@@ -351,7 +351,7 @@ class StacklensServicer(pbg.StacklensServicer):
             if rank is not None:
                 _set_rank(p, rank)
             if p.attached:
-                p.held_by.extend(sorted(self.daemon.holders.get(p.pid, ())))
+                p.held_by.extend(self.daemon.held_by(p.pid))
             cpu_ns = self._cpu_time_ns(p.pid)
             if cpu_ns is not None:     # for the client's CPU% (two listings); unset if unreadable
                 p.cpu_time_ns = cpu_ns
@@ -403,13 +403,22 @@ class StacklensServicer(pbg.StacklensServicer):
             if not context.add_callback(gone.set):
                 return  # cancelled already
             for step in window_steps(self.daemon, spec, gone):
-                yield (pb.ProfileReply(phase=step) if isinstance(step, str) else
-                       pb.ProfileReply(profile=encode_profile(step)))
+                if isinstance(step, int):
+                    yield pb.ProfileReply(window_id=step)
+                elif isinstance(step, str):
+                    yield pb.ProfileReply(phase=step)
+                else:
+                    yield pb.ProfileReply(profile=encode_profile(step))
         finally:
             gone.set()
             with self._lock:
                 self._waits.discard(gone)
             self._windows.give()
+
+    @rpc
+    def EndWindow(self, request, context):
+        check_pid_range(request.pid)
+        return pb.EndWindowResponse(note=end_window(request.pid, request.window_id))
 
     @rpc
     def FindJob(self, request, context):

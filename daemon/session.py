@@ -176,8 +176,8 @@ class ProcessSession:
         gpu_vendor: str | None = None,
     ) -> None:
         """``gpu_api_records``: ask for the API-record join (None: STACKLENS_GPU_API_RECORDS).
-        ``gpu_vendor``: a name of ``inject/gpu.VENDORS`` (None: detected from the target's mapped
-        libraries); the join is the one its declaration allows (``inject/gpu.pick_join``)."""
+        ``gpu_vendor``: a name of ``inject/channel/gpu.VENDORS`` (None: detected from the target's mapped
+        libraries); the join is the one its declaration allows (``inject/channel/gpu.pick_join``)."""
         if not pid_alive(pid):
             raise NoSuchProcess(f"no process {pid}: check the PID with `stacklens ps` or `ps -p {pid}`")
         self.pid = pid
@@ -417,7 +417,10 @@ class ProcessSession:
                     self._on_close(self)
             with self._requests_lock:
                 self._taking_requests = False
-            self._serve_requests()   # those queued before: none waits for a thread that has ended
+            # those queued before: none waits for a thread that has ended (a window that saw the
+            # session end while it was torn down asked for its end edge meanwhile)
+            self._end_edges()
+            self._serve_requests()
 
     def _same_process(self) -> bool:
         """The process is alive and is the one attached: a PID reused between two polls names

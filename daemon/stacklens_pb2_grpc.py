@@ -69,6 +69,11 @@ class StacklensStub(object):
                 request_serializer=stacklens__pb2.ProfileRequest.SerializeToString,
                 response_deserializer=stacklens__pb2.ProfileReply.FromString,
                 )
+        self.EndWindow = channel.unary_unary(
+                '/stacklens.v1.Stacklens/EndWindow',
+                request_serializer=stacklens__pb2.EndWindowRequest.SerializeToString,
+                response_deserializer=stacklens__pb2.EndWindowResponse.FromString,
+                )
 
 
 class StacklensServicer(object):
@@ -157,6 +162,14 @@ class StacklensServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EndWindow(self, request, context):
+        """Ends a profile window now (`stacklens profile` on Ctrl-C): its Profile call then replies with
+        the profile of the window up to now. NOT_FOUND: no such window open on that process.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StacklensServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -214,6 +227,11 @@ def add_StacklensServicer_to_server(servicer, server):
                     servicer.Profile,
                     request_deserializer=stacklens__pb2.ProfileRequest.FromString,
                     response_serializer=stacklens__pb2.ProfileReply.SerializeToString,
+            ),
+            'EndWindow': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndWindow,
+                    request_deserializer=stacklens__pb2.EndWindowRequest.FromString,
+                    response_serializer=stacklens__pb2.EndWindowResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -409,5 +427,22 @@ class Stacklens(object):
         return grpc.experimental.unary_stream(request, target, '/stacklens.v1.Stacklens/Profile',
             stacklens__pb2.ProfileRequest.SerializeToString,
             stacklens__pb2.ProfileReply.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def EndWindow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/stacklens.v1.Stacklens/EndWindow',
+            stacklens__pb2.EndWindowRequest.SerializeToString,
+            stacklens__pb2.EndWindowResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

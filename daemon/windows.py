@@ -6,9 +6,10 @@ process when no one holds it (with the window's options), or shares the session 
 profile is the session's tree at its end minus its tree at its start, each taken at an exact
 edge (`ProcessSession.edge`: the BPF ring read past it, the agent's GPU records flushed at it and
 joined), so it holds the GPU time a one-shot window of the same length holds. The window ends at
-its deadline, when the process exits (the profile then covers it up to its exit) or when its
-client goes away (`gone`: the RPC was cancelled, the client killed); then it lets go of the
-session, which is detached if nothing else holds it.
+its deadline, when its client asks (`end_window`: Ctrl-C in `stacklens profile`; the profile
+covers it up to then), when the process exits (the profile then covers it up to its exit) or
+when its client goes away (`gone`: the RPC was cancelled, the client killed: no profile); then it
+lets go of the session, which is detached if nothing else holds it.
 
 A held session whose options differ: one without the agent cannot measure GPU time, so a window
 that asks for the agent is refused with what to do; another sampling rate or operator probes off
@@ -31,6 +32,8 @@ from stacklens.errors import InputError, NoSuchProcess, StacklensError
 
 _IDS = itertools.count(1)
 MAX_WINDOW_S = 24 * 3600.0
+_open_lock = threading.Lock()
+_open: dict[int, tuple[int, threading.Event]] = {}   # window id -> (its PID, set: end it now)
 
 
 class WindowAbandoned(StacklensError):
@@ -52,27 +55,46 @@ class WindowSpec:
             raise InputError(f"a window lasts more than 0 and at most {MAX_WINDOW_S:.0f} s (got {self.duration_s!r})")
 
 
-def run_window(daemon, spec: WindowSpec, *, say: Callable[[str], None], gone: threading.Event) -> Snapshot:
-    """The window `spec` on `daemon` (core.Daemon); `say` hears its steps, `gone` set ends it
-    early (WindowAbandoned). The snapshot's meta["window"] is its account (cli/oneshot.py assess)."""
+def run_window(daemon, spec: WindowSpec, *, say: Callable[[str | int], None], gone: threading.Event) -> Snapshot:
+    """The window `spec` on `daemon` (core.Daemon); `say` hears its id (an int, first: what
+    `end_window` names) and its steps, `gone` set ends it early (WindowAbandoned). The snapshot's
+    meta["window"] is its account (cli/oneshot.py assess)."""
     spec.check()
-    holder = f"window {next(_IDS)}"
-    op, _joined = daemon.begin_attach(spec.pid, agent=spec.agent, cpu_hz=spec.cpu_hz, ops=spec.ops,
-                                      join=True, holder=holder)
+    wid, end_now = next(_IDS), threading.Event()
+    holder = f"window {wid}"
+    with _open_lock:
+        _open[wid] = (spec.pid, end_now)
     try:
-        _follow_attach(op, say, gone)
-        s = daemon.session(spec.pid)
-        if not isinstance(s, ProcessSession) or s.state != "attached":
-            raise NoSuchProcess(f"the session of {spec.pid} ended before the window began ({s.state})")
-        notes = _check_options(s, spec)
-        return _collect(s, spec, notes, say, gone)
+        say(wid)
+        op, _joined = daemon.begin_attach(spec.pid, agent=spec.agent, cpu_hz=spec.cpu_hz, ops=spec.ops,
+                                          join=True, holder=holder)
+        try:
+            _follow_attach(op, say, gone)
+            s = daemon.session(spec.pid)
+            if not isinstance(s, ProcessSession) or s.state != "attached":
+                raise NoSuchProcess(f"the session of {spec.pid} ended before the window began ({s.state})")
+            notes = _check_options(s, spec)
+            return _collect(s, spec, notes, say, gone, end_now)
+        finally:
+            daemon.release(spec.pid, holder)
     finally:
-        daemon.release(spec.pid, holder)
+        with _open_lock:
+            del _open[wid]
 
 
-def window_steps(daemon, spec: WindowSpec, gone: threading.Event) -> Iterator[str | Snapshot]:
-    """`run_window` on a thread of its own: its steps as they come, then its profile (its error
-    raised here)."""
+def end_window(pid: int, window_id: int) -> str:
+    """Ends the open window `window_id` of `pid` now: its profile covers it up to now."""
+    with _open_lock:
+        pid_of, end_now = _open.get(window_id, (None, None))
+    if end_now is None or pid_of != pid:
+        raise NoSuchProcess(f"no profile window {window_id} is open on {pid} (it ended, or it is another's)")
+    end_now.set()
+    return f"window {window_id} on {pid} ends now"
+
+
+def window_steps(daemon, spec: WindowSpec, gone: threading.Event) -> Iterator[int | str | Snapshot]:
+    """`run_window` on a thread of its own: its id, its steps as they come, then its profile (its
+    error raised here)."""
     steps: queue.Queue = queue.Queue()
     result: dict = {}
 
@@ -120,7 +142,8 @@ def _check_options(s: ProcessSession, spec: WindowSpec) -> list[str]:
     return notes
 
 
-def _collect(s: ProcessSession, spec: WindowSpec, notes: list[str], say, gone: threading.Event) -> Snapshot:
+def _collect(s: ProcessSession, spec: WindowSpec, notes: list[str], say, gone: threading.Event,
+             end_now: threading.Event) -> Snapshot:
     """The window is [t0, t1] exactly: each edge's snapshot holds what happened up to its time,
     however long it took to get (daemon/edges.py)."""
     cpu0, t0 = process_cpu_ns(spec.pid), time.monotonic_ns()
@@ -128,10 +151,11 @@ def _collect(s: ProcessSession, spec: WindowSpec, notes: list[str], say, gone: t
     first, missing0 = s.edge(t_ns=t0)
     say(f"collecting for {spec.duration_s:g}s")
     end = t0 / 1e9 + spec.duration_s
-    while time.monotonic() < end and s.state == "attached":
+    while time.monotonic() < end and s.state == "attached" and not end_now.is_set():
         if gone.wait(min(0.05, max(0.0, end - time.monotonic()))):
             raise WindowAbandoned("the client went away during the window")
     exited = s.state != "attached"
+    early = not exited and end_now.is_set() and time.monotonic() < end
     t1 = time.monotonic_ns()
     cpu1 = process_cpu_ns(spec.pid) if not exited else None
     say("flushing to the window's end")
@@ -151,6 +175,8 @@ def _collect(s: ProcessSession, spec: WindowSpec, notes: list[str], say, gone: t
         window["expected_cpu_samples"] = round(window["target_cpu_s"] * s.cpu_hz)
     if exited:
         window["target_exited"] = True
+    if early:
+        window["ended_early"] = True     # said by cli/oneshot.py assess
     out = snap.meta["notes"] = list(snap.meta.get("notes", [])) + notes
     for edge, missing in (("start", missing0), ("end", missing1)):
         if missing:

@@ -7,8 +7,8 @@ with real probes: one daemon for the module (one BCC compile), targets from test
 - a target that exits during a window ends it at its exit;
 - a window whose client is killed (SIGTERM, SIGHUP, SIGKILL) leaves nothing attached, the agent
   included;
-- two windows on one PID at once both return complete profiles, and `attach` during them
-  succeeds and outlives them;
+- two windows on one PID at once both return complete profiles when Ctrl-C ends them, and
+  `attach` during them succeeds and outlives them; ending a window that is not open is refused;
 - a PID reused by another process (forced with ns_last_pid) ends the old session and the new
   process can be attached.
 """
@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 
 from stacklens.cct import Frame, export
+from stacklens.daemon import stacklens_pb2 as pb
+from stacklens.errors import NoSuchProcess
 from tests.bpf.conftest import TARGETS
 from tests.daemon_proc import Daemon, until
 
@@ -140,7 +142,8 @@ def test_a_target_that_exits_during_the_window_ends_it_at_its_exit(daemon, start
         proc.wait(timeout=120)
         took = time.monotonic() - killed
         rest = proc.stderr.read()
-        assert took <= 3.0, (took, rest)
+        # it ends at the exit, not at its 60 s deadline (margin for a loaded machine's scheduling)
+        assert took <= 30.0, (took, rest)
         assert proc.returncode == 0, rest
         assert "exited" in rest and "up to its exit" in rest, rest
         assert export.load(out).meta["window"]["target_exited"]
@@ -169,16 +172,14 @@ def test_a_window_whose_client_is_killed_leaves_nothing_attached(daemon, start_t
         proc.wait()
 
 
-@pytest.mark.xfail(strict=False, reason="known bug (issue 41, point 4): in 2 of 7 fresh-clone runs, and at will "
-                   "with 30 s windows and a `ps` before the attach, the windows' session was gone from the daemon "
-                   "while both still collected, and the attach made a new one; cause not found yet")
 def test_two_windows_at_once_and_an_attach_during_them(daemon, start_target, tmp_path):
     t = start_target("named_loop.py", "shared_loop", "0.5")
     outs = [tmp_path / f"w{i}.json" for i in range(2)]
-    # 15 s: the attach below must come while both windows still hold the session (a CLI takes
-    # seconds to start on a loaded 2-vCPU machine)
-    procs = [subprocess.Popen(profile_cmd(daemon, t.pid, "--duration", "15", "--format", "json", "-o", str(o)),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for o in outs]
+    # long windows, ended by Ctrl-C once the attach is checked: the attach comes while both hold
+    # the session however slowly the CLIs start (15 s windows were over before it on a loaded machine)
+    procs = [subprocess.Popen(profile_cmd(daemon, t.pid, "--duration", "3600", "--format", "json", "-o", str(o)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
+             for o in outs]
     try:
         for p in procs:
             said = "".join(wait_for_line(p, "collecting for"))
@@ -186,15 +187,21 @@ def test_two_windows_at_once_and_an_attach_during_them(daemon, start_target, tmp
         r = daemon.cli("attach", str(t.pid))
         assert r.returncode == 0 and "held by window" in r.stdout, r.stdout + r.stderr
         held = ps(daemon)[t.pid]["held_by"]
-        assert "attach" in held and len([h for h in held if h.startswith("window")]) == 2, held
+        assert "attach" in held and len([h for h in held if h.startswith("window")]) == 2, (held, r.stdout)
+        cpu0 = cpu_s(t.pid)
+        until("the target ran 0.2 s on CPU with the attach", lambda: cpu_s(t.pid) - cpu0 >= 0.2, timeout=120)
+        for p in procs:
+            p.send_signal(signal.SIGINT)        # ends the window now: its profile is written
         for p in procs:
             _, err = p.communicate(timeout=300)
             assert p.returncode == 0, err
+            assert "ending the window now" in err and "ended by its client" in err, err
         for o in outs:
             w = export.load(o).meta["window"]
-            assert w["drained"] and w["cpu_samples"] > 0, w
+            assert w["drained"] and w["cpu_samples"] > 0 and w["ended_early"], w
         # the attach outlives the windows
-        assert attached(daemon, t.pid) and ps(daemon)[t.pid]["held_by"] == ["attach"]
+        now = ps(daemon)[t.pid]
+        assert now["state"] == "attached" and now["held_by"] == ["attach"], now
     finally:
         for p in procs:
             if p.poll() is None:
@@ -202,6 +209,15 @@ def test_two_windows_at_once_and_an_attach_during_them(daemon, start_target, tmp
                 p.wait()
         daemon.cli("detach", str(t.pid))
     until("detached", lambda: not attached(daemon, t.pid), timeout=30)
+
+
+def test_ending_a_window_that_is_not_open_is_refused_in_one_line(daemon, start_target):
+    from stacklens.daemon.client import DaemonClient
+
+    t = start_target("named_loop.py", "idle_target", "0.3")
+    with DaemonClient(str(daemon.sock)) as c:
+        with pytest.raises(NoSuchProcess, match="no profile window 999999 is open"):
+            c._call(c.stub.EndWindow, pb.EndWindowRequest(pid=t.pid, window_id=999999), timeout=30)
 
 
 def _spawn_with_pid(pid: int) -> subprocess.Popen:

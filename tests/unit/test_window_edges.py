@@ -240,6 +240,35 @@ def test_a_request_racing_the_sessions_end_is_answered_at_once():
     assert worst < 1.0, worst
 
 
+def test_an_edge_asked_while_the_ended_session_tears_down_is_answered(sleeper):
+    """A window sees its process's exit (the session's state) while the session still tears
+    down and asks for its end edge then: answered once the teardown ends, not after its timeout
+    (a window waited 70 s and failed in CI)."""
+    box: dict = {}
+
+    class SlowTeardown(FakeProbes):
+        def detach(self):
+            def window():
+                box["edge"] = s.edge(timeout_s=600)
+            box["window"] = threading.Thread(target=window, daemon=True)
+            box["window"].start()
+            deadline = time.monotonic() + 30
+            while not s._edges.pending and "edge" not in box and time.monotonic() < deadline:
+                time.sleep(0.001)       # the edge is queued behind a thread that is ending
+            super().detach()
+
+    s = ProcessSession(sleeper.pid, probe_factory=SlowTeardown)
+    s.start()
+    sleeper.kill()
+    sleeper.wait()
+    s._thread.join(30)
+    box["window"].join(30)
+    assert not box["window"].is_alive(), "the end edge was never answered"
+    _snap, missing = box["edge"]
+    assert s.state == "exited" and missing == []
+    s.stop()
+
+
 def test_a_pid_reused_by_another_process_ends_the_session(sleeper, monkeypatch):
     s = _session(sleeper.pid, None)
     try:
