@@ -127,4 +127,5 @@ def exit_codes() -> list[tuple[int, str]]:
 
 class ProtocolError(ValueError):
     """A message of the agent (or a record in it) that breaks the protocol: refused and counted,
-    never trusted (inject/validate.py checks; the join's clip_text raises it for a non-string)."""
+    never trusted (inject/channel/validate.py checks; the join's clip_text raises it for a
+    non-string)."""

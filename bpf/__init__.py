@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib
 
 _HOMES = {"ProbeSession": "stacklens.bpf.session", "ProbeConfig": "stacklens.bpf.attach",
-          "dump_bpf": "stacklens.bpf.attach", "AttachReport": "stacklens.bpf.report",
-          "LibraryAttach": "stacklens.bpf.report", "Event": "stacklens.records.events"}
+          "AttachReport": "stacklens.bpf.report", "LibraryAttach": "stacklens.bpf.report",
+          "Event": "stacklens.records.events"}
 
 
 def __getattr__(name: str):
@@ -22,4 +22,4 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(home), name)
 
 
-__all__ = ["ProbeSession", "ProbeConfig", "AttachReport", "Event", "LibraryAttach", "dump_bpf"]
+__all__ = ["ProbeSession", "ProbeConfig", "AttachReport", "Event", "LibraryAttach"]

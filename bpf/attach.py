@@ -79,20 +79,6 @@ class ProbeConfig:
     only_mapped: bool = False
 
 
-def dump_bpf(pid: int, config: ProbeConfig = ProbeConfig()) -> str:
-    """The final C text (with its cflags) a session for `pid` compiles: `--dump-bpf`."""
-    specs = load_specs(config.spec_path)
-    py_flags: tuple[str, ...] = ()
-    if config.python_stacks and program.pystack_available():
-        reader, _ = python_reader(pid)
-        if reader is not None:
-            py_flags = tuple(reader.program_cflags()) + tuple(config.pystack_cflags)
-    return program.build_source(
-        gpu=config.gpu, ops=config.ops, cpu=config.cpu_sample_hz > 0,
-        native_stacks=config.native_stacks, python_stacks=bool(py_flags),
-        pystack_cflags=py_flags, max_specs=max(64, len(specs)), ringbuf_pages=config.ringbuf_pages).render()
-
-
 def python_reader(pid: int):
     """(PythonStackReader, note) for a supported CPython target, else (None, why not)."""
     from stacklens.bpf.python_process import PythonStackReader

@@ -1,6 +1,6 @@
 """Assembles the BPF C text compiled for one session: the shared header, the selected
-`programs/*.bpf.c` parts, and -D parameters (never string-patched). `dump_bpf()` returns exactly
-what is compiled, for `--dump-bpf`.
+`programs/*.bpf.c` parts, and -D parameters (never string-patched). `ProbeSession.source` returns
+exactly what a session compiled.
 
 `compile_bpf` is the one place a BCC module is made: BCC's compile (clang/LLVM inside
 `bcc.BPF(...)`) is not thread-safe, and two sessions compiling at once crashed the daemon (SIGSEGV,

@@ -327,11 +327,6 @@ class PythonStackReader:
     def include_dir() -> str:
         return str(PROGRAMS_DIR)
 
-    @staticmethod
-    def c_include() -> str:
-        """Path of pystack.h (`#include "pystack.h"` with `-I include_dir()`)."""
-        return str(PROGRAMS_DIR / "pystack.h")
-
     def defines(self) -> dict[str, int]:
         d = dict(bpf_defines(self.layout))
         d.update(SL_PY_TGID=self.pid, SL_PY_INTERP=self.interpreter.main_interp,

@@ -1,8 +1,9 @@
-"""Ring buffer reader that maps the BPF ring buffer itself and hands out raw records in batches.
+"""Ring buffer reader that maps the BPF ring buffer itself: its data area and positions.
 
 BCC's ring_buffer_poll calls a ctypes callback per record (~1 µs of Python per event before any
-decoding); here one Python loop walks the mapped records with struct.unpack_from and advances the
-consumer position once per batch. Requires the map fd of a BPF_MAP_TYPE_RINGBUF (kernel >= 5.8).
+decoding); here the decoders (bpf/decode.py, bpf/shared.py) walk the mapped records with
+struct.unpack_from and advance the consumer position once per batch. Requires the map fd of a
+BPF_MAP_TYPE_RINGBUF (kernel >= 5.8).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import select
 import struct
 import time
 
-_HDR = struct.Struct("<II")
 _POS = struct.Struct("<Q")
 BUSY = 1 << 31
 DISCARD = 1 << 30
@@ -42,28 +42,6 @@ class RingBufReader:
 
     def available(self) -> bool:
         return _POS.unpack_from(self._cons, 0)[0] != _POS.unpack_from(self._prod, 0)[0]
-
-    def peek(self, max_records: int = 1 << 20) -> tuple[list[tuple[int, int]], int]:
-        """Committed records as (offset into `data`, length), oldest first, and the consumer
-        position after them. Decode straight from `data`, then `commit(pos)` frees the space."""
-        cons = _POS.unpack_from(self._cons, 0)[0]
-        prod = _POS.unpack_from(self._prod, 0)[0]
-        data, mask, unpack = self._data, self.mask, _HDR.unpack_from
-        out = []
-        append = out.append
-        n = 0
-        while cons < prod and n < max_records:
-            off = cons & mask
-            ln = unpack(data, off)[0]
-            if ln & BUSY:
-                break
-            disc = ln & DISCARD
-            ln &= 0x3FFFFFFF
-            if not disc:
-                append((off + 8, ln))
-                n += 1
-            cons += (8 + ln + 7) & ~7
-        return out, cons
 
     def positions(self) -> tuple[int, int]:
         """(consumer, producer) positions: records in [consumer, producer) are reserved, each

@@ -189,10 +189,6 @@ class ProbeSession:
             out.update(self._decoder.py_stats())
         return out
 
-    def python_info(self) -> dict:
-        """How Python stacks are read in this session (`stacklens doctor`); {} if they are not."""
-        return self._attacher.py.describe() if self._attacher.py is not None else {}
-
     @property
     def source(self) -> str:
         """The C text and cflags this session compiled (`--dump-bpf`)."""

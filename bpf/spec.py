@@ -7,7 +7,6 @@ rdi, rsi, rdx, rcx, r8, r9; the rest are on the caller's stack, read at entry fr
 
 from __future__ import annotations
 
-import ctypes as ct
 import os
 import re
 from collections.abc import Mapping
@@ -222,9 +221,6 @@ class Resolution:
     sites: tuple[ProbeSite, ...]
     missing: tuple[str, ...]                   # probe symbols with no export in this library
     aliases: tuple[tuple[str, str], ...] = ()  # (export, export whose code it shares): attached once
-
-    def exports_of(self, symbol: str) -> tuple[str, ...]:
-        return tuple(s.export for s in self.sites if s.spec.symbol == symbol)
 
     def summary(self) -> str:
         """The probes attached to exports other than their own name, e.g.

@@ -34,6 +34,7 @@ import sys
 from stacklens.errors import AttachError, InputError, MemoryReadError, NoSuchProcess, NotApplicable
 from stacklens.introspect import ptrace
 from stacklens.introspect.procfs import ProcFS
+from stacklens.introspect.python_layouts import RUN_STRING_NAMED_SINCE
 from stacklens.introspect.ptrace import (
     PTRACE_CONT, PTRACE_DETACH, PTRACE_EVENT_EXEC, PTRACE_O_EXITKILL, PTRACE_O_TRACEEXEC, PTRACE_PEEKTEXT,
     PTRACE_PEEKUSER, PTRACE_POKETEXT, PTRACE_POKEUSER, PTRACE_SETOPTIONS, PTRACE_SINGLESTEP, Regs)
@@ -41,8 +42,8 @@ from stacklens.introspect.ptrace import (
 RIP_OFFSET = Regs.rip.offset  # struct user_regs_struct.rip (x86-64)
 AT_ENTRY = 9
 EVAL = "_PyEval_EvalFrameDefault"
-# where the interpreter starts the program: a script (or stdin), and -c (3.13+ through the
-# unexported _PyRun_SimpleStringFlagsWithName; before, PyRun_SimpleStringFlags)
+# where the interpreter starts the program: a script (or stdin), and -c (through the unexported
+# RUN_STRING_NAMED from CPython RUN_STRING_NAMED_SINCE on; before, RUN_STRING)
 RUN_FILE, RUN_STRING, RUN_STRING_NAMED = "_PyRun_AnyFileObject", "PyRun_SimpleStringFlags", \
     "_PyRun_SimpleStringFlagsWithName"
 MAX_EVAL_STOPS = 64           # eval calls waited for a readable thread state before giving up
@@ -108,7 +109,7 @@ def _start_address(py, entry: str | None) -> int:
     if entry == RUN_STRING:
         if RUN_STRING_NAMED in py.symbols:
             return py.symbols[RUN_STRING_NAMED]
-        return py.symbols.get(RUN_STRING, 0) if py.minor < (3, 13) else 0
+        return py.symbols.get(RUN_STRING, 0) if py.minor < RUN_STRING_NAMED_SINCE else 0
     return py.symbols.get(entry, 0) if entry else 0
 
 

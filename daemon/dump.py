@@ -24,14 +24,10 @@ from stacklens.bpf.python_process import PyInterpreter, PyThread, find_interpret
 from stacklens.errors import MemoryReadError, StacklensError
 from stacklens.introspect import python_layouts as pl
 from stacklens.introspect.memory import ProcessMemory, ProcMem, read_u64
-from stacklens.introspect.procfs import ProcFS
+from stacklens.introspect.procfs import SYSCALL_NAMES, ProcFS
 
 MAX_DEPTH = 256   # frames kept per thread; deeper stacks are marked truncated
 ATTEMPTS = 4      # reads of a moving thread's stack before it is reported as inconsistent
-# x86-64 syscall numbers a blocked thread is usually in (the rest print as their number)
-SYSCALLS = {"0": "read", "7": "poll", "23": "select", "35": "nanosleep", "45": "recvfrom",
-            "47": "recvmsg", "202": "futex", "230": "clock_nanosleep", "232": "epoll_wait",
-            "270": "pselect6", "271": "ppoll", "281": "epoll_pwait", "61": "wait4"}
 
 
 @dataclass(frozen=True)
@@ -205,7 +201,7 @@ def _thread_info(procfs: ProcFS, pid: int, tid: int) -> tuple[str, str, str]:
     except (StacklensError, OSError):          # the thread ended while we looked
         return "?", "?", "gone"
     sc = procfs.thread_syscall(pid, tid)
-    return name, state, SYSCALLS.get(sc, sc)
+    return name, state, SYSCALL_NAMES.get(int(sc), sc) if sc.isdigit() else sc
 
 
 def dump_process(pid: int, procfs: ProcFS | None = None,

@@ -18,7 +18,7 @@ A stale socket of ours at the path is replaced; anything else there is refused. 
 `SOCKNAME.d/token`, then `token` beside the socket (`client.token_candidates`). At stop the daemon
 removes the socket and the token file it wrote, not the directories. At start it replaces a
 killed daemon's socket and token, and removes the agent files (lock, socket, code and bootstrap
-token per target) it left (`inject.server.clean_stale_files`).
+token per target) it left (`inject.channel.agentdir.clean_stale_files`).
 
 Standard gRPC services (`grpc_service.add_standard_services`): grpc.health.v1.Health (SERVING;
 NOT_SERVING once stopping), the one service that needs no token, for kubelet's gRPC probe and

@@ -26,18 +26,15 @@ from stacklens.inject import pep768, ptrace_inject
 from stacklens.inject.bootstrap import THREAD_NAME, pending_call_text, script_file_text
 from stacklens.introspect.cpython import PythonTarget, find_python
 from stacklens.introspect.memory import RemoteMemory
-from stacklens.introspect.procfs import ProcFS
+from stacklens.introspect.procfs import SYSCALL_NAMES, ProcFS
+from stacklens.introspect.python_layouts import REMOTE_DEBUG_SUPPORTED, SUPPORTED
 from stacklens.inject.channel.server import AgentServer, server_for
 
-MIN_VERSION = (3, 10)
-PEP768_VERSION = (3, 14)
+MIN_VERSION = SUPPORTED[0]
+PEP768_VERSION = REMOTE_DEBUG_SUPPORTED[0]   # the first whose remote-debugger fields are known
 
 _IN_PROGRESS: set[int] = set()
 _IN_PROGRESS_LOCK = threading.Lock()
-
-SYSCALL_NAMES = {0: "read", 7: "poll", 23: "select", 35: "nanosleep", 43: "accept", 45: "recvfrom",
-                 47: "recvmsg", 61: "wait4", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait",
-                 270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 288: "accept4", 441: "epoll_pwait2"}
 
 
 @dataclass(frozen=True)
@@ -54,7 +51,8 @@ def choose_method(tp: PythonTarget) -> str:
     if tp.minor < MIN_VERSION:
         raise UnsupportedVersion(
             f"PID {tp.pid} runs CPython {'.'.join(map(str, tp.version))}; stacklens injects into "
-            "3.10 and newer. The eBPF probes still work without the agent.")
+            f"{MIN_VERSION[0]}.{MIN_VERSION[1]} and newer. The eBPF probes still work without the "
+            "agent.")
     return "pep768" if tp.minor >= PEP768_VERSION else "ptrace"
 
 

@@ -21,6 +21,12 @@ from pathlib import Path
 
 from stacklens.errors import InputError, NoSuchProcess, PermissionDenied, StacklensError
 
+# x86-64 numbers of the syscalls a blocked thread is usually in (`ProcFS.thread_syscall`); the rest
+# are shown as their number
+SYSCALL_NAMES = {0: "read", 7: "poll", 23: "select", 35: "nanosleep", 43: "accept", 45: "recvfrom",
+                 47: "recvmsg", 61: "wait4", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait",
+                 270: "pselect6", 271: "ppoll", 281: "epoll_pwait", 288: "accept4", 441: "epoll_pwait2"}
+
 
 @dataclass(frozen=True)
 class Mapping:

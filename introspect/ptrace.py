@@ -54,9 +54,6 @@ class Regs(ctypes.Structure):
         ctypes.memmove(ctypes.byref(r), ctypes.byref(self), ctypes.sizeof(Regs))
         return r
 
-    def as_bytes(self) -> bytes:
-        return ctypes.string_at(ctypes.byref(self), ctypes.sizeof(Regs))
-
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ptrace.restype = ctypes.c_long

@@ -3,7 +3,7 @@
 - joiner.py: the Joiner (one per session, its aggregation thread's): splices native frames into
   Python stacks, builds paths, charges metrics to the tree, and drives:
 - gpujoin.py: the GPU join's interface (GpuJoin, its verdicts through Charges), with two equal
-  implementations chosen at session start from the GPU vendor's declaration (inject/gpu):
+  implementations chosen at session start from the GPU vendor's declaration (inject/channel/gpu):
   apijoin.py (by CUPTI API records) and orderjoin.py (by launch order);
 - jaxjoin.py: JAX's HLO ops, a splitter of kernels the Joiner calls;
 - backward.py: the backward link, autograd nodes back to the forward op that created them.

@@ -6,7 +6,7 @@ A `GpuJoin` takes the BPF launches and copy/memset calls (each already given its
 `Joiner`) and the agent's CUPTI records, and says, per record, which call it belongs to by calling
 the `Charges` it was built with (the `Joiner`, which owns the tree). It never touches the tree.
 Two implementations, chosen once per session (`ProcessSession.join_kind`, a `records.agent.JoinKind`) by `inject/channel/gpu.pick_join`
-from the GPU vendor's declared joins (`inject/gpu.VENDORS`) and the agent's configuration:
+from the GPU vendor's declared joins (`inject/channel/gpu.VENDORS`) and the agent's configuration:
 - `ApiRecordJoin` (daemon/join/apijoin.py, agent `gpu_api_records=True`): exact, through CUPTI API
   records (thread id + host interval, then the correlation id);
 - `LaunchOrderJoin` (daemon/join/orderjoin.py, the default): by launch order and grid/block, without

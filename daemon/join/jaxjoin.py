@@ -261,11 +261,6 @@ class JaxIndex:
         self.stats["matched" if rule == "name" else "by_order"] += 1
         return split_paths(path, krec.name, max(0, krec.end_ns - krec.start_ns), m.operators(idxs))
 
-    def site_of(self, kernel_name: str) -> tuple[Frame, ...]:
-        """The compile call site of the newest module holding the kernel (agent-only fallback)."""
-        h = self._holders.get(sanitize(kernel_name))
-        return self.modules[h[-1]].site if h else ()
-
     def meta(self) -> dict[str, int]:
         return dict(self.stats)
 

@@ -6,8 +6,8 @@ thread. Cost: a length check per flush; per new generated module one read of its
 MAX_FILE bytes) and, at most every GC_SCAN_S, one ``gc.get_referrers(CompiledFxGraph)`` scan for
 its graph (the instances of that one class, not every object of the heap: see ``_scan_graphs``).
 
-What it sends (wire kind ``inductor``, validated by ``stacklens.inject.server``; the mapping is
-built by the daemon, ``daemon/join/compiled.py``), per generated wrapper module, as rows:
+What it sends (wire kind ``inductor``, validated by ``stacklens.inject.channel.inductor``; the
+mapping is built by the daemon, ``daemon/join/compiled.py``), per generated wrapper module, as rows:
 - ``["T", stack_trace]``: the distinct FX ``stack_trace`` strings of Inductor's line map
   (``PyCodeCache.linemaps[path]``, kept by default for every module it loads: for each region of
   the wrapper, the stack trace of the last FX node of the scheduler node generated there);

@@ -3,7 +3,7 @@
 Stdlib only. Never imports JAX: everything it touches is taken from ``sys.modules`` and only once
 the target has finished importing ``jax`` itself (a half-initialised module is left alone).
 
-What it sends (wire kinds, validated by ``stacklens.inject.server``):
+What it sends (wire kinds, validated by ``stacklens.inject.channel.messages``):
 - ``hlo``: per compiled XLA module, every instruction that can launch a kernel (fusions,
   custom calls, ...) in schedule order, with the original JAX operators it was fused from:
   ``(op_name, source_file, source_line, function)`` from the HLO metadata (both the
@@ -46,8 +46,9 @@ FRAME_BUDGET = 1_000_000        # bytes of one encoded message, hard (wire.MAX_F
                                 # the channel cannot take must never wait in `pending` forever
 MAX_ROWS = 10_000               # entries/rows per message (the daemon takes <= 20000)
 MAX_HLO_CHARS = 64 << 20        # larger HLO texts are not parsed (a note says so)
-# string limits of the daemon's schema (stacklens.inject.server.HLO_LIMITS; site frames: MAX_STR 8192,
-# cut shorter here): longer strings are cut before sending, so real data is never rejected
+# string limits of the daemon's schema (stacklens.inject.channel.messages.HLO_LIMITS; site frames:
+# MAX_STR 8192, cut shorter here): longer strings are cut before sending, so real data is never
+# rejected
 LIMITS = {"id": 128, "module": 512, "platform": 32, "instr": 1024, "opcode": 64, "op_name": 2048,
           "file": 8192, "func": 1024, "event": 128, "fun_name": 256, "site_str": 1024}
 MAX_LINE = 1 << 31

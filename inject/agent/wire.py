@@ -28,8 +28,8 @@ Raw CUPTI buffers (the agent's default GPU path; no Python object per record in 
   buffer. The target copies nothing and writes no bulk bytes to the socket. At most 64 buffers
   (``max_raw_bytes``) are out at once; beyond that a buffer is copied into a raw frame.
 Shared by both sides as constants only; the daemon validates every field it receives
-(``stacklens.inject.server``, ``stacklens.inject.gpu.cupti``) and never executes anything the
-target sends.
+(``stacklens.inject.channel.messages``, ``stacklens.inject.channel.gpu.cupti``) and never executes
+anything the target sends.
 """
 
 import json
@@ -65,7 +65,7 @@ def encode(msg: dict) -> bytes:
 def decode_all(data) -> tuple[list, int]:
     """The complete JSON frames at the start of data (what encode() wrote, concatenated) and how
     many bytes they took; a partial frame at the end is left. For tests and tools: the two ends
-    of a live connection validate as they read (Channel._parse, stacklens.inject.server)."""
+    of a live connection validate as they read (Channel._parse, stacklens.inject.channel.server)."""
     msgs, i = [], 0
     while i + 4 <= len(data):
         n = HEADER.unpack_from(data, i)[0]

@@ -1,11 +1,12 @@
 """The GPU collectors of the agent, one module per vendor, and the choice among them (stdlib only).
 
 One module per vendor in this folder (``cupti.py``, ``rocm.py``), listed in ``COLLECTORS`` with the
-libraries that pick it; the daemon side of each is ``stacklens.inject.gpu.<vendor>`` (its decoder)
-and ``stacklens.inject.gpu.VENDORS`` declares what each supports (which join, raw buffers). Adding
-a vendor: a module here, a row in ``COLLECTORS``, a decoder and a ``VENDORS`` entry there. This
-package is loaded by the agent's ``_sub`` (``_sub("gpu")``, ``_sub("gpu.cupti")``): a collector
-imports nothing of the daemon and reaches its siblings (``gpu``, ``wire``) through ``_agent()``.
+libraries that pick it; the daemon side of each is ``stacklens.inject.channel.gpu.<vendor>`` (its
+decoder) and ``stacklens.inject.channel.gpu.VENDORS`` declares what each supports (which join, raw
+buffers). Adding a vendor: a module here, a row in ``COLLECTORS``, a decoder and a ``VENDORS``
+entry there. This package is loaded by the agent's ``_sub`` (``_sub("gpu")``,
+``_sub("gpu.cupti")``): a collector imports nothing of the daemon and reaches its siblings
+(``gpu``, ``wire``) through ``agent_module()``.
 
 A collector pushes rows into ``sink(kind, row)`` (kinds "kernel", "api", "memcpy", "sync"; row
 layouts are the daemon's wire format, times already CLOCK_MONOTONIC ns). ``sink`` never blocks.
@@ -16,10 +17,10 @@ then leaves the vendor library as it found it where it can (CUPTI: cuptiFinalize
 How kernel / memcpy / memset records travel to the daemon (three ways, all in ``wire.py``):
 1. JSON rows: ``{"t": "kernel"|"memcpy"|"api"|"sync", "r": [rows]}``, built in the target from
    the vendor's records (ROCm always; CUPTI through cupti-python when API records are on or the
-   ctypes callbacks could not be registered); decoded by ``stacklens.inject.gpu.rows``.
+   ctypes callbacks could not be registered); decoded by ``stacklens.inject.channel.gpu.rows``.
 2. Raw buffer copies (CUPTI only): a completed activity buffer copied into a raw frame
    (``cupti_raw``, after one ``cupti_layout``), while the size walk is verified or when too many
-   buffers are out; decoded by ``stacklens.inject.gpu.cupti``.
+   buffers are out; decoded by ``stacklens.inject.channel.gpu.cupti``.
 3. Raw buffers read in place (CUPTI only): ``cupti_ref`` (address, length) travels, the daemon
    reads the bytes from /proc/PID/mem, decodes them as in 2, and answers ``free``.
 """
@@ -27,6 +28,20 @@ How kernel / memcpy / memset records travel to the daemon (three ways, all in ``
 import os
 import sys
 import time
+
+
+def agent_module(name):
+    """A module of the agent ("gpu", "wire"): this package is ``<agent>.gpu``, and the agent's own
+    ``_sub`` loads its modules (compiled from source when injected, imported in tests)."""
+    pkg = __name__.rpartition(".")[0]
+    mod = sys.modules.get(pkg + "." + name)
+    if mod is None:
+        load = getattr(sys.modules.get(pkg), "_sub", None)
+        if load is None:
+            import importlib
+            return importlib.import_module(pkg + "." + name)
+        mod = load(name)
+    return mod
 
 
 class Protocol:

@@ -37,20 +37,20 @@ Costs one subscribe, one runtime call and the finalize, once per detach.
 Binding: cupti-python must resolve to the libcupti already mapped in the process; if importing
 it maps a second copy we stop and say so (two CUPTI instances fight over the driver's hooks).
 
-Raw buffers (the default without API records): cupti-python builds one Python object per record
-on CUPTI's thread while holding the GIL the job needs (measured on the H200: 1.2-1.3x on ViT and
+Raw buffers (the default without API records): cupti-python builds one Python object per record on
+CUPTI's thread while holding the GIL the job needs (measured on the H200: 1.2-1.3x on ViT and
 ResNet-50 with kernel records only). Instead the buffer callbacks are registered through ctypes on
-the same libcupti and each completed buffer is copied out as bytes, untouched; the daemon parses
-it with the record layout taken from cupti-python's dtypes (inject/agent/wire.py, daemon side
-inject/gpu/cupti.py). The first buffers are walked with cuptiActivityGetNextRecord to check that
-records follow each other by their layout size; if they do not, every buffer carries its record
-offsets. The ctypes trampolines are never freed (CUPTI may call them after we detach): one set per
-process, reused by later attaches; so is the teardown's callback (``_Finalizer``).
+the same libcupti and each completed buffer is copied out as bytes, untouched; the daemon parses it
+with the record layout taken from cupti-python's dtypes (inject/agent/wire.py, daemon side
+inject/channel/gpu/cupti.py). The first buffers are walked with cuptiActivityGetNextRecord to check
+that records follow each other by their layout size; if they do not, every buffer carries its
+record offsets. The ctypes trampolines are never freed (CUPTI may call them after we detach): one
+set per process, reused by later attaches; so is the teardown's callback (``_Finalizer``).
 
 Records leave this collector three ways (``gpu/__init__.py`` lists them; decoder:
-``stacklens.inject.gpu.cupti``): JSON rows from cupti-python's objects (``convert``: API records
-on, or no ctypes callbacks), raw buffer copies (``_raw_buffer``: while verifying, or more than
-``max_shipped`` buffers out), and buffers left in place for the daemon to read (``_raw_ref``).
+``stacklens.inject.channel.gpu.cupti``): JSON rows from cupti-python's objects (``convert``: API
+records on, or no ctypes callbacks), raw buffer copies (``_raw_buffer``: while verifying, or more
+than ``max_shipped`` buffers out), and buffers left in place for the daemon to read (``_raw_ref``).
 """
 
 import array
@@ -58,6 +58,9 @@ import os
 import sys
 import threading
 import time
+
+# a module of the agent ("gpu", "wire"), through this package's parent (loaded before it)
+_agent = sys.modules[__name__.rpartition(".")[0]].agent_module
 
 BUFFER_SIZE = 1 << 20
 RAW_ALIGN = 8
@@ -875,18 +878,3 @@ class _Finalizer:
                 self.done.set()
         except BaseException:
             pass
-
-
-def _agent(name):
-    """A module of the agent ("gpu", "wire"): this file is ``<agent>.gpu.<vendor>``, and the
-    agent's own ``_sub`` loads it (compiled from source when injected, imported in tests)."""
-    import sys
-    pkg = __name__.rsplit(".", 2)[0]
-    mod = sys.modules.get(pkg + "." + name)
-    if mod is None:
-        load = getattr(sys.modules.get(pkg), "_sub", None)
-        if load is None:
-            import importlib
-            return importlib.import_module(pkg + "." + name)
-        mod = load(name)
-    return mod

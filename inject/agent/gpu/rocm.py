@@ -8,11 +8,16 @@ CUPTI's. rocprofiler-sdk (ROCm 6.2+) only allows late attach when the job starte
 ``ROCP_TOOL_ATTACH=1``; that path is not implemented here (a note says so).
 Detach disables the domains, flushes and closes the pool; nothing is left registered.
 Records leave as JSON rows only (kernel, memcpy, sync, api with domain "hip"; decoder:
-``stacklens.inject.gpu.rocm``); HIP API records are always on, so the daemon joins through them.
+``stacklens.inject.channel.gpu.rocm``); HIP API records are always on, so the daemon joins through
+them.
 """
 
 import ctypes
 import os
+import sys
+
+# a module of the agent ("gpu", "wire"), through this package's parent (loaded before it)
+_agent = sys.modules[__name__.rpartition(".")[0]].agent_module
 
 
 class Protocol:
@@ -232,18 +237,3 @@ class RocmCollector:
                                    to(r.begin_ns), to(r.end_ns), 0, int(r.correlation_id)]
             else:
                 self.counts["unknown"] += 1
-
-
-def _agent(name):
-    """A module of the agent ("gpu", "wire"): this file is ``<agent>.gpu.<vendor>``, and the
-    agent's own ``_sub`` loads it (compiled from source when injected, imported in tests)."""
-    import sys
-    pkg = __name__.rsplit(".", 2)[0]
-    mod = sys.modules.get(pkg + "." + name)
-    if mod is None:
-        load = getattr(sys.modules.get(pkg), "_sub", None)
-        if load is None:
-            import importlib
-            return importlib.import_module(pkg + "." + name)
-        mod = load(name)
-    return mod
