@@ -1,0 +1,102 @@
+"""What one attach/detach of the agent leaves in a Python process without a GPU (issue 45).
+
+Run from the repository root (no privilege, no GPU; a few seconds):
+    .venv/bin/python benchmarks/probe_agent_residue.py [--cycles 3]
+
+1. A bare target (``python -I``, a fresh interpreter that runs the bootstrap text itself, as
+   the pending call would) is attached once with the GPU collector on (it finds no GPU library)
+   and detached; it prints the modules in ``sys.modules`` after the agent thread ended that were
+   not there before the attach.
+2. In this process, ``--cycles`` attach/detach cycles; then the ``in_child`` functions the
+   bootstrap registered with ``os.register_at_fork`` that are still alive (CPython cannot
+   unregister one), and what each one's namespace holds.
+Both use the real ``AgentServer`` (as tests/unit/test_agent_bootstrap.py does); no ptrace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from stacklens.inject.bootstrap import THREAD_NAME, bootstrap_body
+from stacklens.inject.channel.server import AgentServer
+
+TARGET = r"""
+import sys, threading, time
+before = set(sys.modules)
+exec(eval(sys.stdin.readline()), {})
+time.sleep(0.2)
+while any(t.name.startswith("stacklens-agent") for t in threading.enumerate()):
+    time.sleep(0.01)
+print(sorted(set(sys.modules) - before), len(before), flush=True)
+"""
+
+
+def _wait(cond, timeout=30.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def modules_left_in_a_bare_target(tmp: str) -> None:
+    p = subprocess.Popen([sys.executable, "-I", "-c", TARGET], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    srv = AgentServer(p.pid, os.path.join(tmp, "bare"), config={"gpu": True})
+    try:
+        p.stdin.write(repr(bootstrap_body(srv.target_path, srv.target_agent_dir, srv.token)) + "\n")
+        p.stdin.flush()
+        assert srv.wait_hello(30), "no hello from the target"
+        time.sleep(1.0)
+        assert srv.stop_agent(30), "the agent did not stop"
+        left, before = p.stdout.readline().rsplit(" ", 1)
+        print(f"Python {sys.version.split()[0]}, bare target ({before.strip()} modules before the attach): "
+              f"modules left after one attach/detach: {left}")
+        p.wait(30)
+    finally:
+        srv.close()
+
+
+def fork_hooks_after_cycles(tmp: str, cycles: int) -> None:
+    srv = AgentServer(os.getpid(), os.path.join(tmp, "self"), config={"gpu": False})
+    try:
+        for i in range(cycles):
+            exec(bootstrap_body(srv.target_path, srv.target_agent_dir, srv.token, nonce=str(i)), {})
+            assert srv.wait_hello(30)
+            assert srv.stop_agent(30)
+            assert _wait(lambda: not [t for t in threading.enumerate()
+                                      if t.name in (THREAD_NAME, THREAD_NAME + "-exiting")])
+            srv.reset_hello()
+    finally:
+        srv.close()
+    gc.collect()
+    hooks = [o for o in gc.get_objects() if type(o).__name__ == "function" and o.__name__ == "in_child"
+             and "gil" in o.__globals__]
+    print(f"after {cycles} attach/detach cycles: {len(hooks)} at-fork hooks alive")
+    if hooks:
+        g = hooks[0].__globals__
+        held = {k: type(v).__name__ for k, v in g.items() if k != "__builtins__"}
+        print(f"  each hook's default: {hooks[0].__defaults__}; its namespace holds {held}")
+        print(f"  the agent thread object: {g['t']!r}; run()'s defaults: "
+              f"{[type(d).__name__ for d in g['run'].__defaults__]} (socket path, agent dir, token, module name)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cycles", type=int, default=3)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        modules_left_in_a_bare_target(tmp)
+        fork_hooks_after_cycles(tmp, a.cycles)
+
+
+if __name__ == "__main__":
+    main()
