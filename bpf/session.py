@@ -189,6 +189,18 @@ class ProbeSession:
             out.update(self._decoder.py_stats())
         return out
 
+    def program_fds(self) -> dict[str, int]:
+        """The loaded programs whose hits this session counts, by kind ("api", "op", "cpu"), for
+        their run-time statistics (bpf/costs.py); per-probe stubs (the fallback) are left out."""
+        a, out = self._attacher, {}
+        for kind, prog in (("api", getattr(a, "_api_entry", None)), ("op", getattr(a, "_op_entry", None))):
+            if prog is not None:
+                out[kind] = prog.fd
+        funcs = getattr(a.bpf, "funcs", {}) if a.bpf is not None else {}
+        if b"sl_cpu_sample" in funcs:
+            out["cpu"] = funcs[b"sl_cpu_sample"].fd
+        return out
+
     @property
     def source(self) -> str:
         """The C text and cflags this session compiled (`--dump-bpf`)."""

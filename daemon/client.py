@@ -267,20 +267,31 @@ def ps_lines(rows) -> list[str]:
     heads = [st if len(st) <= STATE_COLUMN_MAX else st.split(":", 1)[0][:STATE_COLUMN_MAX] for st in states]
     width = max([5] + [len(h) for h in heads])    # a long state's first word fits whole
     out = [f"{'PID':>8} {'COMM':16} {'STATE':{width}} {'AGENT':5} {'GPU%':>6} {'LAUNCH/s':>9} {'SYNC%':>6} "
-           f"{'RANK':>5}  PYTHON"]
+           f"{'COST%':>6} {'RANK':>5}  PYTHON"]
     for p, st, short in zip(rows, states, heads):
         share = p.gpu_time_share if not hasattr(p, "HasField") or p.HasField("gpu_time_share") else math.nan
         gpu = "n/a" if math.isnan(share) else f"{100 * share:.1f}"   # unset: not measured; NaN: an older daemon
         out.append(f"{p.pid:>8} {p.comm[:16]:16} {short:{width}} {'yes' if p.agent else 'no':5} {gpu:>6} "
-                   f"{p.launches_per_s:>9.1f} {100 * p.sync_wait_share:>6.1f} {_rank_text(p):>5}  {p.python}")
+                   f"{p.launches_per_s:>9.1f} {100 * p.sync_wait_share:>6.1f} {_cost_text(p):>6} {_rank_text(p):>5}  "
+                   f"{p.python}")
         if short != st:
             out.append(f"{'':8} state: {st}")
+        if getattr(p, "overhead_note", ""):
+            out.append(f"{'':8} cost: {p.overhead_note}")
         held = list(getattr(p, "held_by", ()))
         if held and held != ["attach"]:     # a profile window holds it (it ends with the window)
             out.append(f"{'':8} held by: {', '.join(held)}")
     if not rows:
         out.append("(no process with a GPU driver, torch or JAX loaded, and nothing attached)")
     return out
+
+
+def _cost_text(p) -> str:
+    """COST%: the probes' estimated cost, % of the process's CPU time (daemon/overhead.py);
+    "n/a" where it is not measured (the next line says why), "-" for a process not attached."""
+    if hasattr(p, "HasField") and p.HasField("probe_overhead"):
+        return f"{100 * p.probe_overhead:.1f}"
+    return "n/a" if getattr(p, "overhead_note", "") else "-"
 
 
 def _rank_text(p) -> str:

@@ -38,6 +38,7 @@ from typing import Callable
 from stacklens.cct import Snapshot
 from stacklens.daemon.attachop import ATTACH_GATE_ENV, AttachOp
 from stacklens.daemon.discovery import ProcFS, ProcessInfo, describe_process, scan
+from stacklens.daemon.overhead import Overheads
 from stacklens.introspect.procfs import check_pid_range
 from stacklens.daemon.retired import ClosedSession, release_memory
 from stacklens.daemon.session import ProcessSession, process_start
@@ -195,6 +196,7 @@ class Daemon:
         self.attaching: dict[int, AttachOp] = {}
         self._ended_ops: collections.OrderedDict[int, AttachOp] = collections.OrderedDict()
         self._gate = os.environ.get(ATTACH_GATE_ENV) or None   # tests only: see ATTACH_GATE_ENV
+        self.overheads = Overheads()     # the probes' estimated cost to each session (`ps`)
 
     def _check_target(self, pid: int) -> None:
         if pid == os.getpid():
@@ -351,6 +353,7 @@ class Daemon:
             if not (closing or cancelled):
                 self.sessions[pid] = s
                 self.holders[pid] = set(op.holders)
+                self.overheads.start(s)
                 log.info("attach %d of %d installed, held by %s", op.id, pid, sorted(op.holders))
         if closing or cancelled:   # the daemon stopped, or a detach came, while this attach ran
             s.stop("detached")
@@ -451,6 +454,7 @@ class Daemon:
 
     def _retire(self, s: ProcessSession) -> None:
         """Replaces an ended session by its ClosedSession and gives the memory back."""
+        self.overheads.end(s)
         try:
             rec = ClosedSession(s)
         except Exception:  # noqa: BLE001 — the final profile could not be made: keep nothing

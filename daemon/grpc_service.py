@@ -43,8 +43,9 @@ from stacklens.cct.export import encode_profile
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon import stacklens_pb2_grpc as pbg
 from stacklens.daemon.attachop import ATTACHING, AttachOp
-from stacklens.daemon.core import NOT_ATTACHED, Daemon
-from stacklens.daemon.ranks import ProcRankHost, RankProc, find_job
+from stacklens.daemon.core import Daemon
+from stacklens.daemon.pslist import process_row
+from stacklens.daemon.ranks import ProcRankHost, find_job
 from stacklens.daemon.windows import WindowSpec, end_window, window_steps
 from stacklens.errors import DaemonUnavailable, InputError, NoSuchProcess, StacklensError
 from stacklens.introspect.procfs import check_pid_range
@@ -66,15 +67,6 @@ OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Healt
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 MAX_ATTACH_WAIT_S = 30.0   # one Attach/WaitAttach call waits at most this long for progress
 DEFAULT_ATTACH_WAIT_S = 10.0
-
-
-def _set_rank(p: pb.ProcessInfo, rank: RankProc) -> None:
-    p.rank = rank.rank
-    if rank.local_rank is not None:
-        p.local_rank = rank.local_rank
-    if rank.world_size is not None:
-        p.world_size = rank.world_size
-    p.job = rank.job
 
 
 class Busy(StacklensError):
@@ -335,39 +327,8 @@ class StacklensServicer(pbg.StacklensServicer):
 
     @rpc
     def ListProcesses(self, request, context):
-        out = []
-        for info, s in self.daemon.processes():
-            p = pb.ProcessInfo(
-                pid=(info.pid if info else s.pid),
-                comm=(info.comm if info else s.comm),
-                attached=s is not None and s.state in ("attached", "starting"),
-                agent=bool(s and s.agent is not None),
-                state=(s.state if s else NOT_ATTACHED),
-                gpu=bool(info and info.gpu),
-                python=(info.python or "") if info else "",
-                container=(info.container if info else ""),
-            )                  # gpu_time_share stays unset unless measured (JSON: no "NaN" string)
-            rank = getattr(s, "rank", None) if s is not None else None
-            if rank is not None:
-                _set_rank(p, rank)
-            if p.attached:
-                p.held_by.extend(self.daemon.held_by(p.pid))
-            cpu_ns = self._cpu_time_ns(p.pid)
-            if cpu_ns is not None:     # for the client's CPU% (two listings); unset if unreadable
-                p.cpu_time_ns = cpu_ns
-            if p.attached:     # rates of the last 10 s: a closed session has none
-                try:
-                    snap = s.snapshot(window_s=10.0)
-                    span = min(10.0, max(1e-3, time.time() - s.started))
-                    if "gpu_time_ns" not in snap.unavailable:
-                        p.gpu_time_share = snap.total("gpu_time_ns") / 1e9 / span
-                    p.launches_per_s = snap.total("launch_count") / span
-                    p.sync_wait_share = snap.total("sync_wait_ns") / 1e9 / span
-                    p.unavailable.extend(sorted(snap.unavailable))
-                except StacklensError:
-                    pass
-            out.append(p)
-        return pb.ListProcessesResponse(processes=out)
+        return pb.ListProcessesResponse(processes=[process_row(self.daemon, info, s)
+                                                   for info, s in self.daemon.processes()])
 
     @rpc
     def GetInFlight(self, request, context):
@@ -435,13 +396,6 @@ class StacklensServicer(pbg.StacklensServicer):
             if r.world_size is not None:
                 info.world_size = r.world_size
         return out
-
-    def _cpu_time_ns(self, pid: int) -> int | None:
-        procfs = getattr(self.daemon, "procfs", None)
-        try:
-            return procfs.cpu_time_ns(pid) if procfs is not None else None
-        except (StacklensError, OSError, ValueError, IndexError):   # gone, or not readable
-            return None
 
     @rpc
     def GetSnapshot(self, request, context):
