@@ -18,6 +18,7 @@ import sys
 import textwrap
 
 from stacklens.bpf.uprobe_multi import BPF_TRACE_UPROBE_MULTI, SYS_bpf, attach_uprobe_multi
+from stacklens.introspect.procfs import ProcFS
 
 BPF_PROG_LOAD = 5
 BPF_ENABLE_STATS = 32
@@ -80,11 +81,7 @@ class RunStats:
     @staticmethod
     def of(prog_fd: int) -> tuple[int, int]:
         """(run_time_ns, run_cnt) of a program since statistics were first turned on for it."""
-        got = {}
-        with open(f"/proc/self/fdinfo/{prog_fd}") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                got[k.strip()] = v.strip()
+        got = ProcFS().fdinfo(os.getpid(), prog_fd)
         return int(got.get("run_time_ns", 0)), int(got.get("run_cnt", 0))
 
 
@@ -122,7 +119,7 @@ def measure_trap_ns(calls: int = 100_000, rounds: int = 5) -> float:
         said = child.stdout.readline().split()
         if len(said) != 2 or said[0] != "ready":
             raise OSError("the calibration process did not start")
-        path, off = f"/proc/{child.pid}/fd/{said[1]}", 0
+        path, off = ProcFS().fd_path(child.pid, int(said[1])), 0
         prog = load_empty_uprobe_program()
 
         def per_call() -> float:

@@ -205,6 +205,18 @@ class ProcFS:
         fields = self.stat(pid)[1]
         return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
+    def fdinfo(self, pid: int, fd: int) -> dict[str, str]:
+        """/proc/PID/fdinfo/FD as key -> value (a BPF program's `run_time_ns`, `run_cnt`, …)."""
+        out = {}
+        for line in self._read(pid, f"fdinfo/{fd}").splitlines():
+            k, _, v = line.partition(":")
+            out[k.strip()] = v.strip()
+        return out
+
+    def fd_path(self, pid: int, fd: int) -> str:
+        """The path that names the process's open file `fd` (/proc/PID/fd/FD: a memfd's too)."""
+        return str(self.root / str(pid) / "fd" / str(fd))
+
     def starttime(self, pid: int) -> int:
         return int(self.stat(pid)[1][19])
 
