@@ -183,18 +183,8 @@ def bpf_available() -> None:
 @pytest.fixture(scope="session")
 def ptrace_available() -> None:
     """Skip unless this process may ptrace a throwaway child."""
-    import subprocess
-    import sys
+    from tests.ptrace_probe import ptrace_refused
 
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        PTRACE_SEIZE, PTRACE_DETACH = 0x4206, 17
-        if libc.ptrace(PTRACE_SEIZE, child.pid, None, None) != 0:
-            pytest.skip(f"ptrace not permitted here (errno {ctypes.get_errno()}); needs CAP_SYS_PTRACE or ptrace_scope<=1")
-        libc.ptrace(PTRACE_DETACH, child.pid, None, None)
-    finally:
-        child.kill()
-        child.wait()
+    why = ptrace_refused()
+    if why:
+        pytest.skip(why)

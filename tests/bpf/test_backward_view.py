@@ -17,8 +17,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import signal
-import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -28,7 +26,7 @@ from stacklens.cct.backwardview import caller_view
 from stacklens.daemon.session import ProcessSession
 from stacklens.introspect.procfs import ProcFS
 
-from tests.bpf.test_pprof_pyspy import _realtime, _tool, wait_until
+from tests.bpf.pyspy import py_spy, record_beside
 
 pytestmark = pytest.mark.bpf
 
@@ -62,7 +60,7 @@ def pyspy_share(raw: Path, lines: set[int]) -> tuple[float, int]:
 
 @pytest.mark.timeout(900)   # the BPF compile and 4,000 samples on a shared 2-core machine
 def test_caller_view_matches_py_spy_under_loss_backward(bpf_ok, start_target, tmp_path):
-    pyspy = _tool("py-spy", "bash scripts/setup.sh installs it: pip install py-spy")
+    pyspy = py_spy()
     lines = backward_lines()
     assert len(lines) == 2, lines
     # one intra-op thread: py-spy sees Python threads only, stacklens every thread's CPU
@@ -74,22 +72,10 @@ def test_caller_view_matches_py_spy_under_loss_backward(bpf_ok, start_target, tm
         assert any(n.startswith("backward link: on") for n in notes), notes
         for tid in ProcFS().tasks(t.pid):
             os.setpriority(os.PRIO_PROCESS, tid, -20)
-        spy = subprocess.Popen([pyspy, "record", "--pid", str(t.pid), "--rate", str(RATE), "--nonblocking",
-                                "--format", "raw", "-o", str(raw)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, preexec_fn=_realtime)
-        try:
-            assert "Sampling process" in spy.stdout.readline()
-            before = session.snapshot()
-            wait_until(lambda: session.stats()["cpu_samples"] - before.total("cpu_samples") >= MIN_SAMPLES,
-                       timeout_s=300, what="stacklens' samples")
-            spy.send_signal(signal.SIGINT)
-            out = spy.communicate(timeout=60)[0]
-        finally:
-            spy.kill()
-        after = session.snapshot()
+        before, after = record_beside(pyspy, session, raw, rate=RATE, min_samples=MIN_SAMPLES, timeout_s=300,
+                                      gil=False)   # not --gil: backward runs with the GIL released
     finally:
         session.stop()
-    assert spy.returncode == 0, out
     theirs, n_theirs = pyspy_share(raw, lines)
     n_ours = after.total("cpu_samples") - before.total("cpu_samples")
     caller = 100 * (under(caller_view(after), lines) - under(caller_view(before), lines)) / n_ours

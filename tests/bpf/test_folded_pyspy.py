@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import signal
-import subprocess
 from collections import Counter
 
 from stacklens.cct import diff
@@ -24,7 +22,7 @@ from stacklens.daemon.session import ProcessSession
 from stacklens.render.folded import to_folded
 
 from tests.bpf.conftest import TARGETS
-from tests.bpf.test_pprof_pyspy import _realtime, _tool, wait_until
+from tests.bpf.pyspy import py_spy, record_beside
 
 RATE = 499          # Hz, both profilers
 MIN_SAMPLES = 1500  # stacklens' (py-spy, at wall time, has more)
@@ -60,7 +58,7 @@ def by_function(frames: Counter) -> Counter:
 
 
 def test_folded_names_frames_as_py_spy_does(bpf_available, start_target, tmp_path):
-    pyspy = _tool("py-spy", "bash scripts/setup.sh installs it: pip install py-spy")
+    pyspy = py_spy()
     script = tmp_path / "stages.py"
     shutil.copy(TARGETS / "stages.py", script)
     t = start_target(str(script))
@@ -68,22 +66,9 @@ def test_folded_names_frames_as_py_spy_does(bpf_available, start_target, tmp_pat
     raw = tmp_path / "pyspy.txt"
     try:
         session.start(window=True)
-        spy = subprocess.Popen([pyspy, "record", "--pid", str(t.pid), "--rate", str(RATE), "--nonblocking", "--gil",
-                                "--format", "raw", "-o", str(raw)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, preexec_fn=_realtime)
-        try:
-            assert "Sampling process" in spy.stdout.readline()   # py-spy samples from here
-            before = session.snapshot()
-            wait_until(lambda: session.stats()["cpu_samples"] - before.total("cpu_samples") >= MIN_SAMPLES,
-                       timeout_s=120, what="stacklens' samples")
-            spy.send_signal(signal.SIGINT)   # py-spy writes its file on ^C
-            out = spy.communicate(timeout=60)[0]
-        finally:
-            spy.kill()
-        after = session.snapshot()
+        before, after = record_beside(pyspy, session, raw, rate=RATE, min_samples=MIN_SAMPLES, timeout_s=120)
     finally:
         session.stop()
-    assert spy.returncode == 0, out
     ours_text = to_folded(diff(after, before), "cpu_samples")
     ours, theirs = stacks_of(ours_text), stacks_of(raw.read_text())
     got = {"stacklens": ours.most_common(8), "py-spy": theirs.most_common(8)}

@@ -25,46 +25,21 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
-
-import pytest
 
 from stacklens.cct import diff
 from stacklens.render.pprof import to_pprof
 from stacklens.daemon.session import ProcessSession
 from stacklens.introspect.procfs import ProcFS
 
+from tests.bpf.pyspy import py_spy, record_beside, tool, wait_until
+
 RATE = 999          # Hz, both profilers
 MIN_SAMPLES = 3000  # stacklens' in the window (py-spy, at wall time, has more)
 STAGES = ("encoder", "preprocess", "head")
-
-
-def _tool(name: str, hint: str) -> str:
-    path = shutil.which(name) or next((str(p) for p in (Path(sys.executable).parent / name, Path("/usr/bin") / name)
-                                       if p.exists()), None)
-    if path is None:
-        pytest.skip(f"{name} is not installed ({hint})")
-    return path
-
-
-def wait_until(cond, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"no {what} in {timeout_s:g}s"
-        time.sleep(0.05)
-
-
-def _realtime() -> None:
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
-    except OSError:
-        pass   # not allowed: py-spy runs as it is (noisier on a busy machine)
 
 
 def pyspy_shares(raw: Path) -> tuple[dict[str, float], int]:
@@ -96,8 +71,8 @@ def pprof_top(go: str, home: Path, profile: Path, *args: str) -> list[tuple[int,
 
 
 def test_pprof_agrees_with_py_spy_and_focuses_on_threads(bpf_available, start_target, tmp_path):
-    pyspy = _tool("py-spy", "bash scripts/setup.sh installs it: pip install py-spy")
-    go = _tool("go", "Debian: apt-get install golang-go")
+    pyspy = py_spy()
+    go = tool("go", "Debian: apt-get install golang-go")
     truth = tmp_path / "truth.jsonl"
     t = start_target("stages.py", str(truth))
     session = ProcessSession(t.pid, agent=False, cpu_hz=RATE, ops=False)
@@ -106,26 +81,13 @@ def test_pprof_agrees_with_py_spy_and_focuses_on_threads(bpf_available, start_ta
         session.start(window=True)
         for tid in ProcFS().tasks(t.pid):
             os.setpriority(os.PRIO_PROCESS, tid, -20)   # nice is per thread
-        spy = subprocess.Popen([pyspy, "record", "--pid", str(t.pid), "--rate", str(RATE), "--nonblocking", "--gil",
-                                "--format", "raw", "-o", str(raw)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, preexec_fn=_realtime)
-        try:
-            assert "Sampling process" in spy.stdout.readline()   # py-spy samples from here
-            before = session.snapshot()
-            os.kill(t.pid, signal.SIGUSR1)   # the target's account: the window starts
-            wait_until(lambda: session.stats()["cpu_samples"] - before.total("cpu_samples") >= MIN_SAMPLES,
-                       timeout_s=120, what="stacklens' samples")
-            os.kill(t.pid, signal.SIGUSR1)   # …and ends
-            spy.send_signal(signal.SIGINT)   # py-spy writes its file on ^C
-            out = spy.communicate(timeout=60)[0]
-        finally:
-            spy.kill()
-        after = session.snapshot()
+        # SIGUSR1 starts and ends the target's account of the window
+        before, after = record_beside(pyspy, session, raw, rate=RATE, min_samples=MIN_SAMPLES, timeout_s=120,
+                                      mark=lambda: os.kill(t.pid, signal.SIGUSR1))
         wait_until(lambda: truth.exists() and truth.read_text().count("\n") == 2, timeout_s=60,
                    what="target's account of its window")
     finally:
         session.stop()
-    assert spy.returncode == 0, out
     theirs, n_theirs = pyspy_shares(raw)
     window = diff(after, before)
     profile = tmp_path / "window.pb.gz"

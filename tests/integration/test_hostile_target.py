@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.interpreters import pyenv_python
+from tests.ptrace_probe import skip_module_without_ptrace
 from stacklens.cct.window import DEFAULT_MAX_BYTES
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.errors import AttachError
@@ -39,22 +40,7 @@ LOOP = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(0.01)\n"
 SESSION_BUDGET = DEFAULT_MAX_BYTES + MAX_QUEUED_BYTES        # 192 + 64 = 256 MiB
 
 
-def _ptrace_works() -> str | None:
-    child = subprocess.Popen([PY, "-c", "import time; time.sleep(30)"])
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.ptrace(0x4206, child.pid, 0, 0) != 0:
-            return f"ptrace(PTRACE_SEIZE) refused: errno {ctypes.get_errno()}"
-        libc.ptrace(17, child.pid, 0, 0)
-        return None
-    finally:
-        child.kill()
-        child.wait()
-
-
-_WHY = _ptrace_works()
-if _WHY:
-    pytest.skip(_WHY, allow_module_level=True)
+skip_module_without_ptrace()
 
 
 def start(argv, **kw):

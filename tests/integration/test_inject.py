@@ -20,6 +20,7 @@ import pytest
 
 import stacklens
 from tests.interpreters import pyenv_python
+from tests.ptrace_probe import skip_module_without_ptrace
 from stacklens.errors import Timeout
 from stacklens.inject.channel.server import AgentServer
 from stacklens.inject.injector import inject_agent
@@ -34,23 +35,7 @@ PYENV = {v: pyenv_python(full) for v, full in (("3.10", "3.10.13"), ("3.12", "3.
 CYCLES = int(os.environ.get("STACKLENS_INJECT_CYCLES", "100"))
 
 
-def _ptrace_works() -> str | None:
-    import ctypes
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.ptrace(0x4206, child.pid, 0, 0) != 0:
-            return f"ptrace(PTRACE_SEIZE) refused: errno {ctypes.get_errno()}"
-        libc.ptrace(17, child.pid, 0, 0)
-        return None
-    finally:
-        child.kill()
-        child.wait()
-
-
-_WHY = _ptrace_works()
-if _WHY:
-    pytest.skip(_WHY, allow_module_level=True)
+skip_module_without_ptrace()   # and every module that imports this one
 
 
 class Target:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.interpreters import pyenv_prefix
+from tests.ptrace_probe import skip_module_without_ptrace
 from stacklens.errors import (AlreadyAttached, AttachError, InputError, NoSuchProcess, NotApplicable,
                               PermissionDenied, UnsupportedVersion)
 from stacklens.inject.channel.server import AgentServer
@@ -24,23 +25,7 @@ TARGETS = Path(__file__).resolve().parents[1] / "targets"
 LOOP = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(0.05)\n"
 
 
-def _ptrace_works() -> str | None:
-    import ctypes
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.ptrace(0x4206, child.pid, 0, 0) != 0:
-            return f"ptrace(PTRACE_SEIZE) refused: errno {ctypes.get_errno()}"
-        libc.ptrace(17, child.pid, 0, 0)
-        return None
-    finally:
-        child.kill()
-        child.wait()
-
-
-_WHY = _ptrace_works()
-if _WHY:
-    pytest.skip(_WHY, allow_module_level=True)
+skip_module_without_ptrace()
 
 
 def start(argv, ready=True):

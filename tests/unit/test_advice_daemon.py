@@ -8,19 +8,15 @@ list), so the daemon's analyzer import failed and GetAdvice answered with nothin
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from stacklens.analyzer import analyze
-from stacklens.cct import export
 from stacklens.daemon.client import DaemonClient
-from stacklens.daemon.core import Daemon
-from stacklens.daemon.server import StacklensDaemon
 from stacklens.errors import StacklensError
+from tests.grpc_daemon import RecordedSession
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -28,44 +24,10 @@ SCENARIOS = ("gpu_kernel_fusion", "gpu_fp32_gemm", "gpu_item_sync", "gpu_h2d_cop
 PROFILE: dict[int, Path] = {}
 
 
-class RecordedSession:
-    """A session that serves a recorded profile (what the daemon's sessions give: snapshot, stats)."""
-
-    agent = None
-
-    def __init__(self, pid: int, **_kw) -> None:
-        self.pid, self.comm, self.state, self.started, self.notes = pid, "recorded", "starting", time.time(), []
-        self._snap = export.load(PROFILE[pid])
-
-    def start(self) -> list[str]:
-        self.state = "attached"
-        return [f"serving {PROFILE[self.pid].parent.name}"]
-
-    def snapshot(self, window_s: float | None = None):
-        return self._snap
-
-    def stats(self) -> dict[str, int]:
-        return {"events": 0}
-
-    def stop(self, state: str = "detached") -> None:
-        self.state = state
-
-
 @pytest.fixture
-def daemon(tmp_path):
-    d = StacklensDaemon(socket_path=str(tmp_path / "run" / "s.sock"), metrics_address=None,
-                        daemon=Daemon(session_factory=RecordedSession))
-    d.start()
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def target():
-    p = subprocess.Popen(["sleep", "60"])
-    yield p.pid
-    p.kill()
-    p.wait()
+def session_factory():
+    """Sessions serving the profile the test put in PROFILE for their PID."""
+    return lambda pid, **kw: RecordedSession(pid, PROFILE[pid], f"serving {PROFILE[pid].parent.name}", **kw)
 
 
 def _key(f) -> tuple:

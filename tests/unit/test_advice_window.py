@@ -5,15 +5,12 @@ synthetic case read 0.195 instead of 0.05)."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
 
 from stacklens.analyzer.view import View
 from stacklens.daemon.client import DaemonClient
-from stacklens.daemon.core import Daemon
-from stacklens.daemon.server import StacklensDaemon
 from stacklens.daemon.session import ProcessSession
 from tests.fakes.sources import FakeEvent, FakeProbes, py
 
@@ -31,20 +28,8 @@ def probes(pid, **kw):
 
 
 @pytest.fixture
-def daemon(tmp_path):
-    d = StacklensDaemon(socket_path=str(tmp_path / "run" / "s.sock"), metrics_address=None,
-                        daemon=Daemon(session_factory=lambda pid, **kw: ProcessSession(pid, probe_factory=probes, **kw)))
-    d.start()
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def target():
-    p = subprocess.Popen(["sleep", "600"])
-    yield p.pid
-    p.kill()
-    p.wait()
+def session_factory():
+    return lambda pid, **kw: ProcessSession(pid, probe_factory=probes, **kw)
 
 
 def test_advice_through_the_daemon_divides_by_the_snapshots_window(daemon, target):

@@ -28,7 +28,6 @@ from stacklens.cli.main import main
 from stacklens.daemon.client import DaemonClient
 from stacklens.daemon.attachop import AttachOp
 from stacklens.daemon.core import Daemon
-from stacklens.daemon.server import StacklensDaemon
 from stacklens.daemon.session import ProcessSession
 from stacklens.errors import AlreadyAttached, AttachCancelled, AttachError, NoSuchProcess, StillAttaching
 from tests.fakes.sources import FakeProbes, exiting_probes
@@ -74,21 +73,14 @@ def held():
 
 
 @pytest.fixture
-def daemon(tmp_path, held):
-    d = StacklensDaemon(socket_path=str(tmp_path / "run" / "s.sock"), metrics_address=None,
-                        daemon=Daemon(session_factory=held.session))
-    d.start()
-    yield d
-    held.gate.set()
-    d.stop()
+def session_factory(held):
+    return held.session
 
 
 @pytest.fixture
-def target():
-    p = subprocess.Popen(["sleep", "600"])
-    yield p.pid
-    p.kill()
-    p.wait()
+def daemon(daemon, held):
+    yield daemon
+    held.gate.set()   # before the daemon stops: its stop would wait on an attach held at the gate
 
 
 def _until(pred, what: str, timeout_s: float = 30.0) -> None:

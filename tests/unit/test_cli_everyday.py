@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,10 +21,9 @@ import pytest
 from stacklens.cct import CCT, METRICS, Frame, export
 from stacklens.cli.completion import commands
 from stacklens.cli.main import build_parser, main, resolve_pid, subcommands
-from stacklens.daemon.core import Daemon
-from stacklens.daemon.server import StacklensDaemon
 from stacklens.errors import EXIT_USAGE, DaemonUnavailable, InputError, NoSuchProcess, exit_codes
 from stacklens.render.textreport import NOTE_MAX, render_report, short_note
+from tests.grpc_daemon import RecordedSession
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "tests" / "data" / "gpu_kernel_fusion" / "problem.json"
@@ -48,45 +46,17 @@ def jq(expr: str, text: str) -> str:
     return r.stdout.strip()
 
 
-class RecordedSession:
-    """A daemon session serving a recorded profile; its attach note is the long list of probed
-    symbols a real attach to libcuda writes."""
-
-    agent = None
-
-    def __init__(self, pid: int, **_kw) -> None:
-        self.pid, self.comm, self.state, self.started, self.notes = pid, "recorded", "starting", time.time(), []
-        self._snap = export.load(PROFILE)
-
-    def start(self) -> list[str]:
-        self.state = "attached"
-        return [LONG_NOTE]
-
-    def snapshot(self, window_s: float | None = None):
-        return self._snap
-
-    def stats(self) -> dict[str, int]:
-        return {"events": 0}
-
-    def stop(self, state: str = "detached") -> None:
-        self.state = state
+@pytest.fixture
+def session_factory():
+    """Sessions serving PROFILE; the attach note is the long list of probed symbols a real attach
+    to libcuda writes."""
+    return lambda pid, **kw: RecordedSession(pid, PROFILE, LONG_NOTE, **kw)
 
 
 @pytest.fixture
-def daemon(tmp_path):
-    d = StacklensDaemon(socket_path=str(tmp_path / "run" / "s.sock"), metrics_address=None,
-                        daemon=Daemon(session_factory=RecordedSession))
-    d.start()
-    yield str(d.socket_path)
-    d.stop()
-
-
-@pytest.fixture
-def target():
-    p = subprocess.Popen(["sleep", "120"])
-    yield p.pid
-    p.kill()
-    p.wait()
+def daemon(daemon) -> str:
+    """The daemon's socket, which is how the CLI is told of it."""
+    return str(daemon.socket_path)
 
 
 @pytest.fixture

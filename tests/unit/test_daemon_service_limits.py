@@ -27,34 +27,10 @@ import pytest
 from stacklens.daemon import grpc_service
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon.client import DaemonClient
-from stacklens.daemon.core import Daemon
-from stacklens.daemon.server import StacklensDaemon
-from stacklens.daemon.session import ProcessSession
 from stacklens.errors import InputError, StacklensError
-from tests.fakes.sources import FakeEvent, FakeProbes, py
+from tests.grpc_daemon import serving
 
 BIN = Path(sys.executable).parent
-
-
-def fake_session(pid, **kw):
-    return ProcessSession(pid, probe_factory=lambda pid, **_: FakeProbes(pid), **kw)
-
-
-@pytest.fixture
-def target():
-    p = subprocess.Popen(["sleep", "600"])
-    yield p.pid
-    p.kill()
-    p.wait()
-
-
-@pytest.fixture
-def daemon(tmp_path):
-    d = StacklensDaemon(socket_path=str(tmp_path / "run" / "s.sock"), metrics_address=None,
-                        daemon=Daemon(session_factory=fake_session))
-    d.start()
-    yield d
-    d.stop()
 
 
 def _stream(c: DaemonClient, pid: int, interval_ms: int):
@@ -130,18 +106,13 @@ def test_unexpected_errors_are_internal_short_and_logged_once(tmp_path, target, 
     def broken(pid, **kw):
         raise RuntimeError("secret detail: /etc/shadow line 3")
 
-    d = StacklensDaemon(socket_path=str(tmp_path / "run" / "s.sock"), metrics_address=None,
-                        daemon=Daemon(session_factory=broken))
-    d.start()
-    try:
+    with serving(tmp_path, broken) as d:
         with caplog.at_level(logging.INFO), DaemonClient(str(d.socket_path)) as c:
             with pytest.raises(StacklensError) as e:
                 c.attach(target)
             assert "internal error in Attach (RuntimeError)" in str(e.value)
             assert "secret" not in str(e.value) and "shadow" not in str(e.value)
             assert c.health().counters["attach_failures"] == 1  # still serving
-    finally:
-        d.stop()
     logged = [r for r in caplog.records if r.exc_info or "Attach" in r.getMessage()]
     assert len(logged) == 1 and logged[0].name == "stacklens.daemon.grpc_service", \
         [(r.name, r.getMessage()) for r in logged]

@@ -6,40 +6,13 @@ fields are printed), a measured 0 stays a number. Real gRPC server, fake probes 
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
-import pytest
 from google.protobuf import json_format
 
 from stacklens.cli.daemoncmds import run_ps, to_json
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon.client import DaemonClient, ps_lines
-from stacklens.daemon.core import Daemon
-from stacklens.daemon.server import StacklensDaemon
-from stacklens.daemon.session import ProcessSession
-from tests.fakes.sources import FakeProbes
-
-
-def fake_session(pid, **kw):
-    return ProcessSession(pid, probe_factory=lambda pid, **_: FakeProbes(pid), **kw)
-
-
-@pytest.fixture
-def daemon(tmp_path):
-    d = StacklensDaemon(socket_path=str(tmp_path / "run" / "s.sock"), metrics_address=None,
-                        daemon=Daemon(session_factory=fake_session))
-    d.start()
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def target():
-    p = subprocess.Popen(["sleep", "60"])
-    yield p.pid
-    p.kill()
-    p.wait()
 
 
 def _strict_json(text: str):

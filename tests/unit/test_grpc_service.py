@@ -16,8 +16,6 @@ import pytest
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon import stacklens_pb2_grpc as pbg
 from stacklens.daemon.client import DaemonClient
-from stacklens.daemon.core import Daemon
-from stacklens.daemon.server import StacklensDaemon
 from stacklens.daemon.session import ProcessSession
 from stacklens.errors import AlreadyAttached, InputError, NoSuchProcess, PermissionDenied
 from tests.fakes.sources import FakeEvent, FakeProbes, py
@@ -34,19 +32,8 @@ def fake_session(pid, **kw):
 
 
 @pytest.fixture
-def daemon(tmp_path):
-    d = StacklensDaemon(socket_path=str(tmp_path / "run" / "s.sock"), metrics_address=None, daemon=Daemon(session_factory=fake_session))
-    d.start()
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def target():
-    p = subprocess.Popen(["sleep", "60"])
-    yield p.pid
-    p.kill()
-    p.wait()
+def session_factory():
+    return fake_session
 
 
 def test_socket_and_token_modes(daemon):

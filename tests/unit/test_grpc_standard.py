@@ -22,29 +22,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from stacklens.daemon import grpc_service
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon.client import DaemonClient
-from stacklens.daemon.core import Daemon
-from stacklens.daemon.server import StacklensDaemon
-from stacklens.daemon.session import ProcessSession
-from tests.fakes.sources import FakeProbes
+from tests.grpc_daemon import serving
 
 STACKLENS = "stacklens.v1.Stacklens"
 HEALTH = "grpc.health.v1.Health"
 V1 = "grpc.reflection.v1.ServerReflection"
 V1ALPHA = "grpc.reflection.v1alpha.ServerReflection"
 SERVING = health_pb2.HealthCheckResponse.SERVING
-
-
-def fake_session(pid, **kw):
-    return ProcessSession(pid, probe_factory=lambda pid, **_: FakeProbes(pid), **kw)
-
-
-@pytest.fixture
-def daemon(tmp_path):
-    d = StacklensDaemon(socket_path=str(tmp_path / "run" / "s.sock"), metrics_address=None,
-                        daemon=Daemon(session_factory=fake_session))
-    d.start()
-    yield d
-    d.stop()
 
 
 @pytest.fixture
@@ -110,35 +94,32 @@ def test_without_the_token_every_other_call_is_refused(daemon, bare):
 
 def test_watch_streams_are_capped_and_given_back(tmp_path, monkeypatch):
     monkeypatch.setattr(grpc_service, "MAX_WATCHES", 2)
-    d = StacklensDaemon(socket_path=str(tmp_path / "run" / "s.sock"), metrics_address=None,
-                        daemon=Daemon(session_factory=fake_session))
-    d.start()
-    ch = grpc.insecure_channel(f"unix:{d.socket_path}")
-    try:
-        stub = health_pb2_grpc.HealthStub(ch)
-        held = [stub.Watch(health_pb2.HealthCheckRequest(), timeout=30) for _ in range(2)]
-        assert [next(w).status for w in held] == [SERVING, SERVING]
-        with pytest.raises(grpc.RpcError) as e:
-            next(stub.Watch(health_pb2.HealthCheckRequest(), timeout=10))
-        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "Watch streams" in e.value.details()
-        assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == SERVING  # Check is not capped
-        held.pop().cancel()
-        deadline = time.monotonic() + 30   # a bound; the loop ends once the server has seen the cancel
-        while True:
-            try:
-                w = stub.Watch(health_pb2.HealthCheckRequest(), timeout=10)
-                assert next(w).status == SERVING
+    with serving(tmp_path) as d:
+        ch = grpc.insecure_channel(f"unix:{d.socket_path}")
+        try:
+            stub = health_pb2_grpc.HealthStub(ch)
+            held = [stub.Watch(health_pb2.HealthCheckRequest(), timeout=30) for _ in range(2)]
+            assert [next(w).status for w in held] == [SERVING, SERVING]
+            with pytest.raises(grpc.RpcError) as e:
+                next(stub.Watch(health_pb2.HealthCheckRequest(), timeout=10))
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "Watch streams" in e.value.details()
+            assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == SERVING  # Check is not capped
+            held.pop().cancel()
+            deadline = time.monotonic() + 30   # a bound; the loop ends once the server has seen the cancel
+            while True:
+                try:
+                    w = stub.Watch(health_pb2.HealthCheckRequest(), timeout=10)
+                    assert next(w).status == SERVING
+                    w.cancel()
+                    break
+                except grpc.RpcError as err:
+                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                    time.sleep(0.02)
+            for w in held:
                 w.cancel()
-                break
-            except grpc.RpcError as err:
-                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
-                time.sleep(0.02)
-        for w in held:
-            w.cancel()
-    finally:
-        ch.close()
-        d.stop()
+        finally:
+            ch.close()
 
 
 # grpc/reflection/v1/reflection.proto's messages, field by field: (name, number, type, message type,

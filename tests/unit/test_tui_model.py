@@ -393,31 +393,21 @@ def test_shown_snapshot_picks_the_model_view_where_there_are_module_calls():
     assert "view" not in model.status_text(model.Status(metric="gpu_time_ns", view="full"))
 
 
-def test_daemon_process_listing_carries_cpu_time_for_cpu_percent(tmp_path):
+def test_daemon_process_listing_carries_cpu_time_for_cpu_percent(daemon):
     """A real stacklensd (fake probes behind the Protocol) over its socket: each listed process has
     its CPU time so far, read from /proc, so the process list can show CPU% from two listings."""
     import subprocess
     import sys
 
-    from stacklens.daemon.core import Daemon
-    from stacklens.daemon.server import StacklensDaemon
-    from stacklens.daemon.session import ProcessSession
     from stacklens.introspect.procfs import ProcFS
     from stacklens.tui.source import DaemonProcesses
-    from tests.fakes.sources import FakeProbes
-
-    def session(pid, **kw):
-        return ProcessSession(pid, probe_factory=lambda pid, **_: FakeProbes(pid), **kw)
 
     # a target that spends some CPU, then sleeps: its CPU time is non-zero and stays put
     target = subprocess.Popen([sys.executable, "-c", "sum(range(3_000_000)); print('ready', flush=True); "
                                "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
-    d = StacklensDaemon(socket_path=str(tmp_path / "run" / "s.sock"), metrics_address=None,
-                        daemon=Daemon(session_factory=session))
-    d.start()
     try:
         assert target.stdout.readline().startswith("ready")
-        procs = DaemonProcesses.connect(str(d.socket_path))
+        procs = DaemonProcesses.connect(str(daemon.socket_path))
         procs.attach(target.pid)
         first = {p.pid: p for p in procs.processes()}[target.pid]
         second = {p.pid: p for p in procs.processes()}[target.pid]
@@ -426,6 +416,5 @@ def test_daemon_process_listing_carries_cpu_time_for_cpu_percent(tmp_path):
         shares, _ = model.cpu_shares(model.cpu_shares({}, [first])[1], [second])
         assert model.process_cells(second, shares.get(target.pid))[4] == "0.0%"   # asleep between the two
     finally:
-        d.stop()
         target.kill()
         target.wait()
