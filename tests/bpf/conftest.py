@@ -6,13 +6,14 @@ Root-only tests probe the capability (load a trivial BPF program) and skip with 
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.lines import read_line
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKES = ROOT / "tests" / "fakes"
@@ -72,10 +73,11 @@ class Target:
         self.proc.stdin.flush()
 
     def readline(self, timeout: float = 60) -> str:
-        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not r:
-            raise TimeoutError("target did not answer in time")
-        return self.proc.stdout.readline().strip()
+        """The target's next line, stripped ("" at its end); TimeoutError after `timeout` s."""
+        try:
+            return (read_line(self.proc.stdout, timeout) or "").strip()
+        except TimeoutError:
+            raise TimeoutError("target did not answer in time") from None
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.errors import NoSuchProcess
 from tests.bpf.conftest import TARGETS
 from tests.daemon_proc import Daemon, until
+from tests.lines import read_line, rest
 
 BIN = Path(sys.executable).parent
 
@@ -75,24 +75,40 @@ def default_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
+def daemon_threads(d: Daemon) -> str:
+    """The daemon's threads now (py-spy dump), or why they could not be read."""
+    from tests.bpf.pyspy import tool
+
+    r = subprocess.run([tool("py-spy", "pip install py-spy"), "dump", "--pid", str(d.proc.pid)], capture_output=True,
+                       text=True, timeout=120)
+    return r.stdout + r.stderr
+
+
 def profile_cmd(d: Daemon, pid: int, *extra: str) -> list[str]:
     return [str(BIN / "stacklens"), "--socket", str(d.sock), "profile", "--pid", str(pid), *extra]
 
 
-def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 300) -> list[str]:
-    """Reads the command's stderr until a line holds `text` (its progress lines); the lines read."""
+def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 240) -> list[str]:
+    """Reads the command's stderr until a line holds `text` (its progress lines); the lines read
+    (tests/lines.py: what came after stays for `rest_of`)."""
     deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([proc.stderr], [], [], 1.0)
-        if r:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            seen.append(line)
-            if text in line:
-                return seen
+    seen: list[str] = []
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = read_line(proc.stderr, left)
+        except TimeoutError:
+            break
+        if line is None:
+            break
+        seen.append(line)
+        if text in line:
+            return seen
     raise AssertionError(f"no {text!r} from the command: {''.join(seen)}")
+
+
+def rest_of(proc: subprocess.Popen, err: str) -> str:
+    """The command's stderr after the lines wait_for_line read, then `err` (communicate()'s)."""
+    return rest(proc.stderr) + err
 
 
 def test_launches_in_a_window_through_the_daemon_are_counted_as_one_shot_counts_them(
@@ -141,7 +157,7 @@ def test_a_target_that_exits_during_the_window_ends_it_at_its_exit(daemon, start
         killed = time.monotonic()
         proc.wait(timeout=120)
         took = time.monotonic() - killed
-        rest = proc.stderr.read()
+        rest = rest_of(proc, proc.stderr.read())
         # it ends at the exit, not at its 60 s deadline (margin for a loaded machine's scheduling)
         assert took <= 30.0, (took, rest)
         assert proc.returncode == 0, rest
@@ -182,7 +198,10 @@ def test_two_windows_at_once_and_an_attach_during_them(daemon, start_target, tmp
              for o in outs]
     try:
         for p in procs:
-            said = "".join(wait_for_line(p, "collecting for"))
+            try:
+                said = "".join(wait_for_line(p, "collecting for"))
+            except AssertionError as e:       # where the daemon's threads are, for the report
+                raise AssertionError(f"{e}\n{daemon_threads(daemon)}\n{daemon.log.read_text()[-3000:]}") from None
             assert "through stacklensd" in said, said       # a window of the daemon's, not a one-shot
         r = daemon.cli("attach", str(t.pid))
         assert r.returncode == 0 and "held by window" in r.stdout, r.stdout + r.stderr
@@ -194,6 +213,7 @@ def test_two_windows_at_once_and_an_attach_during_them(daemon, start_target, tmp
             p.send_signal(signal.SIGINT)        # ends the window now: its profile is written
         for p in procs:
             _, err = p.communicate(timeout=300)
+            err = rest_of(p, err)
             assert p.returncode == 0, err
             assert "ending the window now" in err and "ended by its client" in err, err
         for o in outs:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes as ct
 import os
 import re
-import select
 import shutil
 import subprocess
 from collections import Counter
@@ -23,6 +22,7 @@ import pytest
 from stacklens.bpf.pysym import (SL_PY_NO_TSTATE, SL_PY_OK, SL_PYF_ENTRY, Frame, RawPyStack,
                                  SlPyFrame, sl_pystack_struct)
 from tests.interpreters import pyenv_python
+from tests.lines import read_line
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = ROOT / "tests" / "targets" / "py_calls.py"
@@ -79,10 +79,10 @@ def _start(name: str):
 
 
 def _readline(p, timeout=60) -> str:
-    r, _, _ = select.select([p.stdout], [], [], timeout)
-    if not r:
-        raise TimeoutError("target did not answer")
-    return p.stdout.readline().strip()
+    try:
+        return (read_line(p.stdout, timeout) or "").strip()
+    except TimeoutError:
+        raise TimeoutError("target did not answer") from None
 
 
 def libc_of(pid: int) -> str:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.lines import read_line
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -73,9 +74,10 @@ def cli(sock, *args) -> subprocess.CompletedProcess:
 def _line_with(stream, text: str, timeout_s: float = 120) -> str:
     """The first line of `stream` (a pipe) that contains `text`."""
     while True:
-        r, _, _ = select.select([stream], [], [], timeout_s)
-        assert r, f"no line with {text!r}"
-        line = stream.readline()
+        try:
+            line = read_line(stream, timeout_s)
+        except TimeoutError:
+            raise AssertionError(f"no line with {text!r}") from None
         assert line, f"the stream ended before a line with {text!r}"
         if text in line:
             return line
