@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from bcc import BPF  # noqa: E402
 
-from stacklens.bpf.pysym import RawPyStack  # noqa: E402
-from stacklens.bpf.python_process import PythonStackReader  # noqa: E402
+from stacklens.pystacks.pysym import RawPyStack  # noqa: E402
+from stacklens.pystacks.python_process import PythonStackReader  # noqa: E402
 
 PROGRAM = ROOT / "bpf" / "programs" / "pystack_test.bpf.c"
 TARGET = ROOT / "tests" / "targets" / "py_bench.py"

@@ -81,7 +81,7 @@ class ProbeConfig:
 
 def python_reader(pid: int):
     """(PythonStackReader, note) for a supported CPython target, else (None, why not)."""
-    from stacklens.bpf.python_process import PythonStackReader
+    from stacklens.pystacks.python_process import PythonStackReader
 
     try:
         r = PythonStackReader(pid, max_depth=PY_MAX_DEPTH)
@@ -527,7 +527,7 @@ _UPROBE_MULTI: bool | None = None
 
 def _distributed_rank(pid: int) -> bool:
     """Whether `pid` is a torch.distributed rank by its environment (RANK, as torchrun sets it:
-    daemon/ranks.py reads the same)."""
+    introspect/ranks.py reads the same)."""
     return bool(ProcFS().environ_has(pid, "RANK"))
 
 

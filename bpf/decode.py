@@ -83,7 +83,7 @@ class AddressNames(Protocol):
 
 
 class PyFrames(Protocol):
-    """Raw Python stacks -> frames (bpf/pysym.py PySymbolizer)."""
+    """Raw Python stacks -> frames (pystacks/pysym.py PySymbolizer)."""
 
     stats: object
 
@@ -398,7 +398,7 @@ class RingDecoder:
     def _py_stack(self, pyid: int) -> tuple[tuple[Frame, ...], tuple[bool, ...]]:
         """Python stack `pyid` from `sl_py_stacks`, symbolized once per id (ids hash the frames'
         code addresses and offsets, so a cached id always names the same stack)."""
-        from stacklens.bpf.pysym import RawPyStack
+        from stacklens.pystacks.pysym import RawPyStack
 
         py = self.py
         if py is None:

@@ -82,7 +82,7 @@ def build_source(*, gpu: bool, ops: bool, cpu: bool, native_stacks: bool = True,
     if api_stubs or op_stubs:
         cflags.append("-DSL_NO_COOKIE")
     if python_stacks:
-        # layout and TLS parameters come from the Python-stack reader (bpf/python_process.py)
+        # layout and TLS parameters come from the Python-stack reader (pystacks/python_process.py)
         cflags += ["-DSTACKLENS_PYSTACK", "-DSL_PYSTACK_MAPS", *pystack_cflags]
     return ProgramSource(text, tuple(cflags))
 

@@ -1,5 +1,5 @@
 """`stacklens dump PID` / `stacklens dump --job LAUNCHER_PID`: every thread's Python stack now,
-as text or JSON, without the daemon or the agent (daemon/dump.py reads, daemon/dumpjob.py finds
+as text or JSON, without the daemon or the agent (pystacks/dump.py reads, pystacks/dumpjob.py finds
 the ranks). Root (or CAP_SYS_PTRACE); the target is not stopped.
 
 Where a running stacklensd has the process attached, its GPU side follows, as the probes saw it:
@@ -13,9 +13,9 @@ import json
 import os
 import sys
 
-from stacklens.daemon.dump import ProcessDump, ThreadDump
-from stacklens.daemon.dumpjob import JobDump
+from stacklens.pystacks.dumpjob import JobDump
 from stacklens.errors import InputError
+from stacklens.pystacks.dump import ProcessDump, ThreadDump
 
 
 def thread_text(t: ThreadDump) -> list[str]:
@@ -118,7 +118,7 @@ def in_flight(socket_path: str | None, pid: int):
 def run_dump(pid: int, *, job: bool, as_json: bool, all_threads: bool = False,
              socket_path: str | None = None) -> int:
     if job:
-        from stacklens.daemon.dumpjob import dump_job
+        from stacklens.pystacks.dumpjob import dump_job
 
         j = dump_job(pid)
         if not j.ranks and not j.missing:       # nothing under it is a rank: a wrong PID
@@ -126,7 +126,7 @@ def run_dump(pid: int, *, job: bool, as_json: bool, all_threads: bool = False,
         sys.stdout.write(json.dumps(j.to_json(), indent=1) + "\n" if as_json else job_text(j))
         return 0
     from stacklens.daemon.core import check_target
-    from stacklens.daemon.dump import dump_process
+    from stacklens.pystacks.dump import dump_process
 
     check_target(pid, who="stacklens dump")   # a kernel thread, a zombie, a protected process: said as such
     d = dump_process(pid)

@@ -193,7 +193,7 @@ class HeldCommand:
         _ptrace(PTRACE_POKEUSER, self.pid, RIP_OFFSET, addr)
 
     def _run_to_ready(self, addr: int) -> None:
-        from stacklens.bpf.python_process import thread_state_readable
+        from stacklens.pystacks.python_process import thread_state_readable
 
         for n in range(MAX_EVAL_STOPS):
             if n:   # step off the restored instruction, then stop at the next call

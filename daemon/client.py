@@ -217,7 +217,7 @@ class DaemonClient:
         return self._call(self.stub.GetInFlight, pb.InFlightRequest(pid=pid), timeout=30)
 
     def find_job(self, launcher: int) -> pb.FindJobResponse:
-        """The torch.distributed ranks under a launcher PID (daemon/ranks.py), by rank."""
+        """The torch.distributed ranks under a launcher PID (introspect/ranks.py), by rank."""
         check_pid_range(launcher)
         return self._call(self.stub.FindJob, pb.FindJobRequest(launcher_pid=launcher))
 

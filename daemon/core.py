@@ -37,7 +37,8 @@ from typing import Callable
 
 from stacklens.cct import Snapshot
 from stacklens.daemon.attachop import ATTACH_GATE_ENV, AttachOp
-from stacklens.daemon.discovery import ProcFS, ProcessInfo, describe_process, scan
+from stacklens.daemon.discovery import ProcFS, ProcessInfo
+from stacklens.daemon import nodescan
 from stacklens.daemon.overhead import Overheads
 from stacklens.introspect.procfs import check_pid_range
 from stacklens.daemon.retired import ClosedSession, release_memory
@@ -175,8 +176,7 @@ class Daemon:
         """``prepare(pid)``: compiles ahead what an attach to pid would compile (`warm_up`);
         None: no warm-up."""
         self._lock = threading.Lock()
-        self._prepare = prepare
-        self._warmed: set[str] = set()   # CPython builds whose program warm_up compiled
+        self.warmer = nodescan.WarmUp(prepare)   # programs compiled ahead (daemon/nodescan.py)
         self.sessions: dict[int, ProcessSession] = {}
         self.holders: dict[int, set[str]] = {}   # pid -> who holds its session: "attach", "window N"
         self.closed: collections.OrderedDict[int, ProcessSession | ClosedSession] = collections.OrderedDict()
@@ -584,96 +584,38 @@ class Daemon:
         with self._lock:
             return list(self.sessions.values())
 
-    def processes(self) -> list[tuple[ProcessInfo | None, ProcessSession | ClosedSession | AttachOp | None]]:
-        """Processes worth profiling on the node (GPU, torch or JAX loaded), every attached one
-        and every one being attached, each with its true state: its live session, its attach in
-        progress, the closed session of this very process (detached, or its attach cancelled), or
-        None (never attached). A closed session whose PID now names another process (another start
-        time) is not that process's; one that ended with its process (exited, or on an error) is
-        listed on its own while its final profile is kept."""
-        found = {p.pid: p for p in scan(self.procfs, gpu_only=False)}
-        out: list[tuple[ProcessInfo | None, ProcessSession | ClosedSession | AttachOp | None]] = []
+    def processes(self) -> list:
+        """Every process `ps` lists, with its state (daemon/pslist.py `list_processes`)."""
+        from stacklens.daemon.pslist import list_processes
+
+        return list_processes(self)
+
+    def held_now(self) -> tuple[dict, dict]:
+        """Copies, taken together: (PID -> its session or attach in progress, PID -> closed)."""
         with self._lock:
-            sessions: dict[int, ProcessSession | AttachOp] = {**self.attaching, **self.sessions}
-            closed = dict(self.closed)
-        # sessions that ended with their process (or on an error) stay listed while their final
-        # profile is kept: `report PID` still reads it
-        gone = {pid for pid, rec in closed.items()
-                if pid not in found and pid not in sessions
-                and (rec.state == "exited" or rec.state.startswith("error"))
-                and process_start(pid, self.procfs) != getattr(rec, "proc_start", None)}
-        for pid in sorted(set(found) | set(sessions) | gone):
-            if pid in gone:
-                out.append((None, closed[pid]))
-                continue
-            info = found.get(pid)
-            if info is None:
-                try:
-                    info = describe_process(pid, self.procfs)
-                except Exception:  # noqa: BLE001 — exited between scan and describe
-                    info = None
-            s = sessions.get(pid)
-            if s is None and pid in closed:
-                rec = closed[pid]
-                start = process_start(pid, self.procfs)
-                if start is not None and start == getattr(rec, "proc_start", None):
-                    s = rec
-            out.append((info, s))
-        return out
+            return {**self.attaching, **self.sessions}, dict(self.closed)
 
     def warm_up(self, limit: int = WARM_UP_BUILDS) -> int:
-        """Compiles the BPF programs that the torch/JAX processes running now would need, one per
-        CPython build (what a program is compiled for), for at most `limit` builds over the
-        daemon's life: the first attach to such a process, or to another of the same build, then
-        compiles nothing. Processes attached already are left alone. A build whose compile
-        failed is not tried again (an attach will say why); a process that exited meanwhile is
-        (another of its build may come). Returns how many builds it prepared now."""
-        if self.warm_up_done(limit):
-            return 0
-        done = 0
-        for info in scan(self.procfs, gpu_only=False):
-            if self._closing or self.warm_up_done(limit):
-                break
-            with self._lock:
-                attached = info.pid in self.sessions or info.pid in self.attaching
-            if attached or not info.python or info.python in self._warmed:
-                continue
-            log.info("warm-up: compiling the BPF program for the CPython build of PID %d", info.pid)
-            try:
-                if self._prepare(info.pid):
-                    self.counters["warm_up_compiles"] += 1
-            except NoSuchProcess:
-                continue
-            except Exception:  # noqa: BLE001 — counted; the attach reports the error itself
-                self.counters["warm_up_failures"] += 1
-            self._warmed.add(info.python)
-            done += 1
-        return done
+        """Compiles ahead the programs the torch/JAX processes running now would need
+        (daemon/nodescan.py WarmUp); how many CPython builds it prepared now."""
+        return self.warmer.run(self, limit)
 
     def warm_up_done(self, limit: int = WARM_UP_BUILDS) -> bool:
         """Nothing (more) to compile ahead: no warm-up, or `limit` builds prepared."""
-        return self._prepare is None or len(self._warmed) >= limit
+        return self.warmer.done(limit)
 
     def auto_attach_scan(self) -> list[int]:
-        """Attaches to matching processes; races with Attach RPCs end in AlreadyAttached (counted)."""
-        if self.auto_attach is None:
-            return []
-        attached = []
-        for info in scan(self.procfs):
-            if self._closing:
-                break
-            with self._lock:
-                known = info.pid in self.sessions or info.pid in self.attaching
-            if known or not self.auto_attach.matches(info):
-                continue
-            try:
-                self.attach(info.pid, agent=False)
-                attached.append(info.pid)
-            except AlreadyAttached:
-                self.counters["auto_attach_raced"] += 1
-            except Exception:  # noqa: BLE001 — counted; a bad process must not stop the scan
-                self.counters["auto_attach_failures"] += 1
-        return attached
+        """Attaches to the processes the auto-attach rule matches (daemon/nodescan.py)."""
+        return nodescan.auto_attach_scan(self)
+
+    def knows(self, pid: int) -> bool:
+        """`pid` is attached, or being attached."""
+        with self._lock:
+            return pid in self.sessions or pid in self.attaching
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     def close(self) -> None:
         """Refuses new attaches from now on; an attach in flight stops its session when it ends."""

@@ -8,17 +8,21 @@ the edge's snapshot holds exactly what happened up to t, however long the wait, 
 lost: the held events are joined once it is taken. An edge that cannot be reached within its
 deadline is taken with what has been joined, and says what it did not wait for.
 
-Pure bookkeeping on the aggregation thread, no I/O; the held lists grow only while an edge waits.
+`EdgeGate` is pure bookkeeping on the aggregation thread, no I/O; the held lists grow only while
+an edge waits. `HeldEdges` asks for edges and takes them on the session.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import logging
 import time
 from dataclasses import dataclass, field
 
 from stacklens.records.agent import AgentFlushed
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -103,3 +107,72 @@ class EdgeGate:
         out = (self._bpf, self._agent)
         self._bpf, self._agent = [], []
         return out
+
+
+class HeldEdges:
+    """A held session's edges (`ProcessSession.edge`): asked by a window's thread, taken on the
+    session's aggregation thread (`take_due`, and `end` when the session ends), with the gate
+    holding back what comes after the first. `session`: its joiner, agent, desk and read mark."""
+
+    def __init__(self, session) -> None:
+        self.s = session
+        self.gate = EdgeGate()
+        self.agent_flushed = 0    # the newest flush request whose answer (and records before it) joined
+
+    def ask(self, timeout_s: float, t_ns: int):
+        s = self.s
+        ask = getattr(s.agent, "request_flush", None) if s.agent is not None else None
+        fid = ask() if ask is not None else None
+        edge = Edge(t_ns, fid, timeout_s, missing_agent=s.want_agent and fid is None)
+        with s.desk.lock:
+            queued = s.desk.open
+            if queued:
+                self.gate.pending.append(edge)
+        if not queued:        # the session has ended: everything it read is joined
+            s.joiner.settle()
+            return s.joiner.snapshot(), []
+        return edge.future.result(timeout=timeout_s + 60)
+
+    def join_agent(self, records: list) -> None:
+        for rec in records:
+            if type(rec) is AgentFlushed:   # every record before it is joined now
+                self.agent_flushed = max(self.agent_flushed, rec.id)
+                self.s.joiner.settle()
+            else:
+                self.s.joiner.on_agent(rec)
+
+    def take_due(self) -> None:
+        """On the aggregation thread: the first edge, if it can be taken now."""
+        edge = self.gate.due(self.s.read_up_to_ns)
+        if edge is not None:
+            self._take(edge)
+
+    def _take(self, edge: Edge, ended: bool = False) -> None:
+        """The edge's snapshot, then what was held back is let go."""
+        s = self.s
+        try:
+            s.joiner.settle()
+            s.refresh_read_notes()
+            edge.future.set_result((s.joiner.snapshot(), edge.missing(s.read_up_to_ns, ended)))
+        except Exception as e:  # noqa: BLE001 — the window's client gets the error
+            edge.future.set_exception(e)
+        finally:
+            self.gate.pending.popleft()
+
+    def end(self) -> None:
+        """The session ends: what was held back is joined, and every edge still waiting is
+        taken (the process exited: nothing more will come)."""
+        s = self.s
+        bpf, agent = self.gate.release()
+        try:
+            for ev in bpf:
+                s.joiner.on_bpf(ev)
+            self.join_agent(agent)
+        except Exception:  # noqa: BLE001 — the edges below are still answered
+            log.exception("session %d: joining what an edge held back", s.pid)
+        with s.desk.lock:
+            edges = list(self.gate.pending)
+            self.gate.pending.clear()
+        for edge in edges:
+            self.gate.pending.append(edge)
+            self._take(edge, ended=True)

@@ -45,7 +45,7 @@ from stacklens.daemon import stacklens_pb2_grpc as pbg
 from stacklens.daemon.attachop import ATTACHING, AttachOp
 from stacklens.daemon.core import Daemon
 from stacklens.daemon.pslist import process_row
-from stacklens.daemon.ranks import ProcRankHost, find_job
+from stacklens.introspect.ranks import ProcRankHost, find_job
 from stacklens.daemon.windows import WindowSpec, end_window, window_steps
 from stacklens.errors import DaemonUnavailable, InputError, NoSuchProcess, StacklensError
 from stacklens.introspect.procfs import check_pid_range

@@ -1,5 +1,6 @@
-"""A row of `stacklens ps` (ListProcesses): a process on the node, what stacklensd holds of it,
-and for an attached one its rates over the last 10 s and the probes' estimated cost to it."""
+"""`stacklens ps` (ListProcesses): the processes worth listing on the node with what stacklensd
+holds of each (`list_processes`), and a row each (`process_row`): for an attached one its rates
+over the last 10 s and the probes' estimated cost to it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import time
 
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon.core import NOT_ATTACHED
-from stacklens.daemon.ranks import RankProc
+from stacklens.daemon.discovery import describe_process, scan
+from stacklens.introspect.ranks import RankProc
+from stacklens.daemon.session import process_start
 from stacklens.errors import StacklensError
 
 RATES_S = 10.0
@@ -72,3 +75,39 @@ def _cpu_time_ns(daemon, pid: int) -> int | None:
         return procfs.cpu_time_ns(pid) if procfs is not None else None
     except (StacklensError, OSError, ValueError, IndexError):   # gone, or not readable
         return None
+
+
+def list_processes(daemon) -> list[tuple]:
+    """Processes worth profiling on the node (GPU, torch or JAX loaded), every attached one and
+    every one being attached, each with its true state: (what discovery saw of it, or None; its
+    live session, its attach in progress, the closed session of this very process (detached, or
+    its attach cancelled), or None (never attached)). A closed session whose PID now names another
+    process (another start time) is not that process's; one that ended with its process (exited,
+    or on an error) is listed on its own while its final profile is kept."""
+    found = {p.pid: p for p in scan(daemon.procfs, gpu_only=False)}
+    out: list[tuple] = []
+    sessions, closed = daemon.held_now()
+    # sessions that ended with their process (or on an error) stay listed while their final
+    # profile is kept: `report PID` still reads it
+    gone = {pid for pid, rec in closed.items()
+            if pid not in found and pid not in sessions
+            and (rec.state == "exited" or rec.state.startswith("error"))
+            and process_start(pid, daemon.procfs) != getattr(rec, "proc_start", None)}
+    for pid in sorted(set(found) | set(sessions) | gone):
+        if pid in gone:
+            out.append((None, closed[pid]))
+            continue
+        info = found.get(pid)
+        if info is None:
+            try:
+                info = describe_process(pid, daemon.procfs)
+            except Exception:  # noqa: BLE001 — exited between scan and describe
+                info = None
+        s = sessions.get(pid)
+        if s is None and pid in closed:
+            rec = closed[pid]
+            start = process_start(pid, daemon.procfs)
+            if start is not None and start == getattr(rec, "proc_start", None):
+                s = rec
+        out.append((info, s))
+    return out

@@ -26,10 +26,10 @@ NOT_SERVING once stopping), the one service that needs no token, for kubelet's g
 token-gated like the rest, e.g.
 `grpcurl -plaintext -unix -H "authorization: Bearer $(cat /run/stacklens/token)" /run/stacklens/stacklens.sock list`.
 
-Metrics: `MetricsServer` (daemon/prom.py), bounded threads and connections; hotspot series only
-with `--metrics-hotspots`. Shutdown (SIGTERM/SIGINT) ends streams at once, gives RPCs 1 s, detaches
-every session and exits within a few seconds whatever clients do (RPC threads still busy, e.g.
-inside a BCC compile, do not hold the exit).
+Metrics: `MetricsServer` (daemon/metrics_http.py), bounded threads and connections; hotspot
+series only with `--metrics-hotspots`. Shutdown (SIGTERM/SIGINT) ends streams at once, gives RPCs
+1 s, detaches every session and exits within a few seconds whatever clients do (RPC threads still
+busy, e.g. inside a BCC compile, do not hold the exit).
 """
 
 from __future__ import annotations
@@ -272,7 +272,8 @@ class StacklensDaemon:
             log.info("removed the agent files of %d process(es) that a stopped daemon left behind", n)
 
     def _start_metrics(self) -> None:
-        from stacklens.daemon.prom import MetricsServer, StacklensCollector, build_registry
+        from stacklens.daemon.metrics_http import MetricsServer
+        from stacklens.daemon.prom import StacklensCollector, build_registry
 
         host, _, port = self.metrics_address.rpartition(":")
         registry = build_registry(

@@ -7,23 +7,22 @@ locks. Target exit is noticed within one poll interval and closes the session.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import logging
 import os
-import queue
 import threading
 import time
 from typing import Any, Callable, Protocol
 
 from stacklens.cct import Snapshot
-from stacklens.daemon.edges import Edge, EdgeGate
+from stacklens.daemon.edges import HeldEdges
 from stacklens.daemon.join.joiner import Joiner
-from stacklens.daemon.oneshotwindow import DRAIN_GRACE_NS, Window
-from stacklens.daemon.ranks import RankProc, read_rank
+from stacklens.daemon.desk import RequestDesk
+from stacklens.daemon.oneshotwindow import DRAIN_GRACE_NS, OneShot, Window
+from stacklens.introspect.ranks import RankProc, read_rank
 from stacklens.errors import NoSuchProcess, StacklensError
 from stacklens.inject.channel.gpu import VENDORS, Vendor, pick_join, vendor_for
-from stacklens.records.agent import AgentFlushed, JoinKind
+from stacklens.records.agent import JoinKind
 from stacklens.introspect.procfs import ProcFS, pid_alive
 from stacklens.textsafe import safe_text
 
@@ -200,25 +199,18 @@ class ProcessSession:
         self.notes: list[str] = []
         self.state = "starting"
         self.started = time.time()
-        self._requests: queue.Queue[tuple[concurrent.futures.Future, Callable[[], Any]]] = queue.Queue()
-        # the aggregation thread takes requests until its very end; a request is queued only
-        # while it does (both under the lock), else run by its caller: none waits for a thread gone
-        self._requests_lock = threading.Lock()
-        self._taking_requests = True
+        self.desk = RequestDesk(pid)     # what readers ask the aggregation thread (daemon/desk.py)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stats: dict[str, int] = {}
         self.comm = ""
         self.rank: RankProc | None = None
         self.window: Window | None = None
+        self.oneshot: OneShot | None = None   # the window's close (daemon/oneshotwindow.py)
         self.read_up_to_ns = 0   # the BPF ring was found empty at this time (every event before it joined)
-        self._window_done = threading.Event()
-        self._window_abort = False
-        self._window_stats: dict[str, int] = {}
         self._fast_start = False   # a program let go at its start: read the ring every 1 ms at first
         self._read_notes: list[str] = []   # the probes' read_notes(), kept past their detach
-        self._agent_flushed = 0   # the newest flush request whose answer (and records before it) joined
-        self._edges = EdgeGate()  # windows' edges waiting for the aggregation thread (daemon/edges.py)
+        self.edges = HeldEdges(self)   # windows' edges waiting for the aggregation thread (daemon/edges.py)
         self._collecting_since: float | None = None   # time.monotonic() at the end of the attach
         self._ended_at: float | None = None           # ... and when the session ended
 
@@ -236,7 +228,7 @@ class ProcessSession:
             pass
         self.joiner.meta.update({"pid": self.pid, "comm": self.comm, "cpu_hz": self.cpu_hz,
                                  "start_unix_ns": time.time_ns()})
-        self.rank = read_rank(self.pid)   # a torch.distributed rank: its labels (daemon/ranks.py)
+        self.rank = read_rank(self.pid)   # a torch.distributed rank: its labels (introspect/ranks.py)
         if self.rank is not None:
             self.joiner.meta["rank"] = self.rank.to_json()
         cwd = process_cwd(self.pid)   # read once: `line` labels are relative to it (daemon/prom.py)
@@ -253,6 +245,7 @@ class ProcessSession:
                 self.probes.preload_symbols()
             if window:
                 self.window = Window(time.monotonic_ns(), process_cpu_ns(self.pid))
+                self.oneshot = OneShot(self, self.window, process_cpu_ns, BATCH_EVENTS)
             if before_agent is not None:
                 self._fast_start = True
                 before_agent()
@@ -277,6 +270,7 @@ class ProcessSession:
         self.state = "attached"
         self._collecting_since = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"stacklens-agg-{self.pid}", daemon=True)
+        self.desk.opened()
         self._thread.start()
         return self.notes
 
@@ -302,19 +296,25 @@ class ProcessSession:
         if self.window is not None and self.window.closed:
             return  # closed and drained up to its end; what came after is not part of it
         try:
-            if self.agent is not None:
-                if getattr(self.agent, "target_stopped", lambda: False)():
-                    self.notes.append("detach: the process is stopped (SIGSTOP or a debugger); its "
-                                      "agent ends its own detach when the process runs again")
-                self.agent.stop()
-                for rec in self.agent.poll():
-                    self.joiner.on_agent(rec)
+            self.drain_agent()
             if self.probes is not None:
                 for ev in self.probes.poll(0):
                     self.joiner.on_bpf(ev)
             self.joiner.finish()
         except Exception as e:  # noqa: BLE001 — detach goes on
             self.notes.append(f"final drain: {e}")
+
+    def drain_agent(self) -> None:
+        """The agent stops (its forced flush: GPU records of the last launches) and what it sent
+        last is joined; a stopped process (SIGSTOP, a debugger) is said in the notes."""
+        if self.agent is None:
+            return
+        if getattr(self.agent, "target_stopped", lambda: False)():
+            self.notes.append("detach: the process is stopped (SIGSTOP or a debugger); its "
+                              "agent ends its own detach when the process runs again")
+        self.agent.stop()
+        for rec in self.agent.poll():
+            self.joiner.on_agent(rec)
 
     def _teardown(self) -> None:
         if self.agent is not None:
@@ -328,11 +328,11 @@ class ProcessSession:
                 self._stats = dict(self.probes.stats())
             except Exception:  # noqa: BLE001
                 pass
-            self._refresh_read_notes()
+            self.refresh_read_notes()
             self.probes.detach()
             self.probes = None
 
-    def _refresh_read_notes(self) -> None:
+    def refresh_read_notes(self) -> None:
         """The probes' notes on bad reads into the profile's notes (replacing the last ones):
         on the aggregation thread, or once it has ended."""
         read_notes = getattr(self.probes, "read_notes", None)
@@ -371,16 +371,14 @@ class ProcessSession:
                     self.read_up_to_ns = max(self.read_up_to_ns, max(ev.ktime_ns for ev in evs) - DRAIN_GRACE_NS)
                 if w is not None:
                     evs = w.admit(evs)
-                for ev in self._edges.bpf(evs):
+                for ev in self.edges.gate.bpf(evs):
                     self.joiner.on_bpf(ev)
                 if self.agent is not None:
-                    self._join_agent(self._edges.agent(self.agent.poll(BATCH_EVENTS)))
-                edge = self._edges.due(self.read_up_to_ns)
-                if edge is not None:
-                    self._take_edge(edge)
-                self._serve_requests()
-                if w is not None and (w.past_end(ring_empty, time.monotonic_ns()) or self._window_abort):
-                    self._close_window()
+                    self.edges.join_agent(self.edges.gate.agent(self.agent.poll(BATCH_EVENTS)))
+                self.edges.take_due()
+                self.desk.serve()
+                if w is not None and (w.past_end(ring_empty, time.monotonic_ns()) or self.oneshot.abort):
+                    self.oneshot.close_now()
                     self.state = "closed"
                     break
                 now = time.monotonic()
@@ -395,8 +393,8 @@ class ProcessSession:
                     if not self._same_process():
                         # drain what is left, then close
                         if w is not None:
-                            self._drain_exited(w)
-                            self._close_window()
+                            self.oneshot.drain_exited()
+                            self.oneshot.close_now()
                         else:
                             for ev in self.probes.poll(0):
                                 self.joiner.on_bpf(ev)
@@ -408,19 +406,18 @@ class ProcessSession:
             log.error("session %d (%s) ended: %s", self.pid, self.comm or "?", self.state, exc_info=e)
         finally:
             self._ended_at = time.monotonic()
-            self._end_edges()
-            self._serve_requests()
+            self.edges.end()
+            self.desk.serve()
             if self.state != "attached":
                 self._teardown()
-                self._serve_requests()
+                self.desk.serve()
                 if self._on_close:
                     self._on_close(self)
-            with self._requests_lock:
-                self._taking_requests = False
+            self.desk.close()
             # those queued before: none waits for a thread that has ended (a window that saw the
             # session end while it was torn down asked for its end edge meanwhile)
-            self._end_edges()
-            self._serve_requests()
+            self.edges.end()
+            self.desk.serve()
 
     def _same_process(self) -> bool:
         """The process is alive and is the one attached: a PID reused between two polls names
@@ -429,63 +426,16 @@ class ProcessSession:
             return False
         return self.proc_start is None or process_start(self.pid) in (self.proc_start, None)
 
-    # ---- a window's edge on a held session ----------------------------------------------------
+    # ---- a window's edge on a held session (daemon/edges.py) -----------------------------------
     def edge(self, timeout_s: float = EDGE_TIMEOUT_S, t_ns: int | None = None) -> tuple[Snapshot, list[str]]:
         """The tree at a window's edge (now), exactly: the aggregation thread takes it once the
         BPF ring has been read past now and the agent's answer to a flush asked now is joined,
-        holding back what came after (daemon/edges.py). Waits at most `timeout_s` for that, then
-        takes it as it is; returns the snapshot and what it could not wait for (empty: exact).
-        `t_ns`: the edge's time (CLOCK_MONOTONIC, not later than now), else now."""
-        t = time.monotonic_ns() if t_ns is None else t_ns
-        ask = getattr(self.agent, "request_flush", None) if self.agent is not None else None
-        fid = ask() if ask is not None else None
-        edge = Edge(t, fid, timeout_s, missing_agent=self.want_agent and fid is None)
-        with self._requests_lock:
-            queued = self._thread is not None and self._taking_requests
-            if queued:
-                self._edges.pending.append(edge)
-        if not queued:        # the session has ended: everything it read is joined
-            self.joiner.settle()
-            return self.joiner.snapshot(), []
-        return edge.future.result(timeout=timeout_s + 60)
+        holding back what came after. Waits at most `timeout_s` for that, then takes it as it
+        is; returns the snapshot and what it could not wait for (empty: exact). `t_ns`: the
+        edge's time (CLOCK_MONOTONIC, not later than now), else now."""
+        return self.edges.ask(timeout_s, time.monotonic_ns() if t_ns is None else t_ns)
 
-    def _join_agent(self, records: list) -> None:
-        for rec in records:
-            if type(rec) is AgentFlushed:   # every record before it is joined now
-                self._agent_flushed = max(self._agent_flushed, rec.id)
-                self.joiner.settle()
-            else:
-                self.joiner.on_agent(rec)
-
-    def _take_edge(self, edge: Edge, ended: bool = False) -> None:
-        """On the aggregation thread: the edge's snapshot, then what was held back is let go."""
-        try:
-            self.joiner.settle()
-            self._refresh_read_notes()
-            edge.future.set_result((self.joiner.snapshot(), edge.missing(self.read_up_to_ns, ended)))
-        except Exception as e:  # noqa: BLE001 — the window's client gets the error
-            edge.future.set_exception(e)
-        finally:
-            self._edges.pending.popleft()
-
-    def _end_edges(self) -> None:
-        """The session ends: what was held back is joined, and every edge still waiting is
-        taken (the process exited: nothing more will come)."""
-        bpf, agent = self._edges.release()
-        try:
-            for ev in bpf:
-                self.joiner.on_bpf(ev)
-            self._join_agent(agent)
-        except Exception:  # noqa: BLE001 — the edges below are still answered
-            log.exception("session %d: joining what an edge held back", self.pid)
-        with self._requests_lock:
-            edges = list(self._edges.pending)
-            self._edges.pending.clear()
-        for edge in edges:
-            self._edges.pending.append(edge)
-            self._take_edge(edge, ended=True)
-
-    # ---- a window with an end ---------------------------------------------------------------
+    # ---- a window with an end (daemon/oneshotwindow.py OneShot) ------------------------------
     def close_window(self, *, cpu_end_ns: int | None = None,
                      timeout_s: float = DRAIN_TIMEOUT_S,
                      progress: Callable[[str], None] | None = None) -> dict:
@@ -493,141 +443,13 @@ class ProcessSession:
         been read and joined (the BPF ring, then the agent's forced flush), and return its
         account (also in the snapshot's meta["window"]). `cpu_end_ns`: the target's CPU time
         at the end when the caller knows it better (a reaped child's rusage)."""
-        w = self.window
-        if w is None:
+        if self.oneshot is None:
             raise StacklensError("close_window() needs a session started with window=True")
-        if not w.closed:
-            if w.end_ns is None:
-                cpu = process_cpu_ns(self.pid)
-                w.cpu_end_ns = cpu_end_ns if cpu_end_ns is not None else cpu
-                w.end_ns = time.monotonic_ns()   # now: no event read so far is stamped later
-            t0 = time.monotonic()
-            while self._thread is not None and self._thread.is_alive() and not self._window_done.wait(1.0):
-                waited = time.monotonic() - t0
-                if progress is not None:
-                    behind = max(0.0, (w.end_ns - w.newest_ns) / 1e9) if w.newest_ns else None
-                    progress(f"draining events up to the window's end ({self.joiner.stats.events} joined"
-                             + (f", reading {behind:.1f}s behind" if behind else "") + ")")
-                if waited > timeout_s and not self._window_abort:
-                    self._window_abort = True   # close with what has been read: marked not drained
-            if not w.closed:   # the aggregation thread ended without closing it (an error)
-                if self._thread is not None:
-                    self._thread.join(timeout=10)
-                if not (self._thread is not None and self._thread.is_alive()):
-                    self._close_window()
-        if cpu_end_ns is not None and w.cpu_end_ns != cpu_end_ns:
-            w.cpu_end_ns = cpu_end_ns
-            self.joiner.meta["window"] = self._window_meta(w, self._window_stats)
-        return dict(self.joiner.meta.get("window", {}))
+        return self.oneshot.close(cpu_end_ns=cpu_end_ns, timeout_s=timeout_s, progress=progress)
 
     def wait_window(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` for the window to close by itself (the target exited)."""
-        return self._window_done.wait(timeout_s)
-
-    def _drain_exited(self, w: Window) -> None:
-        """The target has exited: everything it sent is in the ring; read all of it."""
-        if w.end_ns is None:
-            w.cpu_end_ns = process_cpu_ns(self.pid)
-            w.end_ns = time.monotonic_ns()
-        while True:
-            evs = self.probes.poll(0, max_events=BATCH_EVENTS)
-            if not evs:
-                break
-            for ev in w.admit(evs):
-                self.joiner.on_bpf(ev)
-
-    def _close_window(self) -> None:
-        """On the aggregation thread: the agent's last records, the join's end, the account."""
-        w = self.window
-        if w.end_ns is None:
-            w.cpu_end_ns = process_cpu_ns(self.pid)
-            w.end_ns = time.monotonic_ns()
-        w.drained = not self._window_abort or w.past_end(False, 0)
-        self._charge_in_flight(w)
-        try:
-            if self.agent is not None:
-                if getattr(self.agent, "target_stopped", lambda: False)():
-                    self.notes.append("detach: the process is stopped (SIGSTOP or a debugger); its "
-                                      "agent ends its own detach when the process runs again")
-                self.agent.stop()
-                for rec in self.agent.poll():
-                    self.joiner.on_agent(rec)
-        except Exception as e:  # noqa: BLE001 — the window closes whatever the agent did
-            self.notes.append(f"agent drain at the window's end: {e}")
-        self.joiner.finish()
-        pending = self.joiner.waiting_launches()   # after the forced drain: claimed by nothing
-        st: dict[str, int] = {}
-        try:
-            st = dict(self.probes.stats()) if self.probes is not None else {}
-        except Exception:  # noqa: BLE001
-            pass
-        js = self.joiner.stats
-        st["unjoined"] = int(js.launches_unmatched + js.kernels_unmatched + pending)
-        self._window_stats = st
-        w.drain_s = max(0.0, (time.monotonic_ns() - w.end_ns) / 1e9)
-        w.closed = True
-        self.joiner.meta["window"] = self._window_meta(w, st)
-        self._window_done.set()
-
-    def _charge_in_flight(self, w: Window) -> None:
-        """A sync still waiting at the window's end is part of the window: its wait so far."""
-        in_flight = getattr(self.probes, "in_flight", None)
-        if in_flight is None or not pid_alive(self.pid):   # an exited target waits no more
-            return
-        try:
-            entered = in_flight()
-            returned = []
-            while evs := self.probes.poll(0, max_events=BATCH_EVENTS):
-                returned += evs
-            for ev in w.admit(returned) + w.still_waiting(entered, returned):
-                self.joiner.on_bpf(ev)
-        except Exception as e:  # noqa: BLE001 — the window closes with what it has
-            self.notes.append(f"syncs in flight at the window's end: {e}")
-
-    def _window_meta(self, w: Window, st: dict) -> dict:
-        cpu_s = None
-        if w.cpu_start_ns is not None and w.cpu_end_ns is not None:
-            cpu_s = round(max(0, w.cpu_end_ns - w.cpu_start_ns) / 1e9, 3)
-        return {
-            "start_ns": w.start_ns, "end_ns": w.end_ns,
-            "seconds": round((w.end_ns - w.start_ns) / 1e9, 3),
-            "target_cpu_s": cpu_s, "cpu_hz": self.cpu_hz,
-            "expected_cpu_samples": None if cpu_s is None else round(cpu_s * self.cpu_hz),
-            "cpu_samples": self.joiner.stats.cpu_samples,
-            # BPF could not hand these over (ring full, sample records lost, fallback buffer full)
-            "events_dropped": int(st.get("drops", 0) + st.get("lost_samples", 0) + st.get("fallback_full", 0)),
-            # stamped inside the window but not read when it closed (None: not known, not drained)
-            "events_late": 0 if w.drained else None,
-            "drained": w.drained, "drain_s": round(w.drain_s, 3),
-            "unjoined": int(st.get("unjoined", 0)),
-            "before_window": w.before, "after_window": w.after,
-            "cut_at_end": w.cut, "in_flight_at_end": w.in_flight,
-        }
-
-    def _serve_requests(self) -> None:
-        while True:
-            try:
-                fut, fn = self._requests.get_nowait()
-            except queue.Empty:
-                return
-            if fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn())
-                except Exception as e:  # noqa: BLE001
-                    fut.set_exception(e)
-
-    def _call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        with self._requests_lock:
-            queued = self._thread is not None and self._taking_requests
-            if queued:
-                self._requests.put((fut, fn))
-        if not queued:
-            return fn()  # no aggregation thread (yet, or any more): the joiner is not written to
-        try:
-            return fut.result(timeout=timeout)
-        except concurrent.futures.TimeoutError:
-            raise StacklensError(f"session {self.pid} did not answer within {timeout}s") from None
+        return self.oneshot.done.wait(timeout_s)
 
     # ---- reading --------------------------------------------------------------------------
     def in_flight(self) -> dict[str, list[dict]]:
@@ -648,20 +470,20 @@ class ProcessSession:
                         for tid, (t, path) in sorted(self.joiner.last_launch.items())]
             return {"waiting": waits, "last_launches": launches}
 
-        return self._call(read)
+        return self.desk.call(read)
 
     def snapshot(self, window_s: float | None = None) -> Snapshot:
         """The tree: cumulative since the attach (its meta's window_s: the seconds it covers, what
         advice and rates divide by), or the last `window_s` seconds."""
         def take() -> Snapshot:
-            self._refresh_read_notes()
+            self.refresh_read_notes()
             snap = self.joiner.snapshot(window_s=window_s)
             if window_s is None and self.window is None and self._collecting_since is not None:
                 end = self._ended_at if self._ended_at is not None else time.monotonic()
                 snap.meta["window_s"] = round(max(0.0, end - self._collecting_since), 6)
             return snap
 
-        return self._call(take)
+        return self.desk.call(take)
 
     def stats(self) -> dict[str, int]:
         def collect() -> dict[str, int]:
@@ -682,4 +504,4 @@ class ProcessSession:
                     pass
             return out
 
-        return self._call(collect)
+        return self.desk.call(collect)

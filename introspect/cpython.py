@@ -1,7 +1,7 @@
 """Find the CPython runtime inside a target and read its version from the target itself.
 
-The one CPython locator (`find_python`), used by the BPF Python-stack reader
-(bpf/python_process.py), the injector (inject/injector.py) and held programs (cli/held.py),
+The one CPython locator (`find_python`), used by the Python-stack reader
+(pystacks/python_process.py), the injector (inject/injector.py) and held programs (cli/held.py),
 whose version fallback reads the `_Py_DebugOffsets` header through introspect/debug_offsets.py.
 Nothing here picks a layout: introspect/python_layouts.py does, from the version.
 

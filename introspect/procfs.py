@@ -5,7 +5,7 @@ one narrow class: nothing outside stacklens.introspect names a /proc path
 The one /proc/PID/maps parser (`parse_maps`, `ProcFS.maps`) and the one /proc/PID/stat parser
 (`ProcFS.stat`): the injector, the agent server, the daemon (discovery, sessions, doctor, held
 programs) and the BPF side (library discovery and native symbolization in bpf/procmaps.py, the
-Python-stack reader in bpf/python_process.py) all read /proc through it.
+Python-stack reader in pystacks/python_process.py) all read /proc through it.
 
 No privilege beyond what /proc itself asks (reading another user's maps needs PTRACE_MODE_READ).
 Tests pass a ``ProcFS(root=...)`` over a checked-in or generated tree.

@@ -1,9 +1,9 @@
 /* pystack.h — read the current thread's CPython stack synchronously, inside a BPF probe.
  *
  * Records (code object address, byte offset of the current instruction, tag, flags) per frame,
- * innermost first; user space (bpf/pysym.py) turns them into file:qualname:line.
+ * innermost first; user space (pystacks/pysym.py) turns them into file:qualname:line.
  *
- * Every parameter is a -D flag (bpf/python_process.py: PythonStackReader.cflags()):
+ * Every parameter is a -D flag (pystacks/python_process.py: PythonStackReader.cflags()):
  *   SL_PY_TGID            target process (tgid); other processes get SL_PY_NOT_TARGET
  *   SL_PY_INTERP          address of the main PyInterpreterState (validates the tstate)
  *   SL_PY_TLS_OFF         fsbase + this = glibc TSS slot holding the thread's PyThreadState
@@ -13,7 +13,7 @@
  *   SL_TASK_FSBASE_OFF    offsetof(struct task_struct, thread.fsbase) from the kernel's BTF
  *   SL_PY_MAX_DEPTH       frames kept (default 48); deeper stacks set `truncated`
  *   SL_PY_NO_TAG          do not read the per-frame code tag (one read less per frame)
- *   layout (bpf/python_process.py bpf_defines()): SL_PY_FRAME_STYLE, SL_PY_TS_INTERP,
+ *   layout (pystacks/python_process.py bpf_defines()): SL_PY_FRAME_STYLE, SL_PY_TS_INTERP,
  *   SL_PY_TS_FRAME, SL_PY_CFRAME_CUR, SL_PY_F_PREV, SL_PY_F_CODE, SL_PY_F_INSTR, SL_PY_F_OWNER,
  *   SL_PY_F_IS_ENTRY, SL_PY_F_READ, SL_PY_OWNER_SHIM_MIN, SL_PY_CODE_ADAPTIVE,
  *   SL_PY_CODE_TAG_OFF, SL_PY_CODE_MASK.

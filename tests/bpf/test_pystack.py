@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from stacklens.bpf.pysym import (SL_PY_NO_TSTATE, SL_PY_OK, SL_PYF_ENTRY, Frame, RawPyStack,
-                                 SlPyFrame, sl_pystack_struct)
+from stacklens.pystacks.pysym import (SL_PY_NO_TSTATE, SL_PY_OK, SL_PYF_ENTRY, Frame, RawPyStack,
+                                      SlPyFrame, sl_pystack_struct)
 from tests.interpreters import pyenv_python
 from tests.lines import read_line
 
@@ -104,7 +104,7 @@ class Run:
 def run_scenario(name: str, *, thread_map: bool = False) -> Run:
     from bcc import BPF
 
-    from stacklens.bpf.python_process import PythonStackReader
+    from stacklens.pystacks.python_process import PythonStackReader
 
     p, shown = _start(name)
     try:
@@ -261,7 +261,7 @@ def test_thread_map_mode(bpf_ok, name):
 
 
 def test_ctypes_mirror_matches_c(tmp_path):
-    """struct sl_pystack / sl_pyframe in pystack.h == the ctypes mirror in pysym.py."""
+    """struct sl_pystack / sl_pyframe in pystack.h == the ctypes mirror in pystacks/pysym.py."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
@@ -293,7 +293,7 @@ def test_capture_hook_with_maps(bpf_ok):
     pystack.h (here: prepended)."""
     from bcc import BPF
 
-    from stacklens.bpf.python_process import PythonStackReader
+    from stacklens.pystacks.python_process import PythonStackReader
 
     name = "pyenv-3.11"
     if _available(name):

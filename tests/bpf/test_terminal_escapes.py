@@ -1,7 +1,7 @@
 """Target strings reach no terminal raw (issue 17 point 9): a target's comm and code-object names
 carrying ANSI/OSC sequences come out escaped (``\\x1b``) in what `stacklens ps` lists (discovery),
 the session (comm), the `report` text and the Prometheus labels. Real BPF: the code names are
-read from the target's memory by the Python stack symbolizer (bpf/pysym.py).
+read from the target's memory by the Python stack symbolizer (pystacks/pysym.py).
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stacklens.bpf.decode import RingDecoder
-from stacklens.bpf.pysym import PySymbolizer
 from stacklens.bpf.spec import DEFAULT_SPEC, load_specs
 from stacklens.cct import Frame
 from stacklens.errors import MemoryReadError
 from stacklens.introspect.python_layouts import PyLayout
+from stacklens.pystacks.pysym import PySymbolizer
 
 RINGS = Path(__file__).resolve().parents[1] / "data" / "rings"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stacklens.cct import Frame
-from stacklens.daemon import core
+from stacklens.daemon import core, nodescan, pslist
 from stacklens.daemon.core import Daemon
 from stacklens.daemon.retired import ClosedSession
 from stacklens.daemon.discovery import ProcFS
@@ -215,13 +215,13 @@ def test_processes_have_their_true_state(monkeypatch):
     t = subprocess.Popen(["sleep", "60"])
     try:
         d = Daemon(session_factory=filled_session)
-        monkeypatch.setattr(core, "scan", lambda procfs, gpu_only=True: [])
+        monkeypatch.setattr(pslist, "scan", lambda procfs, gpu_only=True: [])
         assert [(i.pid, s) for i, s in d.processes()] == []
         d.attach(t.pid)
         [(info, s)] = d.processes()
         assert info.pid == t.pid and s.state == "attached"
         d.detach(t.pid)
-        monkeypatch.setattr(core, "scan", lambda procfs, gpu_only=True: [core.describe_process(t.pid, procfs)])
+        monkeypatch.setattr(pslist, "scan", lambda procfs, gpu_only=True: [pslist.describe_process(t.pid, procfs)])
         [(info, s)] = d.processes()
         assert isinstance(s, ClosedSession) and s.state == "detached"
         monkeypatch.setattr(d.closed[t.pid], "proc_start", s.proc_start - 1)   # as after a PID reuse
@@ -239,7 +239,7 @@ def test_a_session_that_ended_with_its_process_is_listed_as_exited(monkeypatch):
     u = subprocess.Popen(["sleep", "60"])
     try:
         d = Daemon(session_factory=filled_session)
-        monkeypatch.setattr(core, "scan", lambda procfs, gpu_only=True: [])
+        monkeypatch.setattr(pslist, "scan", lambda procfs, gpu_only=True: [])
         d.attach(t.pid)
         d.attach(u.pid)
         d.detach(u.pid)
@@ -267,7 +267,7 @@ def test_warm_up_prepares_one_program_per_cpython_build(monkeypatch):
              ProcessInfo(13, "c", "/x", python=None),
              ProcessInfo(14, "d", "/x", python="3.12 (/opt/py/bin/python3.12)"),
              ProcessInfo(15, "e", "/x", python="3.13 (/opt/py/bin/python3.13)")]
-    monkeypatch.setattr(core, "scan", lambda procfs, gpu_only=True: procs)
+    monkeypatch.setattr(nodescan, "scan", lambda procfs, gpu_only=True: procs)
     prepared = []
 
     def prepare(pid):

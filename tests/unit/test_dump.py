@@ -8,13 +8,13 @@ import struct
 
 import pytest
 
-from stacklens.bpf.python_process import PyInterpreter
 from stacklens.cli.dump import job_text, process_text
-from stacklens.daemon.dump import (ProcessDump, PyFrameText, ThreadDump, read_gil, stable_stack,
-                                   walk_stack)
-from stacklens.daemon.dumpjob import (RankProc, analyze, collective_frame, dump_job, find_ranks,
+from stacklens.pystacks.dumpjob import (RankProc, analyze, collective_frame, dump_job, find_ranks,
                                       parse_environ)
 from stacklens.introspect import python_layouts as pl
+from stacklens.pystacks.dump import (ProcessDump, PyFrameText, ThreadDump, read_gil, stable_stack,
+                                     walk_stack)
+from stacklens.pystacks.python_process import PyInterpreter
 from tests.fakes.memory import FakeMemory
 
 L311 = pl.LAYOUTS[(3, 11)]

@@ -35,7 +35,7 @@ def state(pid: int) -> str:
 
 
 def test_python_is_held_before_its_first_line_with_its_thread_state_readable(held_cls):
-    from stacklens.bpf.python_process import thread_state_readable
+    from stacklens.pystacks.python_process import thread_state_readable
 
     h = held_cls([sys.executable, "-c", "print('first line ran')"], stdout=subprocess.PIPE, text=True)
     try:

@@ -1,4 +1,4 @@
-"""A torch.distributed job from its ranks' environments (daemon/ranks.py: find_job, rank_of)
+"""A torch.distributed job from its ranks' environments (introspect/ranks.py: find_job, rank_of)
 and the straggler rule over the ranks' snapshots (analyzer/job.py), on fakes and built trees.
 
 The same on a real 2-rank gloo DDP job through stacklensd: tests/integration/test_ddp_job.py.
@@ -10,7 +10,7 @@ import pytest
 
 from stacklens.analyzer.job import job_notes, stragglers
 from stacklens.cct import CCT, Frame, metrics
-from stacklens.daemon.ranks import find_job, find_ranks, rank_of
+from stacklens.introspect.ranks import find_job, find_ranks, rank_of
 from stacklens.errors import InputError
 
 TRAIN = "/job/train.py"

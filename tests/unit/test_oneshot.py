@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from stacklens.bpf.pysym import PySymbolizer, RawPyFrame
+from stacklens.pystacks.pysym import PySymbolizer, RawPyFrame
 from stacklens.cct import CCT, Frame, METRICS
 from stacklens.cli import doctor, oneshot
 from stacklens.cli.main import _oneshot_output

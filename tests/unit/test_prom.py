@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from stacklens.cct import CCT, Frame, metrics
 from stacklens.daemon.join.joiner import DAEMON_METRICS
 from stacklens.daemon import prom
-from stacklens.daemon.ranks import RankProc
+from stacklens.introspect.ranks import RankProc
 from stacklens.daemon.prom import MetricsServer, Source, StacklensCollector, build_registry, line_label
 
 

@@ -16,10 +16,10 @@ import sys
 
 import pytest
 
-from stacklens.introspect import python_layouts as pl
-from stacklens.bpf.pysym import (SL_PYF_NOCODE, UNREADABLE_CODE, UNREADABLE_NAME, BadObject, PySymbolizer,
-                                 RawPyFrame, RawPyStack, line_ranges_310, line_ranges_311)
 from stacklens.cct import Frame
+from stacklens.introspect import python_layouts as pl
+from stacklens.pystacks.pysym import (SL_PYF_NOCODE, UNREADABLE_CODE, UNREADABLE_NAME, BadObject, PySymbolizer,
+                                      RawPyFrame, RawPyStack, line_ranges_310, line_ranges_311)
 from tests.fakes.memory import FakeMemory
 
 CODE_TYPE = 0x9000

@@ -16,8 +16,8 @@ import pytest
 
 from tests.interpreters import pyenv_python
 from stacklens.introspect import python_layouts as pl
-from stacklens.bpf.python_process import bpf_defines
-from stacklens.bpf.pysym import PySymbolizer, RawPyFrame, RawPyStack, line_of, line_ranges_310, line_ranges_311
+from stacklens.pystacks.python_process import bpf_defines
+from stacklens.pystacks.pysym import PySymbolizer, RawPyFrame, RawPyStack, line_of, line_ranges_310, line_ranges_311
 from stacklens.cct import Frame
 from stacklens.errors import MemoryReadError, UnsupportedVersion
 from stacklens.introspect.debug_offsets import DEBUG_COOKIE
@@ -241,7 +241,7 @@ def test_unreadable_and_non_code_objects_are_marked():
 
 
 def test_raw_stack_from_bytes_roundtrip():
-    from stacklens.bpf.pysym import sl_pystack_struct
+    from stacklens.pystacks.pysym import sl_pystack_struct
     st = sl_pystack_struct(4)()
     st.depth, st.status, st.truncated = 2, 0, 1
     st.frames[0].code, st.frames[0].tag, st.frames[0].offset, st.frames[0].flags = 1, 2, 3, 1

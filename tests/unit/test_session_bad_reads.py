@@ -14,11 +14,11 @@ import threading
 import types
 
 from stacklens.bpf.events_abi import SL_EV_SAMPLE, SlEvent
-from stacklens.bpf.pysym import UNREADABLE_CODE, PySymbolizer, RawPyFrame, sl_pystack_struct
 from stacklens.bpf.decode import PY_UNDECODABLE, RecordList, RingDecoder
 from stacklens.cct import Frame
 from stacklens.daemon.client import ps_lines
 from stacklens.daemon.session import ProcessSession
+from stacklens.pystacks.pysym import UNREADABLE_CODE, PySymbolizer, RawPyFrame, sl_pystack_struct
 from tests.fakes.sources import FakeEvent, FakeProbes
 from tests.unit.test_pysym_fuzz import (CODE, CODE_TYPE, LAYOUTS, TAG, bytes_obj, code_obj, table_311_all_forms,
                                         target)

@@ -253,7 +253,7 @@ def test_an_edge_asked_while_the_ended_session_tears_down_is_answered(sleeper):
             box["window"] = threading.Thread(target=window, daemon=True)
             box["window"].start()
             deadline = time.monotonic() + 30
-            while not s._edges.pending and "edge" not in box and time.monotonic() < deadline:
+            while not s.edges.gate.pending and "edge" not in box and time.monotonic() < deadline:
                 time.sleep(0.001)       # the edge is queued behind a thread that is ending
             super().detach()
 

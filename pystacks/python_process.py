@@ -283,7 +283,8 @@ def kernel_fsbase_offset(btf_path: str = "/sys/kernel/btf/vmlinux") -> int:
 # ---------------------------------------------------------------------------------------------
 # The API the probe programs and the daemon use
 
-PROGRAMS_DIR = Path(__file__).resolve().parent / "programs"
+# pystack.h's folder, for `cflags()`'s -I: a path to the BPF sources, not an import of bpf/
+PROGRAMS_DIR = Path(__file__).resolve().parent.parent / "bpf" / "programs"
 
 
 class PythonStackReader:
@@ -304,7 +305,7 @@ class PythonStackReader:
     def __init__(self, pid: int, *, max_depth: int = 48, tag: bool = True,
                  mem: Optional[ProcessMemory] = None, procfs: Optional[ProcFS] = None,
                  btf_path: str = "/sys/kernel/btf/vmlinux", force_map: bool = False) -> None:
-        from stacklens.bpf.pysym import PySymbolizer
+        from stacklens.pystacks.pysym import PySymbolizer
 
         self.pid = pid
         self.max_depth = max_depth
@@ -404,7 +405,7 @@ class PythonStackReader:
         return self.symbolizer.symbolize(raw)
 
     def struct_type(self):
-        from stacklens.bpf.pysym import sl_pystack_struct
+        from stacklens.pystacks.pysym import sl_pystack_struct
         return sl_pystack_struct(self.max_depth)
 
     def describe(self) -> dict:

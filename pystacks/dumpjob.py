@@ -3,10 +3,10 @@ ranks wait in a collective and which rank is missing.
 
 The ranks are the launcher's descendants whose environment sets RANK (torchrun sets RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE in each worker's; a rank's own children inherit them and
-are not ranks). Each is dumped by daemon/dump.py (nonblocking, no agent). The analysis
+are not ranks). Each is dumped by pystacks/dump.py (nonblocking, no agent). The analysis
 (`analyze`) is pure: ranks and their dumps in, `JobDump` out, tested on fakes behind `JobHost`.
 
-Requires what daemon/dump.py requires (root / CAP_SYS_PTRACE); reads /proc/*/stat once to find
+Requires what pystacks/dump.py requires (root / CAP_SYS_PTRACE); reads /proc/*/stat once to find
 the launcher's descendants (a few ms) and /proc/PID/environ of each.
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from stacklens.daemon.dump import ProcessDump, PyFrameText, dump_process
-from stacklens.daemon.ranks import ProcRankHost, RankHost, RankProc, find_ranks, parse_environ
+from stacklens.introspect.ranks import ProcRankHost, RankHost, RankProc, find_ranks, parse_environ
 from stacklens.errors import StacklensError
+from stacklens.pystacks.dump import ProcessDump, PyFrameText, dump_process
 
 # torch.distributed entry points that block until every rank joins (and Work.wait on them)
 COLLECTIVES = frozenset({
@@ -37,7 +37,7 @@ class JobHost(RankHost, Protocol):
 
 
 class ProcJobHost(ProcRankHost):
-    """`JobHost` over /proc (daemon/ranks.py) and daemon/dump.py."""
+    """`JobHost` over /proc (introspect/ranks.py) and pystacks/dump.py."""
 
     def dump(self, pid: int) -> ProcessDump:
         return dump_process(pid, self.procfs)

@@ -1,6 +1,6 @@
 """torch.distributed ranks by their environment: whether a process is a rank, of which job, and
 the ranks under a launcher (torchrun) — for `stacklens attach --job`, the rank labels of a
-session (Prometheus, snapshots, `ps`) and `stacklens dump --job` (daemon/dumpjob.py).
+session (Prometheus, snapshots, `ps`) and `stacklens dump --job` (pystacks/dumpjob.py).
 
 torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
 TORCHELASTIC_RUN_ID in each worker's environment; a rank's own children (DataLoader workers,

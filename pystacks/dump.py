@@ -19,12 +19,12 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from stacklens.bpf.pysym import SL_PYF_NOCODE, PySymbolizer, RawPyFrame, RawPyStack
-from stacklens.bpf.python_process import PyInterpreter, PyThread, find_interpreter, walk_threads
 from stacklens.errors import MemoryReadError, StacklensError
 from stacklens.introspect import python_layouts as pl
 from stacklens.introspect.memory import ProcessMemory, ProcMem, read_u64
 from stacklens.introspect.procfs import SYSCALL_NAMES, ProcFS
+from stacklens.pystacks.pysym import SL_PYF_NOCODE, PySymbolizer, RawPyFrame, RawPyStack
+from stacklens.pystacks.python_process import PyInterpreter, PyThread, find_interpreter, walk_threads
 
 MAX_DEPTH = 256   # frames kept per thread; deeper stacks are marked truncated
 ATTEMPTS = 4      # reads of a moving thread's stack before it is reported as inconsistent
