@@ -53,8 +53,8 @@ class WarmUp:
 
 
 def auto_attach_scan(daemon) -> list[int]:
-    """Attaches (probes, never the agent) to the processes `daemon.auto_attach` matches; races
-    with Attach RPCs end in AlreadyAttached (counted). The PIDs it attached."""
+    """Attaches (probes, never the agent) to the processes the daemon's auto-attach rule
+    matches; races with Attach RPCs end in AlreadyAttached (counted). The PIDs it attached."""
     if daemon.auto_attach is None:
         return []
     attached = []
