@@ -52,7 +52,7 @@ class LaunchEvent(Protocol):
 
 
 class Charges(Protocol):
-    """Where a join's verdicts go (implemented by `Joiner`)."""
+    """Where a join's verdicts go (implemented by `Joiner`, charged by `GpuCharges`, daemon/join/charges.py)."""
 
     def kernel(self, path: Path, rec: KernelRecord) -> None:
         """A kernel record joined to the path of its launch."""

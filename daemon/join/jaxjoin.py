@@ -88,8 +88,9 @@ class _Module:
 class JaxIndex:
     """Fusion maps of one process's XLA modules; owned by the aggregation thread.
 
-    The joiner's splitter: it feeds the JAX records in (`on_record`) and asks for the split of
-    each kernel (`split`); what to add to the tree comes back as `Charge`s, the joiner adds them."""
+    The join's splitter (held by `GpuCharges`, daemon/join/charges.py): it feeds the JAX records in
+    (`on_record`) and asks for the split of each kernel (`split`); what to add to the tree comes
+    back as `Charge`s, the join adds them."""
 
     def __init__(self) -> None:
         self.modules: dict[str, _Module] = {}

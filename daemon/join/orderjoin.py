@@ -67,7 +67,7 @@ def kernel_sig(rec: GpuRecord) -> tuple:
 
 def copy_sig(rec: MemcpyRecord) -> tuple:
     """What a copy or memset record and the BPF event of its call both know: ("memset" or
-    "memcpy", bytes). The call's event carries the same pair (`Joiner` computes it)."""
+    "memcpy", bytes). The call's event carries the same pair (`GpuCharges.copy_call` computes it)."""
     return ("memset" if rec.kind == "memset" else "memcpy", rec.bytes)
 
 

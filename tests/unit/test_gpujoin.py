@@ -8,8 +8,8 @@ import inspect
 import pytest
 
 from stacklens.daemon.join.apijoin import ApiRecordJoin
+from stacklens.daemon.join.charges import GpuCharges
 from stacklens.daemon.join.gpujoin import Charges, CopyCall, GpuJoin
-from stacklens.daemon.join.joiner import Joiner
 from stacklens.daemon.join.orderjoin import SETTLE_NS, LaunchOrderJoin
 from stacklens.records.agent import ApiRecord, KernelRecord, MemcpyRecord
 from tests.fakes.sources import FakeEvent
@@ -29,9 +29,9 @@ def test_each_join_implements_every_method_of_the_interface(cls):
         assert list(inspect.signature(getattr(cls, name)).parameters) == list(sig.parameters), name
 
 
-def test_the_joiner_takes_every_verdict_of_the_interface():
+def test_the_joiners_charges_take_every_verdict_of_the_interface():
     for name, sig in _methods(Charges).items():
-        assert list(inspect.signature(getattr(Joiner, name)).parameters) == list(sig.parameters), name
+        assert list(inspect.signature(getattr(GpuCharges, name)).parameters) == list(sig.parameters), name
 
 
 class Verdicts:

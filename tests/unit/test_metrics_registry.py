@@ -15,7 +15,9 @@ from stacklens.cct import CCT, METRICS, Frame, metrics
 REPO = Path(__file__).parents[2]
 # Views of a snapshot: none of them may name a metric; they read the registry.
 CONSUMERS = ("daemon/prom.py", "render/textreport.py", "render/formats.py", "render/stacks.py", "render/folded.py",
-             "render/pprof.py", "render/speedscope.py", "tui/model.py", "tui/widgets.py", "cct/export.py")
+             "render/pprof.py", "render/speedscope.py", "tui/model.py", "tui/widgets.py", "tui/formatting.py",
+             "tui/treemodel.py", "tui/codemodel.py", "tui/cctview.py", "tui/icicleview.py", "tui/linetable.py",
+             "cct/export.py")
 _SUFFIX = {metrics.TIME: "_ns", metrics.BYTES: "_bytes"}
 
 

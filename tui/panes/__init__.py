@@ -1,4 +1,4 @@
-"""The panes of `ProfileScreen` (tui/app.py), one `TabPane` each: tree, flame, hotspots, advice, source.
+"""The panes of `ProfileScreen` (tui/profile.py), one `TabPane` each: tree, flame, hotspots, advice, source.
 
 No privilege. Each pane composes its own widgets (ids and classes as app.tcss names them) and draws
 from a `View` the screen hands it; the screen keeps the state they share (snapshot, metric, window,
