@@ -1,8 +1,9 @@
 """stacklens.analyzer: rules that turn a calling context tree into concrete advice.
 
 Pure: imports only the standard library and `stacklens.cct` (import-linter contract "analyzer is
-pure" and tests/unit/test_analyzer_core.py). No privilege, no I/O. Cost: one O(nodes x metrics)
-pass shared by all rules, then O(nodes) per rule; a 100,000-node snapshot is analysed well
+pure" and tests/unit/test_analyzer_core.py). No privilege; no I/O but one committed data file
+read once (the fp32_gemm rule's measured GEMM speedups, rules/_speedups.py). Cost: one
+O(nodes x metrics) pass shared by all rules, then O(nodes) per rule; a 100,000-node snapshot is analysed well
 under a second (docs/benchmarks/analyzer.md).
 
     from stacklens.analyzer import analyze
