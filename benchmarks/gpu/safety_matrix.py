@@ -19,6 +19,9 @@ attached and detached again and again, and its *control*, never attached. Counte
   runs on the same pinned CPUs (the harness on others); each phase's per-round ratios are kept and
   their spread (min, quartiles, max) reported. ``--no-early`` keeps every attach after the
   "before" timing, so "before" is a process never attached (a timing run wants that).
+- while attached (``--during W1,W2``, issue 42): the same rounds with the subject attached, probes
+  only, then probes + the agent (each attach held through its rounds, then detached), as ratios
+  over "before": the cost of staying attached to a decode server or a training job.
 Every agent cycle also asks for two window edges mid-cycle (`ProcessSession.edge`: the agent's
 forced CUPTI flush while activities are on, as windows through stacklensd ask it).
 Graph workloads are told (a switch file) during some agent windows: the target captures a new CUDA graph (or
@@ -254,6 +257,24 @@ def timing_rounds(pairs: dict, workload: str, seconds: float, rounds: int) -> li
     return out
 
 
+def timed_while_attached(pairs: dict, workload: str, mode: str, a) -> list[dict] | dict:
+    """`timing_rounds` with the subject attached (probes only, or with the agent) for all of
+    them; the attach's own time is not in a round. An attach that fails is recorded, not raised."""
+    from stacklens.daemon.session import ProcessSession
+
+    subj = pairs[workload][0]
+    sess = ProcessSession(subj.pid, agent=mode == "agent")
+    try:
+        sess.start()
+    except Exception as e:  # noqa: BLE001 - the run goes on without this phase
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    try:
+        time.sleep(1.0)          # past the attach's first events (the agent's first flush)
+        return timing_rounds(pairs, workload, a.timing_s, a.timing_rounds)
+    finally:
+        sess.stop()
+
+
 def thread_cpu(pid: int) -> dict:
     """{tid: (comm, utime + stime ticks)} of a process's threads."""
     out = {}
@@ -336,6 +357,8 @@ def main() -> int:
     ap.add_argument("--deadline-s", type=float, default=480.0)
     ap.add_argument("--no-early", dest="early", action="store_false",
                     help="no attach before the 'before' timing (during warm-up)")
+    ap.add_argument("--during", default="decode,eager_train",
+                    help="workloads also timed while attached (probes only, then with the agent); '' for none")
     ap.add_argument("--pin", action="store_true",
                     help="targets on CPUs 2..N-1, this harness on 0-1")
     a = ap.parse_args()
@@ -371,6 +394,10 @@ def main() -> int:
     for w in workloads:
         if time.monotonic() < deadline:
             timing[w]["before"] = timing_rounds(pairs, w, a.timing_s, a.timing_rounds)
+    for w in [w for w in a.during.split(",") if w in pairs]:
+        for mode in ("probes", "agent"):
+            if time.monotonic() < deadline - 60:
+                timing[w][mode] = timed_while_attached(pairs, w, mode, a)
     threads = []
     cycle_deadline = deadline - len(workloads) * (2 * a.timing_s * a.timing_rounds + 1) - 10
     for w in workloads:
@@ -435,9 +462,13 @@ def main() -> int:
             "kernels_per_agent_cycle": [r.get("kernels") for r in cyc if r["mode"] == "agent"][:30],
         }
         ratio = {}
-        for phase in ("before", "after"):
+        for phase in ("before", "probes", "agent", "after"):
             per_round = []
-            for rnd in timing[w].get(phase, []):
+            rounds = timing[w].get(phase, [])
+            if not isinstance(rounds, list):      # {"error": …}: the attach for that phase failed
+                ratio[phase] = rounds
+                continue
+            for rnd in rounds:
                 if "subject" in rnd and "control" in rnd:
                     ms = median_dur(se, rnd["subject"][0] + 0.3, rnd["subject"][1])
                     mc = median_dur(ce, rnd["control"][0] + 0.3, rnd["control"][1])
@@ -450,8 +481,10 @@ def main() -> int:
                                 "round_ratios": [round(x, 4) for x in rs],
                                 "spread": spread(rs),
                                 "ratio": round(statistics.median(rs), 4)}
-        rb, ra = ratio.get("before", {}).get("ratio"), ratio.get("after", {}).get("ratio")
-        ratio["after_over_before"] = round(ra / rb, 4) if ra and rb else None
+        rb = ratio.get("before", {}).get("ratio")
+        for phase in ("probes", "agent", "after"):
+            rp = ratio.get(phase, {}).get("ratio")
+            ratio[f"{phase}_over_before"] = round(rp / rb, 4) if rp and rb else None
         row["timing"] = ratio
         row["pass"] = (not row["died"] and not row["cycle_errors"] and not row["new_stderr"]
                        and row["outputs"]["wrong"] == 0 and all(row["new_graph_while_attached"]))
@@ -460,11 +493,14 @@ def main() -> int:
     (out / "safety_matrix.json").write_text(json.dumps({"summary": summary, "cycles": results,
                                                         "timing": timing, "leftovers": leftovers, "args": vars(a)},
                                                        indent=1, default=str))
-    md = ["| workload | agent cycles | probe cycles | deaths | new stderr | wrong outputs | new graph while attached | after/before (subject/control) | before: rounds' spread | after: rounds' spread | teardown |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    md = ["| workload | agent cycles | probe cycles | deaths | new stderr | wrong outputs | new graph while attached | "
+          "probes attached/before | agent attached/before | after/before (subject/control) | before: rounds' spread | "
+          "after: rounds' spread | teardown |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w, r in summary.items():
         md.append(f"| {w} | {r['agent_cycles']} | {r['probe_cycles']} | {int(r['died'])} | {len(r['new_stderr'])} | "
                   f"{r['outputs']['wrong']} of {r['outputs']['compared']} | {r['new_graph_while_attached'] or '-'} | "
+                  f"{r['timing'].get('probes_over_before') or '-'} | {r['timing'].get('agent_over_before') or '-'} | "
                   f"{r['timing'].get('after_over_before')} | {r['timing'].get('before', {}).get('spread')} | "
                   f"{r['timing'].get('after', {}).get('spread')} | {'; '.join(r['teardowns'])[:160]} |")
     (out / "safety_matrix.md").write_text("\n".join(md) + "\n")
