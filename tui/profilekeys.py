@@ -20,6 +20,9 @@ from stacklens.tui.help import HelpScreen
 from stacklens.tui.widgets import CCTView, IcicleView, LineTable
 
 
+SAVED_OFF = frozenset({"window", "diff", "pause", "refresh", "detach"})   # not for a saved profile
+
+
 class ProfileKeys(Screen):
     """The profile screen's bindings and actions. What they change (the view state below) and
     how it is drawn (`refresh_views`, `_update_status`, `reveal`, …) belong to `ProfileScreen`."""
@@ -129,6 +132,13 @@ class ProfileKeys(Screen):
     def _refetch_view(self) -> None:
         self._fetcher.refetch()
         self._update_status()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A saved profile (`top --input`) has no windows to pick or compare, nothing to pause,
+        refresh or detach: those keys are neither offered nor taken."""
+        if action in SAVED_OFF and getattr(self.source, "saved", False):
+            return False
+        return True
 
     def action_window(self) -> None:
         if not self.source.windows:

@@ -128,6 +128,7 @@ def load_profile(path: str) -> Any:
 class FileSource:
     live = False
     windows = False
+    saved = True     # a saved profile (`top --input`): no windows, pause, refresh or detach keys
 
     def __init__(self, snapshot: Any, name: str) -> None:
         self._snapshot = snapshot

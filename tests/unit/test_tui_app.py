@@ -411,8 +411,13 @@ async def test_file_source_has_no_windows(tmp_path):
     async with app.run_test(size=(120, 30)) as pilot:
         await settle(app, pilot)
         assert app.screen.sub_title == "run.json.gz" and status(app).startswith("file · cumulative")
-        await pilot.press("w")
-        assert "a saved profile has no windows" in status(app)
+        offered = {b.binding.action for b in app.screen.active_bindings.values()}
+        # issue 45: w, d, p did nothing there; they are not offered (nor r, x)
+        assert not offered & {"window", "diff", "pause", "refresh", "detach"}, offered
+        assert {"view('tree')", "metric(1)", "search"} <= offered
+        before = status(app)
+        await pilot.press("w", "d", "p")
+        assert status(app) == before and app.screen.window_s is None and not app.screen.diff
         assert app.screen._timer is None
 
 
