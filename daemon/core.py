@@ -129,8 +129,6 @@ def _has_exe(procfs: ProcFS, pid: int) -> bool:
 
 # CPython builds whose BPF program the daemon compiles at start (bpf/shared.py keeps two idle)
 WARM_UP_BUILDS = 2
-# the state of a process worth profiling that no session of this daemon ever attached to
-NOT_ATTACHED = "not attached"
 KEPT_ATTACH_OPS = 256       # ended attaches whose outcome a client that follows them can still fetch
 CANCEL_WAIT_S = 90.0        # a detach waits this long for the attach it cancels (client: 120 s)
 
@@ -583,12 +581,6 @@ class Daemon:
     def active(self) -> list[ProcessSession]:
         with self._lock:
             return list(self.sessions.values())
-
-    def processes(self) -> list:
-        """Every process `ps` lists, with its state (daemon/pslist.py `list_processes`)."""
-        from stacklens.daemon.pslist import list_processes
-
-        return list_processes(self)
 
     def held_now(self) -> tuple[dict, dict]:
         """Copies, taken together: (PID -> its session or attach in progress, PID -> closed)."""

@@ -44,7 +44,7 @@ from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon import stacklens_pb2_grpc as pbg
 from stacklens.daemon.attachop import ATTACHING, AttachOp
 from stacklens.daemon.core import Daemon
-from stacklens.daemon.pslist import process_row
+from stacklens.daemon.pslist import list_processes, process_row
 from stacklens.introspect.ranks import ProcRankHost, find_job
 from stacklens.daemon.windows import WindowSpec, end_window, window_steps
 from stacklens.errors import DaemonUnavailable, InputError, NoSuchProcess, StacklensError
@@ -328,7 +328,7 @@ class StacklensServicer(pbg.StacklensServicer):
     @rpc
     def ListProcesses(self, request, context):
         return pb.ListProcessesResponse(processes=[process_row(self.daemon, info, s)
-                                                   for info, s in self.daemon.processes()])
+                                                   for info, s in list_processes(self.daemon)])
 
     @rpc
     def GetInFlight(self, request, context):

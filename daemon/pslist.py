@@ -7,13 +7,14 @@ from __future__ import annotations
 import time
 
 from stacklens.daemon import stacklens_pb2 as pb
-from stacklens.daemon.core import NOT_ATTACHED
 from stacklens.daemon.discovery import describe_process, scan
 from stacklens.introspect.ranks import RankProc
 from stacklens.daemon.session import process_start
 from stacklens.errors import StacklensError
 
 RATES_S = 10.0
+# the state of a process worth profiling that no session of this daemon ever attached to
+NOT_ATTACHED = "not attached"
 
 
 def process_row(daemon, info, s) -> pb.ProcessInfo:

@@ -12,16 +12,15 @@ import dataclasses
 import gc
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from textual.message import Message
+from textual.screen import Screen
 
 from stacklens.tui import model
 from stacklens.tui.panes import HotspotCache
 from stacklens.tui.source import Fetched, SnapshotSource
 
-if TYPE_CHECKING:
-    from stacklens.tui.profile import ProfileScreen
 
 
 class SnapshotFetched(Message):
@@ -38,7 +37,7 @@ class Fetcher:
     flight; a fetch asked for meanwhile runs when that one is in. A change of what is fetched
     (`refetch`) starts a new generation: results of older ones are dropped and fetched again."""
 
-    def __init__(self, screen: ProfileScreen, source: SnapshotSource, hot_cache: HotspotCache) -> None:
+    def __init__(self, screen: Screen, source: SnapshotSource, hot_cache: HotspotCache) -> None:
         self._screen = screen
         self._source = source
         self._hot_cache = hot_cache

@@ -216,16 +216,16 @@ def test_processes_have_their_true_state(monkeypatch):
     try:
         d = Daemon(session_factory=filled_session)
         monkeypatch.setattr(pslist, "scan", lambda procfs, gpu_only=True: [])
-        assert [(i.pid, s) for i, s in d.processes()] == []
+        assert [(i.pid, s) for i, s in pslist.list_processes(d)] == []
         d.attach(t.pid)
-        [(info, s)] = d.processes()
+        [(info, s)] = pslist.list_processes(d)
         assert info.pid == t.pid and s.state == "attached"
         d.detach(t.pid)
         monkeypatch.setattr(pslist, "scan", lambda procfs, gpu_only=True: [pslist.describe_process(t.pid, procfs)])
-        [(info, s)] = d.processes()
+        [(info, s)] = pslist.list_processes(d)
         assert isinstance(s, ClosedSession) and s.state == "detached"
         monkeypatch.setattr(d.closed[t.pid], "proc_start", s.proc_start - 1)   # as after a PID reuse
-        [(info, s)] = d.processes()
+        [(info, s)] = pslist.list_processes(d)
         assert info.pid == t.pid and s is None
     finally:
         t.kill()
@@ -248,7 +248,7 @@ def test_a_session_that_ended_with_its_process_is_listed_as_exited(monkeypatch):
         for p in (t, u):
             p.kill()
             p.wait()
-        listed = {s.pid: s.state for _, s in d.processes()}
+        listed = {s.pid: s.state for _, s in pslist.list_processes(d)}
         assert listed == {t.pid: "exited"}
     finally:
         for p in (t, u):
