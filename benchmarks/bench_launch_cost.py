@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from stacklens.bpf import ProbeConfig, ProbeSession  # noqa: E402
-from benchmarks.bench_probes import _bpf_stats_fd, _prog_run_stats, build_fakes  # noqa: E402
+from benchmarks.bench_probes import build_fakes  # noqa: E402
+from stacklens.bpf.costs import RunStats  # noqa: E402
 from tests.bpf.conftest import Target  # noqa: E402
 
 TARGET_CPU, READER_CPU = 0, 1
@@ -80,14 +81,14 @@ class Reader:
 
 
 def measured(t: Target, n: int, prog_fd: int | None) -> dict:
-    stats_fd = _bpf_stats_fd() if prog_fd is not None else None
+    stats = RunStats() if prog_fd is not None else None
     try:
-        r0, c0 = _prog_run_stats(prog_fd) if prog_fd is not None else (0, 0)
+        r0, c0 = RunStats.of(prog_fd) if prog_fd is not None else (0, 0)
         launches, wall, cpu = steps(t, n)
-        r1, c1 = _prog_run_stats(prog_fd) if prog_fd is not None else (0, 0)
+        r1, c1 = RunStats.of(prog_fd) if prog_fd is not None else (0, 0)
     finally:
-        if stats_fd is not None:
-            os.close(stats_fd)
+        if stats is not None:
+            stats.close()
     out = {"launches": launches, "rate": launches / wall, "cpu_us_per_launch": cpu / launches * 1e6}
     if prog_fd is not None and c1 > c0:
         out["bpf_ns_per_hit"] = (r1 - r0) / (c1 - c0)
@@ -95,21 +96,22 @@ def measured(t: Target, n: int, prog_fd: int | None) -> dict:
 
 
 def phase_empty(t: Target, libdir: Path, n: int) -> dict:
-    from bcc import BPF
-
-    from stacklens.bpf.uprobe_multi import BPF_TRACE_UPROBE_MULTI, attach_uprobe_multi
+    """The uprobe floor: an empty program on cuLaunchKernel (bpf/costs.py's, no compiler)."""
+    from stacklens.bpf.costs import load_empty_uprobe_program
+    from stacklens.bpf.uprobe_multi import attach_uprobe_multi
     from stacklens.introspect.elf import ElfFile
 
     with ElfFile(str(libdir / "libcuda.so.1")) as elf:
         off = elf.symbol_offsets(["cuLaunchKernel"])["cuLaunchKernel"]
-    b = BPF(text=b"int sl_empty(struct pt_regs *ctx) { return 0; }")
-    fn = b.load_func(b"sl_empty", BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI)
-    fd = attach_uprobe_multi(fn.fd, str(libdir / "libcuda.so.1"), [off], [0], pid=t.pid)
+    prog = load_empty_uprobe_program()
     try:
-        return measured(t, n, fn.fd)
+        link = attach_uprobe_multi(prog, str(libdir / "libcuda.so.1"), [off], [0], pid=t.pid)
+        try:
+            return measured(t, n, prog)
+        finally:
+            os.close(link)
     finally:
-        os.close(fd)
-        b.cleanup()
+        os.close(prog)
 
 
 def phase_session(t: Target, n: int, cfg: ProbeConfig) -> dict:
