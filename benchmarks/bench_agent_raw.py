@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 from stacklens.inject.agent import Agent  # noqa: E402
 from stacklens.inject.agent.gpu import cupti as cupti_mod  # noqa: E402
+from stacklens.inject.agent.gpu import cupti_raw  # noqa: E402
 
 RECORD = 216
 BUFFER = 1 << 20
@@ -60,8 +61,8 @@ def main() -> None:
     col.sink = agent.gpu_sink
     col.clock = type("C", (), {"offset_ns": 0})()
     col._raw_sizes = {10: RECORD}               # what _layout() learns from cupti-python's dtypes
-    col._verified = cupti_mod.VERIFY_BUFFERS    # the size walk verified: no walk per buffer
-    cb = cupti_mod._ctypes_callbacks(str(lib), col._raw_buffer, col.wants_offsets)
+    col._verified = cupti_raw.VERIFY_BUFFERS    # the size walk verified: no walk per buffer
+    cb = cupti_raw._ctypes_callbacks(str(lib), col._raw_buffer, col.wants_offsets)
     col._raw_cb = cb
     agent.gpu = col
     if a.mode == "ref":

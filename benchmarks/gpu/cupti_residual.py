@@ -78,7 +78,7 @@ def child(kinds: list[str] | None) -> dict:
         if raw:
             import os
 
-            from stacklens.inject.agent.gpu.cupti import _ctypes_callbacks
+            from stacklens.inject.agent.gpu.cupti_raw import _ctypes_callbacks
             from stacklens.inject.agent.gpu import mapped_libraries
             kinds = kinds[1:]
             got = {"buffers": 0, "raw_bytes": 0}

@@ -2,6 +2,7 @@
 
 import enum
 import types
+from pathlib import Path
 
 import pytest
 
@@ -101,10 +102,10 @@ class FakeCupti:
         return {(CallbackDomain.RUNTIME_API, 211): "cudaLaunchKernel_v7000"}.get((domain, cbid), f"fn{cbid}")
 
     def subscribe(self, *a):
-        raise AssertionError("the teardown subscribes through ctypes (cupti._Finalizer), never here")
+        raise AssertionError("the teardown subscribes through ctypes (cupti_teardown._Finalizer), never here")
 
     def finalize(self):
-        raise AssertionError("the teardown finalizes through ctypes (cupti._Finalizer), never here")
+        raise AssertionError("the teardown finalizes through ctypes (cupti_teardown._Finalizer), never here")
 
 
 def rec(kind, **kw):
@@ -284,3 +285,18 @@ def test_periodic_flush_off_leaves_completed_buffers_to_cuptis_own_period():
     assert lib.flushes == [] and lib.flush_period == 1000
     c.stop()
     assert lib.flushes == [1]
+
+
+def test_the_collectors_parts_hide_no_cupti_python_call_from_the_doc():
+    """docs/agent-in-target.md's inventory (tests/unit/test_agent_doc.py) follows cupti-python's
+    module within one file: ``self._lib`` is cupti-python in cupti.py, which imports it, but not in
+    the parts that use it too (cupti_raw.py, cupti_rows.py). Read as one file, the collector's
+    files call nothing the doc does not name."""
+    from tests.unit.test_agent_doc import DOC_PATH, collect, doc_inventory
+
+    gpu_dir = Path(__file__).resolve().parents[2] / "inject" / "agent" / "gpu"
+    text = "\n".join(p.read_text() for p in sorted(gpu_dir.glob("cupti*.py")))
+    found = collect({"inject/agent/gpu/cupti*.py": text})["vendor"]
+    listed = doc_inventory(DOC_PATH.read_text())["vendor"]
+    assert {"cuptiGetCallbackName", "cuptiActivityEnable", "cuptiFinalize"} <= set(found)
+    assert set(found) <= set(listed), sorted(set(found) - set(listed))

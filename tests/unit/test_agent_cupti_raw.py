@@ -6,7 +6,7 @@ import struct
 
 import numpy as np
 
-from stacklens.inject.agent.gpu import cupti as cupti_mod
+from stacklens.inject.agent.gpu import cupti_raw
 from stacklens.inject.agent.gpu.cupti import CuptiCollector
 from tests.unit.test_agent_cupti import ActivityKind, FakeCupti, fake_gpu
 
@@ -99,13 +99,13 @@ def test_layout_first_then_buffers_with_offsets_until_the_size_walk_is_verified(
     assert k["fields"]["grid_x"] == [KERNEL.fields["grid_x"][1], "i"]
     assert layout["kinds"][str(int(ActivityKind.MEMCPY))]["fields"]["copy_kind"] == [4, "B"]
     assert layout["copy_kinds"] == {"1": "HtoD", "2": "DtoH"}
-    for i in range(cupti_mod.VERIFY_BUFFERS + 2):
+    for i in range(cupti_raw.VERIFY_BUFFERS + 2):
         raw.pending.append(buffer([kernel(i, 100, 200), record(MEMSET, kind=2, bytes=64, start=1, end=2)]))
         c.poll()
         c._next_check_ns = 0
     frames = [r for k, r in sunk if k == "raw"]
     modes = [h["mode"] for h, _ in frames]
-    assert modes == ["offsets"] * cupti_mod.VERIFY_BUFFERS + ["sizes"] * 2
+    assert modes == ["offsets"] * cupti_raw.VERIFY_BUFFERS + ["sizes"] * 2
     head, body = frames[0]
     data, offs = buffer([kernel(0, 100, 200), record(MEMSET, kind=2, bytes=64, start=1, end=2)])
     assert head["n_offs"] == 2 and body == struct.pack("<2I", *offs) + data
@@ -119,12 +119,12 @@ def test_layout_first_then_buffers_with_offsets_until_the_size_walk_is_verified(
 
 def test_a_layout_walk_that_disagrees_keeps_offsets_on_every_buffer():
     c, lib, notes, sunk, raw = make()
-    for _ in range(cupti_mod.VERIFY_BUFFERS + 2):   # 8 bytes of padding CUPTI did not tell us about
+    for _ in range(cupti_raw.VERIFY_BUFFERS + 2):   # 8 bytes of padding CUPTI did not tell us about
         raw.pending.append(buffer([kernel(1, 100, 200), kernel(2, 300, 400)], gap=8))
         c.poll()
         c._next_check_ns = 0
     modes = [r[0]["mode"] for k, r in sunk if k == "raw"]
-    assert modes == ["offsets"] * (cupti_mod.VERIFY_BUFFERS + 2)
+    assert modes == ["offsets"] * (cupti_raw.VERIFY_BUFFERS + 2)
     assert any("not laid out by their sizes" in m for _, m in notes)
 
 
@@ -181,7 +181,7 @@ def test_round_trip_agent_frames_parsed_by_the_daemon_with_names_from_target_mem
             record(MEMCPY, kind=1, copy_kind=2, bytes=4096, start=10, end=20, device_id=0, stream_id=7,
                    correlation_id=43),
             record(MEMSET, kind=2, bytes=64, start=30, end=31, device_id=0, stream_id=7, correlation_id=44)]
-    for _ in range(cupti_mod.VERIFY_BUFFERS + 1):     # offsets mode, then sizes mode
+    for _ in range(cupti_raw.VERIFY_BUFFERS + 1):     # offsets mode, then sizes mode
         raw.pending.append(buffer(recs))
         c.poll()
         c._next_check_ns = 0

@@ -8,7 +8,7 @@ import types
 import weakref
 
 from stacklens.inject.agent import inductor
-from stacklens.inject.agent.gpu.cupti import graph_users
+from stacklens.inject.agent.gpu.cupti_teardown import graph_users
 
 
 class _Tensorish:
@@ -39,6 +39,7 @@ def test_graph_users_names_jax_and_live_cuda_graphs():
 
 def test_the_collector_skips_finalize_while_graphs_may_replay(monkeypatch):
     from stacklens.inject.agent.gpu import cupti as cupti_mod
+    from stacklens.inject.agent.gpu import cupti_teardown
 
     class Gpu:
         @staticmethod
@@ -52,7 +53,7 @@ def test_the_collector_skips_finalize_while_graphs_may_replay(monkeypatch):
     def no_finalizer(*a):
         raise AssertionError("finalize must not be reached while graphs may replay")
 
-    monkeypatch.setattr(cupti_mod, "_finalizer", no_finalizer)
+    monkeypatch.setattr(cupti_teardown, "_finalizer", no_finalizer)
     monkeypatch.setitem(sys.modules, "jaxlib", types.ModuleType("jaxlib"))
     c = cupti_mod.CuptiCollector(lambda *a: None, gpu=Gpu())
     level, why = c._finalize()

@@ -11,6 +11,7 @@ import os
 
 from stacklens.inject.channel.gpu import cupti as cr
 from stacklens.inject.agent.gpu import cupti as cupti_mod
+from stacklens.inject.agent.gpu import cupti_raw
 from stacklens.records.agent import KernelRecord, MemcpyRecord
 from tests.fakes import cupti_records as cu
 from tests.unit.test_agent_cupti import ActivityKind
@@ -46,7 +47,7 @@ def test_mixed_buffer_walked_verified_and_parsed(libcupti):  # noqa: F811 - the 
     col.sink = lambda k, r: sunk.append((k, r))
     col.clock = type("C", (), {"offset_ns": 5})()
     col._raw_sizes = sizes
-    cb = cupti_mod._ctypes_callbacks(libcupti, col._raw_buffer, col.wants_offsets)
+    cb = cupti_raw._ctypes_callbacks(libcupti, col._raw_buffer, col.wants_offsets)
     try:
         cb.flush_all(0)
     finally:

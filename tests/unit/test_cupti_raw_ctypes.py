@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from stacklens.inject.agent.gpu import cupti as cupti_mod
+from stacklens.inject.agent.gpu import cupti_raw
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "fake_cupti.c"
 
@@ -24,8 +25,8 @@ def libcupti(tmp_path_factory):
     out = tmp_path_factory.mktemp("fakecupti") / "libcupti.so.13"
     subprocess.run([cc, "-O1", "-fPIC", "-shared", "-pthread", "-o", str(out), str(FAKE)], check=True)
     yield str(out)
-    if hasattr(ctypes, cupti_mod._KEEPALIVE):
-        delattr(ctypes, cupti_mod._KEEPALIVE)
+    if hasattr(ctypes, cupti_raw._KEEPALIVE):
+        delattr(ctypes, cupti_raw._KEEPALIVE)
 
 
 def stage(path, data, kind, size):
@@ -44,7 +45,7 @@ def records(n, kind=10, size=36):
 
 def test_completed_buffer_comes_back_from_a_native_thread_with_its_offsets(libcupti):
     got = []
-    cb = cupti_mod._ctypes_callbacks(libcupti, lambda data, offs: got.append((data, offs)), lambda: True)
+    cb = cupti_raw._ctypes_callbacks(libcupti, lambda data, offs: got.append((data, offs)), lambda: True)
     data = records(5)
     fake = stage(libcupti, data, 10, 36)
     cb.flush_all(1)
@@ -55,7 +56,7 @@ def test_completed_buffer_comes_back_from_a_native_thread_with_its_offsets(libcu
 
 def test_no_walk_once_verified_and_a_failing_target_never_raises_into_cupti(libcupti):
     got = []
-    cb = cupti_mod._ctypes_callbacks(libcupti, lambda data, offs: got.append((data, offs)), lambda: False)
+    cb = cupti_raw._ctypes_callbacks(libcupti, lambda data, offs: got.append((data, offs)), lambda: False)
     data = records(3)
     stage(libcupti, data, 10, 36)
     cb.flush_all(0)
@@ -64,7 +65,7 @@ def test_no_walk_once_verified_and_a_failing_target_never_raises_into_cupti(libc
     def boom(data, offs):
         raise RuntimeError("the collector failed")
 
-    cb2 = cupti_mod._ctypes_callbacks(libcupti, boom, lambda: True)
+    cb2 = cupti_raw._ctypes_callbacks(libcupti, boom, lambda: True)
     assert cb2 is cb                     # one set of trampolines per process, reused
     stage(libcupti, records(2), 10, 36)
     cb.flush_all(1)                      # swallowed: nothing printed, nothing raised
@@ -83,7 +84,7 @@ def test_verified_buffers_stay_in_place_until_the_daemon_frees_them(libcupti):
     from stacklens.inject.channel.gpu.cupti import NameReader
 
     copied, refs = [], []
-    cb = cupti_mod._ctypes_callbacks(libcupti, lambda data, offs: copied.append(data), lambda: False)
+    cb = cupti_raw._ctypes_callbacks(libcupti, lambda data, offs: copied.append(data), lambda: False)
     cb.on_ref = lambda addr, valid: refs.append((addr, valid)) or True
     cb.max_shipped = 2
     cb.shipped = {}                  # a session's own dict (the collector hands it over)
@@ -147,8 +148,8 @@ def test_agent_and_daemon_move_buffers_in_place_end_to_end(libcupti, tmp_path):
         col.sink = agent.gpu_sink
         col.clock = type("C", (), {"offset_ns": OFF})()
         col._raw_sizes = {K_KERNEL: KERNEL_SIZE}
-        col._verified = cupti_mod.VERIFY_BUFFERS           # the size walk verified
-        cb = cupti_mod._ctypes_callbacks(libcupti, col._raw_buffer, col.wants_offsets)
+        col._verified = cupti_raw.VERIFY_BUFFERS           # the size walk verified
+        cb = cupti_raw._ctypes_callbacks(libcupti, col._raw_buffer, col.wants_offsets)
         cb.on_ref, cb.max_shipped, cb.shipped = col._raw_ref, 8, col._shipped
         col._raw_cb = cb
         agent.gpu = col

@@ -15,7 +15,7 @@ import pytest
 
 import stacklens.inject.agent as agent_mod
 from stacklens.inject.agent import Agent
-from stacklens.inject.agent.gpu import cupti as cupti_mod
+from stacklens.inject.agent.gpu import cupti_teardown
 from stacklens.inject.agent.gpu.cupti import CuptiCollector
 from tests.unit.test_agent_cupti import fake_gpu
 from tests.unit.test_agent_cupti_raw import KERNEL, RawCupti, kernel
@@ -26,7 +26,7 @@ from tests.unit.test_cupti_raw_ctypes import libcupti  # noqa: F401 - the fixtur
 def no_graph_users(monkeypatch):
     """These tests are about the teardown itself: where graphs may replay it is skipped
     (``graph_users``, tested in test_agent_guest.py), and another test may have loaded JAX."""
-    monkeypatch.setattr(cupti_mod, "graph_users", lambda modules=None: None)
+    monkeypatch.setattr(cupti_teardown, "graph_users", lambda modules=None: None)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,8 @@ def libs(libcupti):  # noqa: F811 - the fixture
     cudart = os.path.join(os.path.dirname(libcupti), "libcudart.so.13")
     os.symlink(os.path.basename(libcupti), cudart)   # one file: one copy of the fake's state
     yield libcupti, cudart
-    if hasattr(ctypes, cupti_mod._FINALIZERS):
-        delattr(ctypes, cupti_mod._FINALIZERS)
+    if hasattr(ctypes, cupti_teardown._FINALIZERS):
+        delattr(ctypes, cupti_teardown._FINALIZERS)
 
 
 @pytest.fixture

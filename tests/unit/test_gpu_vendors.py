@@ -52,9 +52,11 @@ def test_each_vendor_has_both_halves_and_declares_capabilities():
 
 
 def test_collectors_import_nothing_of_stacklens():
-    """They run in the target under a synthetic package name: stdlib only, siblings via _agent()."""
-    for name in VENDORS:
-        tree = ast.parse((REPO / "inject/agent/gpu" / f"{name}.py").read_text())
+    """They run in the target under a synthetic package name: stdlib only, siblings via _agent()
+    (every file of the folder: a collector's parts, cupti_*.py, too)."""
+    for path in sorted((REPO / "inject/agent/gpu").glob("*.py")):
+        name = path.name
+        tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 assert node.level == 0 and not (node.module or "").startswith("stacklens"), (name, node.module)
@@ -251,3 +253,8 @@ def test_the_injected_agent_loads_each_collector_from_its_folder(injected_agent)
         assert mod._agent("gpu") is gpu and mod._agent("wire") is m._sub("wire")
     c = gpu.select_collector(m._sub, print, {"/x/libcudart.so.13"})
     assert type(c).__module__ == m.__name__ + ".gpu.cupti"
+    for part in ("cupti_raw", "cupti_rows", "cupti_teardown"):   # the collector's parts, from the folder
+        mod = sys.modules[f"{m.__name__}.gpu.{part}"]
+        assert mod.__file__ == f"{d}/gpu/{part}.py" and mod.__package__ == m.__name__ + ".gpu"
+    assert {b.__module__ for b in type(c).__mro__[1:-1]} == {
+        m.__name__ + ".gpu." + p for p in ("cupti_raw", "cupti_rows", "cupti_teardown")}

@@ -1,12 +1,14 @@
 """The GPU collectors of the agent, one module per vendor, and the choice among them (stdlib only).
 
-One module per vendor in this folder (``cupti.py``, ``rocm.py``), listed in ``COLLECTORS`` with the
-libraries that pick it; the daemon side of each is ``stacklens.inject.channel.gpu.<vendor>`` (its
-decoder) and ``stacklens.inject.channel.gpu.VENDORS`` declares what each supports (which join, raw
-buffers). Adding a vendor: a module here, a row in ``COLLECTORS``, a decoder and a ``VENDORS``
-entry there. This package is loaded by the agent's ``_sub`` (``_sub("gpu")``,
-``_sub("gpu.cupti")``): a collector imports nothing of the daemon and reaches its siblings
-(``gpu``, ``wire``) through ``agent_module()``.
+One module per vendor in this folder (``cupti.py``, ``rocm.py``; a collector grown past one file
+keeps its parts beside it: ``cupti_raw.py``, ``cupti_rows.py``, ``cupti_teardown.py``), listed in
+``COLLECTORS`` with the libraries that pick it; the daemon side of each is
+``stacklens.inject.channel.gpu.<vendor>`` (its decoder) and ``stacklens.inject.channel.gpu.VENDORS``
+declares what each supports (which join, raw buffers). Adding a vendor: a module here, a row in
+``COLLECTORS``, a decoder and a ``VENDORS`` entry there. This package is loaded by the agent's
+``_sub`` (``_sub("gpu")``, ``_sub("gpu.cupti")``): a collector imports nothing of the daemon and
+reaches its siblings (``gpu``, ``wire``, its own parts: ``gpu.cupti_raw``) through
+``agent_module()``.
 
 A collector pushes rows into ``sink(kind, row)`` (kinds "kernel", "api", "memcpy", "sync"; row
 layouts are the daemon's wire format, times already CLOCK_MONOTONIC ns). ``sink`` never blocks.
