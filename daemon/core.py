@@ -14,12 +14,8 @@ A session is held: by `attach` (until `detach`) and by each profile window throu
 (`daemon/windows.py`, a lease of one client call); it is detached when its last holder lets go,
 and ends with its process (a PID reused by another process ends it too).
 
-A session that ends (detach, target exit) is retired: its probes, agent, queues, joiner and window
-buckets are dropped, and only a `ClosedSession` stays — the final cumulative profile, gzip-encoded
-(typically tens of KiB), and the last stats — so `stacklens report PID` works after the end. At
-most MAX_CLOSED of them (and MAX_CLOSED_BYTES of profiles) are kept, oldest dropped first; after
-retirements the freed heap goes back to the OS (gc + glibc `malloc_trim`, at most once a second),
-so a daemon that saw 2,000 sessions holds what one holds (tests/unit/test_daemon_core_limits.py).
+A session that ends (detach, target exit) is retired: only its final profile and stats stay
+(daemon/retired.py `Retirements`), so `stacklens report PID` works after the end.
 """
 
 from __future__ import annotations
@@ -31,17 +27,18 @@ import os
 import re
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Callable
 
 from stacklens.cct import Snapshot
-from stacklens.daemon.attachop import ATTACH_GATE_ENV, AttachOp
+from stacklens.daemon.attachop import (ATTACH_GATE_ENV, AttachOp, AttachOps, attach_error, clear_frames,
+                                       program_of, shared_program_notes)
+from stacklens.daemon.holds import Holds, windows_only
 from stacklens.daemon.discovery import ProcFS, ProcessInfo
 from stacklens.daemon import nodescan
 from stacklens.daemon.overhead import Overheads
 from stacklens.introspect.procfs import check_pid_range
-from stacklens.daemon.retired import ClosedSession, release_memory
+from stacklens.daemon.retired import ClosedSession, Retirements
 from stacklens.daemon.session import ProcessSession, process_start
 from stacklens.errors import (AlreadyAttached, AttachCancelled, DaemonUnavailable, InputError, NoSuchProcess,
                               PermissionDenied, StacklensError, StillAttaching)
@@ -50,10 +47,7 @@ from stacklens.textsafe import safe_text
 log = logging.getLogger(__name__)
 
 MAX_SESSIONS = 64
-MAX_CLOSED = 32                 # ended sessions whose final profile is kept for `report`
-MAX_CLOSED_BYTES = 64 << 20     # ... and at most this many bytes of their encoded profiles
 PF_KTHREAD = 0x00200000         # /proc/PID/stat flags: a kernel thread
-RELEASE_EVERY_S = 1.0
 
 
 _CAPS = ("chown", "dac_override", "dac_read_search", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap",
@@ -118,6 +112,14 @@ def _cmdline(procfs: ProcFS, pid: int) -> str:
         return "?"
 
 
+def _comm(procfs: ProcFS, pid: int) -> str:
+    """The process's name, escaped (the target's to choose), or "" when it cannot be read."""
+    try:
+        return safe_text(procfs.stat(pid)[0])
+    except (StacklensError, OSError, IndexError):
+        return ""
+
+
 def _has_exe(procfs: ProcFS, pid: int) -> bool:
     try:
         return bool(procfs.exe_strict(pid))
@@ -129,7 +131,6 @@ def _has_exe(procfs: ProcFS, pid: int) -> bool:
 
 # CPython builds whose BPF program the daemon compiles at start (bpf/shared.py keeps two idle)
 WARM_UP_BUILDS = 2
-KEPT_ATTACH_OPS = 256       # ended attaches whose outcome a client that follows them can still fetch
 CANCEL_WAIT_S = 90.0        # a detach waits this long for the attach it cancels (client: 120 s)
 
 
@@ -139,16 +140,6 @@ def _takes_progress(start) -> bool:
         return "progress" in inspect.signature(start).parameters
     except (TypeError, ValueError):
         return False
-
-
-SHARED_NOTE = re.compile(r"^BPF program: compiled before, shared with \d+ other .*$")
-
-
-def _program_of(s) -> object | None:
-    """The compiled BPF program a session's probes use (bpf/shared.py SharedProgram), or None.
-    ProbeSession exposes it only as `_shared`; read here so the attach note counts the processes
-    that share it (see `Daemon._count_sharers`)."""
-    return getattr(getattr(s, "probes", None), "_shared", None)
 
 
 @dataclass(frozen=True)
@@ -176,23 +167,18 @@ class Daemon:
         self._lock = threading.Lock()
         self.warmer = nodescan.WarmUp(prepare)   # programs compiled ahead (daemon/nodescan.py)
         self.sessions: dict[int, ProcessSession] = {}
-        self.holders: dict[int, set[str]] = {}   # pid -> who holds its session: "attach", "window N"
-        self.closed: collections.OrderedDict[int, ProcessSession | ClosedSession] = collections.OrderedDict()
+        self.holds = Holds()   # who holds each session: "attach", "window N" (daemon/holds.py)
+        self.retired = Retirements(self._lock)   # ended sessions, kept for `report` and `ps`
+        self.closed = self.retired.closed
         self._factory = session_factory
         self.procfs = procfs or ProcFS()
         self.auto_attach = auto_attach
         self.max_nodes = max_nodes
         self.counters = collections.Counter()
-        # the final stats of every retired session, summed: node-wide totals that never go down
-        # when a session ends (the Prometheus node counters: `node_stats`)
-        self._retired_stats: collections.Counter[str] = collections.Counter()
         self.started = time.time()
         self._closing = False
-        self._unreleased = 0            # sessions retired since the last release_memory()
-        self._retiring: dict[int, threading.Event] = {}  # ended by themselves, being retired
-        self._last_release = -RELEASE_EVERY_S
-        self.attaching: dict[int, AttachOp] = {}
-        self._ended_ops: collections.OrderedDict[int, AttachOp] = collections.OrderedDict()
+        self.ops = AttachOps()
+        self.attaching = self.ops.running   # PID -> its attach in progress
         self._gate = os.environ.get(ATTACH_GATE_ENV) or None   # tests only: see ATTACH_GATE_ENV
         self.overheads = Overheads()     # the probes' estimated cost to each session (`ps`)
 
@@ -225,17 +211,17 @@ class Daemon:
                 raise AlreadyAttached(f"{pid} is being attached already ({op.progress()[0]}): "
                                       f"`stacklens attach {pid}` follows it, `stacklens detach {pid}` cancels it")
             s = self.sessions.get(pid)
-            if s is not None and not self._same_process(s):
+            if s is not None and process_start(pid, self.procfs) not in (getattr(s, "proc_start", None), None):
                 stale = self.sessions.pop(pid)   # its process ended and the PID names another now
-                self.holders.pop(pid, None)
+                self.holds.end(pid)
                 log.info("PID %d names another process now: its old session ends", pid)
-                self._remember(pid, stale)
+                self.retired.remember(pid, stale)
             elif s is not None:
                 log.info("%s holds the session of %d too", holder, pid)
                 return self._hold_attached(s, holder), True
             if len(self.sessions) + len(self.attaching) >= MAX_SESSIONS:
                 raise InputError(f"at most {MAX_SESSIONS} processes can be attached at once")
-            op = AttachOp(pid, agent=agent, cpu_hz=cpu_hz, ops=ops, comm=self._comm(pid),
+            op = AttachOp(pid, agent=agent, cpu_hz=cpu_hz, ops=ops, comm=_comm(self.procfs, pid),
                           proc_start=process_start(pid, self.procfs))
             op.holders.add(holder)
             self.attaching[pid] = op
@@ -246,21 +232,13 @@ class Daemon:
         threading.Thread(target=self._run_attach, args=(op,), name=f"stacklens-attach-{pid}", daemon=True).start()
         return op, False
 
-    def _same_process(self, s: ProcessSession) -> bool:
-        start = getattr(s, "proc_start", None)
-        return start is None or process_start(s.pid, self.procfs) in (start, None)
-
     def _hold_attached(self, s: ProcessSession, holder: str) -> AttachOp:
         """Under the lock: `holder` holds the attached session `s` too; an ended op says so."""
-        held = self.holders.setdefault(s.pid, set())
-        if holder in held:
-            raise AlreadyAttached(f"already attached to {s.pid}; detach first (`stacklens detach {s.pid}`)")
-        others = sorted(held)
-        held.add(holder)
+        others = self.holds.add(s.pid, holder)
         op = AttachOp(s.pid, agent=bool(getattr(s, "want_agent", False)), cpu_hz=getattr(s, "cpu_hz", 0),
                       ops=getattr(s, "ops", True), comm=getattr(s, "comm", ""), proc_start=getattr(s, "proc_start", None))
         op.end(notes=[f"attached already (held by {', '.join(others) or 'nothing'}): held by this {holder} too"])
-        self._keep(op)
+        self.ops.keep(op)
         return op
 
     def release(self, pid: int, holder: str) -> None:
@@ -273,13 +251,7 @@ class Daemon:
                 if not op.holders:
                     op.cancel()
                 return
-            held = self.holders.get(pid)
-            if held is None or holder not in held:
-                log.info("%s lets go of %d, which it did not hold (held by %s)", holder, pid, held)
-                return
-            held.discard(holder)
-            if held:
-                log.info("%s lets go of %d, still held by %s", holder, pid, sorted(held))
+            if not self.holds.let_go(pid, holder):
                 return
         log.info("%s let go of %d, the last holder: detaching it", holder, pid)
         try:
@@ -290,7 +262,7 @@ class Daemon:
     def held_by(self, pid: int) -> list[str]:
         """Who holds `pid`'s session now (`ps`), sorted; a copy taken under the lock."""
         with self._lock:
-            return sorted(self.holders.get(pid, ()))
+            return self.holds.of(pid)
 
     def attach(self, pid: int, *, agent: bool = False, cpu_hz: int = 99, ops: bool = True) -> list[str]:
         """`begin_attach`, then waits for the attach's end: its notes, or its error raised."""
@@ -301,19 +273,11 @@ class Daemon:
     def attach_op(self, pid: int, op_id: int) -> AttachOp:
         """The attach `op_id` of `pid`, in progress or ended (the last KEPT_ATTACH_OPS)."""
         with self._lock:
-            op = self.attaching.get(pid)
-            if op is None or op.id != op_id:
-                op = self._ended_ops.get(op_id)
-        if op is None or op.pid != pid:
+            op = self.ops.find(pid, op_id)
+        if op is None:
             raise NoSuchProcess(f"stacklensd knows no attach {op_id} of {pid} (it restarted, or the attach "
                                 f"ended long ago): `stacklens ps` shows the state of {pid}")
         return op
-
-    def _comm(self, pid: int) -> str:
-        try:
-            return safe_text(self.procfs.stat(pid)[0])   # the target's choice: escaped
-        except (StacklensError, OSError, IndexError):
-            return ""
 
     def _run_attach(self, op: AttachOp) -> None:
         """The attach itself, on its own thread: the session made and started, then installed,
@@ -329,7 +293,7 @@ class Daemon:
             notes = s.start(progress=op.advance) if _takes_progress(s.start) else s.start()
         except BaseException as e:  # noqa: BLE001 — the outcome of the attach, kept for its clients
             with self._lock:
-                self._settle(op)
+                self.ops.settle(op)
             if op.cancelled:
                 if s is not None:     # `ps` shows it detached (its attach had begun), not "not attached"
                     self._retire_unstarted(s)
@@ -342,21 +306,21 @@ class Daemon:
                                                            f"step '{op.phase}'; nothing stays attached"))
             else:
                 self.counters["attach_failures"] += 1
-                self._end_op(op, error=self._attach_error(op, e))
+                self._end_op(op, error=attach_error(op, e, process_start(pid, self.procfs)))
             s = None   # the error's traceback holds this frame: it must not hold the session too
             return
         with self._lock:
-            self._settle(op)
+            self.ops.settle(op)
             closing, cancelled = self._closing, op.cancelled
             if not (closing or cancelled):
                 self.sessions[pid] = s
-                self.holders[pid] = set(op.holders)
+                self.holds.begin(pid, op.holders)
                 self.overheads.start(s)
                 log.info("attach %d of %d installed, held by %s", op.id, pid, sorted(op.holders))
         if closing or cancelled:   # the daemon stopped, or a detach came, while this attach ran
             s.stop("detached")
             with self._lock:
-                self._remember(pid, s)
+                self.retired.remember(pid, s)
             self._retire(s)
             if closing:
                 self._end_op(op, error=DaemonUnavailable("stacklensd is shutting down: attach again once it is back"))
@@ -369,44 +333,13 @@ class Daemon:
         self.counters["attaches"] += 1
         self._end_op(op, notes=notes)
 
-    def _settle(self, op: AttachOp) -> None:
-        """Under the lock: `op` leaves the attaches in progress and joins the kept ones in one
-        step, so a client that follows it by id finds it in one or the other at every moment
-        (it ends soon after: its clients wait for that)."""
-        if self.attaching.get(op.pid) is op:
-            del self.attaching[op.pid]
-        self._keep(op)
-
-    def _keep(self, op: AttachOp) -> None:
-        self._ended_ops[op.id] = op
-        while len(self._ended_ops) > KEPT_ATTACH_OPS:
-            self._ended_ops.popitem(last=False)
-
     def _end_op(self, op: AttachOp, *, notes: list[str] | None = None, error: BaseException | None = None) -> None:
         """Ends `op` and keeps it (the last KEPT_ATTACH_OPS) for the clients that follow it; the
         frames of its error's traceback lose their locals (the session and what it held)."""
-        seen: set[int] = set()
-        e = error
-        while e is not None and id(e) not in seen:
-            seen.add(id(e))
-            if e.__traceback__ is not None:
-                traceback.clear_frames(e.__traceback__)
-            e = e.__cause__ or e.__context__
+        clear_frames(error)
         with self._lock:
-            self._keep(op)
+            self.ops.keep(op)
         op.end(notes=notes, error=error)
-
-    def _attach_error(self, op: AttachOp, e: BaseException) -> BaseException:
-        """A failure of an attach whose process went away meanwhile says that (the probes'
-        "no process N" or a failed read name no cause); any other error is passed on as it is,
-        and a bug stays a bug."""
-        gone = op.proc_start is not None and process_start(op.pid, self.procfs) != op.proc_start
-        if not gone or not isinstance(e, (StacklensError, OSError)):
-            return e
-        err = NoSuchProcess(f"process {op.pid} exited while stacklensd was attaching to it (at step "
-                            f"'{op.phase}'); nothing was left attached")
-        err.__cause__ = e
-        return err
 
     def _retire_unstarted(self, s: ProcessSession) -> None:
         """A session whose start was cancelled: kept as closed (detached) for `ps` and `report`."""
@@ -416,72 +349,24 @@ class Daemon:
             log.exception("stop of the cancelled session of %d", s.pid)
         with self._lock:
             if s.pid not in self.sessions:
-                self._remember(s.pid, s)
+                self.retired.remember(s.pid, s)
         self._retire(s)
 
     def _count_sharers(self, s: ProcessSession, notes: list[str]) -> list[str]:
-        """The probes' note on a program compiled before counts the program's users when it was
-        taken (a warm-up's hold and attaches still in progress included): counted again here, as
-        the other processes attached by this daemon that use it now."""
-        prog = _program_of(s)
-        if prog is None or not any(SHARED_NOTE.match(n) for n in notes):
+        """The notes of attached `s`, its BPF program's users counted now (attachop.py)."""
+        prog = program_of(s)
+        if prog is None:
             return notes
-        others = sum(1 for o in self.active() if o is not s and _program_of(o) is prog)
-        fixed = ("BPF program: compiled before, shared with "
-                 f"{others} other attached process{'' if others == 1 else 'es'}" if others else
-                 "BPF program: compiled before (compiled ahead, or kept from an earlier attach); "
-                 "no other attached process uses it now")
-
-        def fix(lst: list[str]) -> list[str]:
-            return [fixed if SHARED_NOTE.match(n) else n for n in lst]
-
-        s.notes[:] = fix(s.notes)
-        meta = getattr(getattr(s, "joiner", None), "meta", None)
-        if isinstance(meta, dict) and isinstance(meta.get("notes"), list):
-            meta["notes"] = fix(meta["notes"])    # a new list: snapshots share the old one
-        return fix(notes)
-
-    def _remember(self, key: int, rec: ProcessSession | ClosedSession) -> None:
-        """Keeps `rec` as the closed session of `key` (under the lock), within the caps."""
-        self.closed[key] = rec
-        self.closed.move_to_end(key)
-        total = sum(getattr(r, "nbytes", 0) for r in self.closed.values())
-        while len(self.closed) > MAX_CLOSED or (total > MAX_CLOSED_BYTES and len(self.closed) > 1):
-            _, old = self.closed.popitem(last=False)
-            total -= getattr(old, "nbytes", 0)
+        return shared_program_notes(s, notes, sum(1 for o in self.active() if o is not s and program_of(o) is prog))
 
     def _retire(self, s: ProcessSession) -> None:
         """Replaces an ended session by its ClosedSession and gives the memory back."""
         self.overheads.end(s)
-        try:
-            rec = ClosedSession(s)
-        except Exception:  # noqa: BLE001 — the final profile could not be made: keep nothing
-            log.exception("final profile of session %d", s.pid)
-            rec = None
-        final = rec.stats() if rec is not None else {}
-        with self._lock:
-            self._retired_stats.update(final)
-            if self.closed.get(s.pid) is s:
-                if rec is None:
-                    del self.closed[s.pid]
-                else:
-                    self._remember(s.pid, rec)
-        del s, rec
-        with self._lock:
-            self._unreleased += 1
-            due = time.monotonic() - self._last_release >= RELEASE_EVERY_S
-        if due:
-            self.tidy()
+        self.retired.retire(s)
 
     def tidy(self) -> None:
-        """Gives the memory of retired sessions back to the OS (at most once per RELEASE_EVERY_S
-        from `_retire`, a full gc costs ~10-50 ms; the daemon's housekeeping calls it too)."""
-        with self._lock:
-            if not self._unreleased:
-                return
-            self._unreleased = 0
-            self._last_release = time.monotonic()
-        release_memory()
+        """Gives the memory of retired sessions back to the OS (daemon/retired.py)."""
+        self.retired.tidy()
 
     def _closed(self, s: ProcessSession) -> None:
         """on_close of a session (its aggregation thread, at target exit)."""
@@ -489,29 +374,12 @@ class Daemon:
             mine = self.sessions.get(s.pid) is s
             if mine:
                 del self.sessions[s.pid]
-                self.holders.pop(s.pid, None)
-                self._remember(s.pid, s)
+                self.holds.end(s.pid)
+                self.retired.remember(s.pid, s)
         self.counters["sessions_closed"] += 1
         log.info("session %d (%s) ended: %s", s.pid, getattr(s, "comm", "") or "?", s.state)
-        if mine:
-            # the final profile is read once that thread has ended (it still owns the tree here,
-            # and asking it for a snapshot now would wait on itself); session() waits for this
-            agg = threading.current_thread()
-            done = threading.Event()
-            with self._lock:
-                self._retiring[s.pid] = done
-
-            def retire() -> None:
-                try:
-                    agg.join(timeout=30)
-                    self._retire(s)
-                finally:
-                    with self._lock:
-                        if self._retiring.get(s.pid) is done:
-                            del self._retiring[s.pid]
-                    done.set()
-
-            threading.Thread(target=retire, name=f"stacklens-retire-{s.pid}", daemon=True).start()
+        if mine:   # retired once this thread has ended; session() waits for that
+            self.retired.retire_after(s, threading.current_thread(), self._retire)
 
     def detach(self, pid: int, *, cancel_wait_s: float = CANCEL_WAIT_S, force: bool = False) -> str:
         """Detaches `pid`, or cancels its attach in progress (waiting up to `cancel_wait_s` for
@@ -519,9 +387,8 @@ class Daemon:
         profile windows hold too stays for them (their leases end it), unless `force`."""
         with self._lock:
             op = self.attaching.get(pid)
-            windows = sorted((op.holders if op is not None else self.holders.get(pid, set())) - {"attach"})
-            if windows and not force:
-                (op.holders if op is not None else self.holders[pid]).discard("attach")
+            windows = [] if force else windows_only(op.holders if op is not None else self.holds.held(pid))
+            if windows:
                 return (f"{pid} stays attached while {', '.join(windows)} of `stacklens profile` hold"
                         f"{'s' if len(windows) == 1 else ''} it: detached when {'it ends' if len(windows) == 1 else 'they end'}")
             if op is not None:
@@ -531,7 +398,7 @@ class Daemon:
                 if s is None:
                     raise NoSuchProcess(f"not attached to {pid} (see `stacklens ps`)")
                 del self.sessions[pid]
-                self.holders.pop(pid, None)
+                self.holds.end(pid)
         if op is not None:
             if op.wait(timeout=cancel_wait_s):
                 return f"cancelled the attach of {pid} (at step '{op.phase}'); nothing stays attached"
@@ -540,16 +407,13 @@ class Daemon:
         log.info("detaching %d%s", pid, "" if force else " (asked)")
         s.stop("detached")
         with self._lock:
-            self._remember(pid, s)
+            self.retired.remember(pid, s)
         self.counters["detaches"] += 1
         self._retire(s)
         return f"detached from {pid}"
 
     def session(self, pid: int) -> ProcessSession | ClosedSession:
-        with self._lock:
-            retiring = self._retiring.get(pid)
-        if retiring is not None:
-            retiring.wait(30)  # the session just ended: its ClosedSession is being made
+        self.retired.wait_retired(pid)   # a session that just ended: its ClosedSession is being made
         with self._lock:
             op = self.attaching.get(pid)
             s = self.sessions.get(pid) or (None if op is not None else self.closed.get(pid))
@@ -568,8 +432,7 @@ class Daemon:
         """Session stats summed over every session since start (the retired ones' final stats,
         then the live ones' current stats), plus the daemon's counters (attaches, detaches, ...).
         Read in that order, a session retiring meanwhile is missed once, never counted twice."""
-        with self._lock:
-            out = collections.Counter(self._retired_stats)
+        out = self.retired.stats()
         for s in self.active():
             try:
                 out.update(s.stats())

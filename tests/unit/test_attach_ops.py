@@ -337,7 +337,7 @@ def test_an_attach_is_found_by_its_id_between_its_last_step_and_its_end(target, 
 
     d = Daemon(session_factory=lambda pid, **kw: ProcessSession(pid, probe_factory=lambda q, **_: Probes(q), **kw))
     seen = []
-    between = "_attach_error" if fails else "_count_sharers"   # what runs after the op left `attaching`
+    between = "_end_op"   # what runs after the op left `attaching`, however the attach ended
     step = getattr(d, between)
 
     def looked_up(*a, **kw):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stacklens.cct import Frame
-from stacklens.daemon import core, nodescan, pslist
+from stacklens.daemon import core, nodescan, pslist, retired
 from stacklens.daemon.core import Daemon
 from stacklens.daemon.retired import ClosedSession
 from stacklens.daemon.discovery import ProcFS
@@ -104,7 +104,7 @@ def test_two_thousand_attach_detach_cycles_keep_rss_at_the_one_session_level():
     print(f"RSS one session {one_session / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB, "
           f"end {end / 2**20:.1f} MiB after 2,000 cycles")
     assert max(peak, end) <= 1.2 * one_session, (one_session, peak, end)
-    assert len(d.closed) <= core.MAX_CLOSED
+    assert len(d.closed) <= retired.MAX_CLOSED
     assert all(isinstance(r, ClosedSession) for r in d.closed.values())
     # the last session's final profile is still there for a report, and nothing is live
     rec = d.session(last.pid)
@@ -129,7 +129,7 @@ def test_a_session_that_ends_by_itself_is_retired_too():
 
 
 def test_closed_profiles_are_capped_by_bytes(monkeypatch):
-    monkeypatch.setattr(core, "MAX_CLOSED_BYTES", 1)  # every profile is over it: only the newest stays
+    monkeypatch.setattr(retired, "MAX_CLOSED_BYTES", 1)  # every profile is over it: only the newest stays
     d = Daemon(session_factory=filled_session)
     pids = [one_cycle(d).pid for _ in range(3)]
     assert list(d.closed) == [pids[-1]]
