@@ -2,7 +2,7 @@
 inject/ and daemon/ all stand on.
 
 - `procfs`: every read of /proc (maps, stat, status, tasks, the target's root and exe);
-- `elf`: the one ELF64 reader (symbols, sections, load bias);
+- `elf`: the one ELF64 reader (symbols, sections, load bias: `elf_file`; `.eh_frame` CFI: `elf_cfi`);
 - `demangle`: the one C++ demangler;
 - `memory`: the one remote-memory Protocol (`ProcessMemory`) and its implementations;
 - `cpython`: the one CPython locator (`find_python`) and the one `_Py_DebugOffsets` reader.

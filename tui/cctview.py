@@ -1,4 +1,5 @@
-"""The CCT tree widget: the calling context tree as lines (Line API), only the visible rows rendered.
+"""The CCT tree widget: the calling context tree as lines (Line API), only the visible rows rendered
+(the drawing the hotspots table shares: tui/cursorlines.py).
 
 No privilege. It holds rows computed by `tui.model` (tui/treemodel.py); expansion state lives in
 the tree pane (tui/panes/tree.py), which the widget tells through messages.
@@ -8,15 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
-from textual.geometry import Region, Size
+from textual.geometry import Size
 from textual.message import Message
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from stacklens.cct.labels import frame_text
+from stacklens.tui.cursorlines import CursorLines
 from stacklens.tui.formatting import KIND_STYLE, Unit, bar, fmt_share, kind_tag
 from stacklens.tui.linecache import LineCache
 from stacklens.tui.treemodel import SEP, Row, fit_chain
@@ -76,7 +78,7 @@ def header_text(label: str, sort: str, width: int, *, signed: bool = False) -> T
     return t
 
 
-class CCTView(ScrollView, can_focus=True):
+class CCTView(CursorLines, can_focus=True):
     """The calling context tree as lines; only the lines in view are rendered, and a line is
     rendered again only when what it shows changed (see `LineCache`)."""
 
@@ -97,7 +99,8 @@ class CCTView(ScrollView, can_focus=True):
     CCTView { background: $surface; }
     CCTView > .cctview--cursor { background: $accent 40%; }
     """
-    COMPONENT_CLASSES = {"cctview--cursor"}
+    CURSOR_CLASS = "cctview--cursor"
+    COMPONENT_CLASSES = {CURSOR_CLASS}
 
     class Toggle(Message):
         """Expand (True), collapse (False) or flip (None) a row."""
@@ -120,12 +123,10 @@ class CCTView(ScrollView, can_focus=True):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.rows: list[Row] = []
-        self.cursor = 0
         self.unit = Unit("")
         self.total = 0
         self.signed = False
         self._lines = LineCache()
-        self._styles: tuple = ()  # (base, cursor) rich styles, looked up once per frame
 
     # ---- data ------------------------------------------------------------------------------
     def set_rows(self, rows: list[Row], unit: Unit, total: int, *, signed: bool = False, cursor: int | None = None) -> None:
@@ -171,29 +172,20 @@ class CCTView(ScrollView, can_focus=True):
         width = max(self.size.width, 40)
         return [row_text(r, self.unit, self.total, width, signed=self.signed).plain for r in self.rows[top : top + max(self.size.height, 1)]]
 
-    # ---- rendering -------------------------------------------------------------------------
-    def render_lines(self, crop: Region) -> list[Strip]:
-        # `rich_style` walks every ancestor's styles (~0.25 ms): once per frame, not per line
-        self._styles = (self.rich_style, self.get_component_rich_style("cctview--cursor"))
-        return super().render_lines(crop)
+    # ---- rendering (the frame's styles and blank lines: CursorLines) -------------------------
+    def line_count(self) -> int:
+        return len(self.rows)
 
-    def render_line(self, y: int) -> Strip:
-        width = self.size.width
-        idx = int(self.scroll_offset.y) + y
-        base, cursor_style = self._styles or (self.rich_style, self.get_component_rich_style("cctview--cursor"))
-        if idx >= len(self.rows):
-            return Strip.blank(width, base)
+    def line_strip(self, idx: int, width: int, base: Style, cursor_style: Style) -> Strip:
         row = self.rows[idx]
         is_cursor = idx == self.cursor
         context = (self.unit, self.total, self.signed, width, base, cursor_style)
         strip = self._lines.get(context, (row, is_cursor))
         if strip is not None:
             return strip
-        text = row_text(row, self.unit, self.total, width, signed=self.signed)
-        if is_cursor:
-            text.stylize(cursor_style)
-        segments = list(text.render(self.app.console))
-        strip = Strip(segments).adjust_cell_length(width, base)
+        # row_text is cut to `width`: text_strip's crop leaves it whole
+        strip = self.text_strip(row_text(row, self.unit, self.total, width, signed=self.signed), width, base,
+                                cursor_style if is_cursor else None)
         if base:
             strip = strip.apply_style(base)
         self._lines.put((row, is_cursor), strip)

@@ -1,4 +1,5 @@
-"""The hotspots table widget: a cursor over pre-rendered lines, only the lines in view rendered.
+"""The hotspots table widget: a cursor over pre-rendered lines, only the lines in view rendered
+(the drawing the CCT tree shares: tui/cursorlines.py).
 
 No privilege, no I/O.
 """
@@ -7,16 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
-from textual.geometry import Region, Size
+from textual.geometry import Size
 from textual.message import Message
-from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from stacklens.tui.cursorlines import CursorLines
 
-class LineTable(ScrollView, can_focus=True):
+
+class LineTable(CursorLines, can_focus=True):
     """A cursor over pre-rendered lines (the hotspots table); renders only the lines in view.
 
     Textual's DataTable re-renders every cell after each update (~60 ms for 100 rows here);
@@ -36,7 +39,8 @@ class LineTable(ScrollView, can_focus=True):
     LineTable { background: $surface; }
     LineTable > .linetable--cursor { background: $accent 40%; }
     """
-    COMPONENT_CLASSES = {"linetable--cursor"}
+    CURSOR_CLASS = "linetable--cursor"
+    COMPONENT_CLASSES = {CURSOR_CLASS}
 
     class Selected(Message):
         def __init__(self, table: LineTable, index: int) -> None:
@@ -51,8 +55,6 @@ class LineTable(ScrollView, can_focus=True):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.lines: list[Text] = []
-        self.cursor = 0
-        self._styles: tuple = ()
 
     def set_lines(self, lines: list[Text]) -> None:
         self.lines = lines
@@ -63,22 +65,14 @@ class LineTable(ScrollView, can_focus=True):
     def plain_lines(self) -> list[str]:
         return [ln.plain for ln in self.lines]
 
-    def render_lines(self, crop: Region) -> list[Strip]:
-        self._styles = (self.rich_style, self.get_component_rich_style("linetable--cursor"))
-        return super().render_lines(crop)
+    def line_count(self) -> int:
+        return len(self.lines)
 
-    def render_line(self, y: int) -> Strip:
-        width = self.size.width
-        idx = int(self.scroll_offset.y) + y
-        base, cursor_style = self._styles or (self.rich_style, self.get_component_rich_style("linetable--cursor"))
-        if idx >= len(self.lines):
-            return Strip.blank(width, base)
-        text = self.lines[idx].copy()
+    def line_strip(self, idx: int, width: int, base: Style, cursor_style: Style) -> Strip:
+        text = self.lines[idx].copy()  # text_strip stylizes it in place
         text.no_wrap = True
-        if idx == self.cursor:
-            text.stylize(cursor_style)
-        strip = Strip(list(text.render(self.app.console))).crop(int(self.scroll_offset.x), int(self.scroll_offset.x) + width)
-        return strip.adjust_cell_length(width, base)
+        return self.text_strip(text, width, base, cursor_style if idx == self.cursor else None,
+                               int(self.scroll_offset.x))
 
     def action_cursor(self, step: int) -> None:
         if not self.lines:

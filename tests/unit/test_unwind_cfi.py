@@ -1,12 +1,12 @@
 """bpf/unwind.py CfiUnwinder on made-up stacks and CFI rules (no process, no files), and the CFA
-programs of introspect/elf.EhFrame that GCC's stack realignment emits."""
+programs of introspect/elf_cfi.EhFrame that GCC's stack realignment emits."""
 
 from __future__ import annotations
 
 import struct
 
 from stacklens.bpf.unwind import REGS_BYTES, CfiUnwinder
-from stacklens.introspect.elf import EhFrame, CfiRule
+from stacklens.introspect.elf_cfi import EhFrame, CfiRule
 from stacklens.introspect.procfs import Mapping
 
 LIB = Mapping(0x1000_0000, 0x2000_0000, "r-xp", 0, 1, "/lib/libfake.so")
