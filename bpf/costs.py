@@ -17,7 +17,7 @@ import subprocess
 import sys
 import textwrap
 
-from stacklens.bpf.uprobe_multi import BPF_TRACE_UPROBE_MULTI, SYS_bpf, attach_uprobe_multi
+from stacklens.bpf.uprobe_multi import BPF_TRACE_UPROBE_MULTI, attach_uprobe_multi, bpf_syscall
 from stacklens.introspect.procfs import ProcFS
 
 BPF_PROG_LOAD = 5
@@ -25,9 +25,6 @@ BPF_ENABLE_STATS = 32
 BPF_PROG_TYPE_KPROBE = 2
 # r0 = 0; exit
 _EMPTY_PROGRAM = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])
-
-_libc = ct.CDLL(None, use_errno=True)
-_libc.syscall.restype = ct.c_long
 
 
 class _ProgLoadAttr(ct.Structure):
@@ -48,14 +45,6 @@ class _ProgLoadAttr(ct.Structure):
     ]
 
 
-def _bpf(cmd: int, attr: ct.Structure, what: str) -> int:
-    fd = _libc.syscall(SYS_bpf, cmd, ct.byref(attr), ct.sizeof(attr))
-    if fd < 0:
-        err = ct.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-    return fd
-
-
 def load_empty_uprobe_program() -> int:
     """An empty uprobe_multi program (no compiler needed); its fd."""
     insns = ct.create_string_buffer(_EMPTY_PROGRAM, len(_EMPTY_PROGRAM))
@@ -63,7 +52,7 @@ def load_empty_uprobe_program() -> int:
     attr = _ProgLoadAttr(prog_type=BPF_PROG_TYPE_KPROBE, insn_cnt=len(_EMPTY_PROGRAM) // 8,
                          insns=ct.addressof(insns), license=ct.addressof(lic), prog_name=b"sl_trap_cost",
                          expected_attach_type=BPF_TRACE_UPROBE_MULTI)
-    return _bpf(BPF_PROG_LOAD, attr, "BPF_PROG_LOAD of an empty program")
+    return bpf_syscall(BPF_PROG_LOAD, attr, "BPF_PROG_LOAD of an empty program")
 
 
 class RunStats:
@@ -71,7 +60,7 @@ class RunStats:
 
     def __init__(self) -> None:
         attr = (ct.c_uint32 * 32)()          # type 0: BPF_STATS_RUN_TIME
-        self.fd = _bpf(BPF_ENABLE_STATS, attr, "BPF_ENABLE_STATS")
+        self.fd = bpf_syscall(BPF_ENABLE_STATS, attr, "BPF_ENABLE_STATS")
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -1,5 +1,10 @@
 """RingDecoder: the bytes of ring records -> `Event`s with symbolized native and Python frames.
 
+The decoder walks the ring and makes the events (API calls, kernel names, allocations, CPU
+samples, autograd nodes, operator paths) and keeps the notes on what could not be decoded; a
+record's native stack is bpf/native_stacks.py's (NativeStacks, `native_frames`), its Python stack
+bpf/py_stacks.py's (PyStacks). `RecordList` lays records held apart from the ring out like it.
+
 No privilege and no BCC: everything it reads from outside the records comes in through its
 constructor behind narrow Protocols (`DecodeMaps` for the BPF maps, the native and Python
 symbolizers, which read the target through `ProcessMemory` and `ProcFS`), so it runs on fakes in
@@ -10,19 +15,18 @@ cached stacks, op paths and Python stacks: 2.5-4.5 µs of CPU per event on the b
 
 from __future__ import annotations
 
-import ctypes as ct
 import logging
 import os
 import struct
 import time
-from typing import Iterable, Protocol
+from typing import Protocol
 
-from stacklens.cct import Frame
 from stacklens.bpf import autograd
 from stacklens.bpf.events_abi import (SL_BLOB, SL_EV_NAME, SL_EV_NODE_NEW, SL_EV_SAMPLE, SL_NAME, SL_NARGS,
-                                      SL_STACK_IN_2, SL_STACK_INLINE, SlEvent)
-from stacklens.bpf.procmaps import UNKNOWN as UNKNOWN_FRAME
-from stacklens.bpf.procmaps import collapse_unsymbolized, is_unsymbolized
+                                      SL_STACK_INLINE, SlEvent)
+from stacklens.bpf.native_stacks import (EVENT_SIZE, STACK_DEPTH, TRUNCATED, TRUNCATED_STACK, AddressNames,
+                                         NativeStacks, StackMaps, native_frames)
+from stacklens.bpf.py_stacks import PY_MAX_DEPTH, PY_UNDECODABLE, PyFrames, PyStackMaps, PyStacks
 from stacklens.bpf.ringbuf import BUSY, DISCARD
 from stacklens.bpf.spec import MEMCPY_KINDS, ProbeSpec
 from stacklens.records.events import Event, make_event
@@ -39,87 +43,31 @@ _REC = struct.Struct("<II" + _HEAD.format[1:])
 _ARGS_REC = 8 + _ARGS_OFF
 _BLOB_REC = 8 + _BLOB_OFF
 COMMIT_BYTES = 1 << 20  # consumer position handed back to the producers at least this often
-EVENT_SIZE = ct.sizeof(SlEvent)
 _RING_HDR = struct.Struct("<II")
 _tuple_new = tuple.__new__  # Event is a tuple subclass (records/events.py)
 _NO_ARGS: dict = {}  # shared by every sample (Event.args is read-only by contract)
 _U64 = struct.Struct("<Q")
-TRUNCATED = Frame.other("[truncated]")
-STACK_DEPTH = 127  # frames a BPF stack-map walk holds (perf_event_max_stack): a full walk may be cut
-INLINE_CACHE_MAX = 4096  # CPU samples' stacks kept by their addresses (≤ ~5 MiB; then it starts again)
-TRUNCATED_STACK = (TRUNCATED,)
-PY_LOST = (Frame.other("[python stack lost]"),)  # id evicted from the LRU map before we read it
-PY_UNDECODABLE = (Frame.other("[python stack undecodable]"),)  # the symbolizer raised: a bug, counted
 UNDECODABLE_KEEP = 4  # distinct "what raised" texts kept for the notes (the first ones)
-PY_MAX_DEPTH = 48
-PY_CACHE_MAX = 65536  # symbolized Python stacks kept by id (ids are content hashes: reusable)
-# outermost frames of a complete user stack; anything else at the bottom means the unwind was cut
-_STACK_ROOTS = ("_start", "__libc_start_main", "__libc_start_call_main", "clone", "clone3",
-                "__clone", "__clone3", "start_thread", "__GI___clone3", "__GI___clone")
-_CFI_OFF = EVENT_SIZE + 8 * STACK_DEPTH   # a CPU sample's registers and stack copy (cpu.bpf.c) start here
 COUNTS = ("decoded", "truncated_stacks", "stack_lookup_failures", "py_stacks_symbolized", "py_stacks_lost",
           "py_stacks_undecodable", "records_undecodable")
+# re-exported (`__all__`): tests and benchmarks import the stack parts' names from here
+__all__ = ["RingDecoder", "RecordList", "DecodeMaps", "AddressNames", "PyFrames", "VtableNamer", "COUNTS",
+           "COMMIT_BYTES", "UNDECODABLE_KEEP", "EVENT_SIZE", "STACK_DEPTH", "TRUNCATED", "TRUNCATED_STACK",
+           "native_frames", "PY_MAX_DEPTH", "PY_UNDECODABLE"]
 
 
-class DecodeMaps(Protocol):
-    """The BPF maps the decoder reads: stack walks, operator paths, Python stacks."""
-
-    def walk_stack(self, table: bytes, key: int) -> Iterable[int]:
-        """Innermost-first addresses of stack `key` in `table` (b"stacks" or b"stacks2")."""
+class DecodeMaps(StackMaps, PyStackMaps, Protocol):
+    """The BPF maps the decoder reads: stack walks, Python stacks (bpf/native_stacks.py,
+    bpf/py_stacks.py), operator paths."""
 
     def op_path(self, h: int) -> tuple[int, ...]:
         """The op indices of path hash `h`, outermost first; KeyError when it is not there."""
-
-    def py_stack(self, pyid: int) -> bytes:
-        """The raw `struct sl_pystack` of id `pyid`; KeyError when it is not there."""
-
-
-class AddressNames(Protocol):
-    """Native addresses -> frames and names (bpf/procmaps.py NativeSymbolizer)."""
-
-    def frame(self, addr: int) -> Frame: ...
-
-    def exact_name(self, addr: int) -> str: ...
-
-
-class PyFrames(Protocol):
-    """Raw Python stacks -> frames (pystacks/pysym.py PySymbolizer)."""
-
-    stats: object
-
-    def symbolize(self, raw) -> tuple[Frame, ...]: ...
-
-    def entry_flags(self, raw) -> tuple[bool, ...]: ...
 
 
 class VtableNamer(Protocol):
     """Autograd node classes by vtable pointer (bpf/autograd.py VtableNames)."""
 
     def name(self, vptr: int) -> str | None: ...
-
-
-def native_frames(addrs: list[int], frame, walked: int | None = None) -> tuple[tuple[Frame, ...], bool]:
-    """A frame-pointer walk (innermost-first addresses, as BPF returns them) -> outermost-first
-    frames, and whether the walk was cut: it ends at the first address outside every
-    executable mapping (`[unknown]`: the walk read garbage there, e.g. a caller that does not keep
-    frame pointers), at the map's depth limit, or anywhere but a thread's entry (_start,
-    start_thread, clone): then a `[truncated]` frame leads. JIT code (`[anon]`) and the vDSO
-    are real frames of the stack and do not end it. Runs of unsymbolized frames of one library
-    collapse into one. `walked`: how many addresses the walk itself gave (default all of them;
-    fewer when the direct caller was added to them)."""
-    inner: list[Frame] = []
-    cut = (len(addrs) if walked is None else walked) >= STACK_DEPTH
-    for a in addrs:
-        f = frame(a)
-        if f == UNKNOWN_FRAME:
-            cut = True
-            break
-        inner.append(f)
-    frames = collapse_unsymbolized(reversed(inner))
-    root = frames[0].name if frames else ""
-    if cut or not any(root == r or root.startswith(r + "@") for r in _STACK_ROOTS):
-        return (TRUNCATED,) + frames, True
-    return frames, False
 
 
 class RecordList:
@@ -168,23 +116,18 @@ class RingDecoder:
         self.counts = dict.fromkeys(COUNTS, 0)
         self._unresolved_names: dict[int, str] = {}
         self._shapes: dict[int, tuple] = {}
-        self._stack_cache: dict[tuple[int, int], tuple[Frame, ...]] = {}
-        self._inline_cache: dict[bytes, tuple[Frame, ...]] = {}   # CPU samples' stacks by address bytes
-        self._cfi_cache: dict[tuple[int, ...], tuple[Frame, ...]] = {}  # CFI walks' callers by their addresses
-        self._py_cache: dict[int, tuple[tuple[Frame, ...], tuple[bool, ...]]] = {0: ((), ())}
         self._op_cache: dict[int, tuple[str, ...]] = {0: ()}
         self._undecodable: dict[str, str] = {}   # "what raised" -> where (read_notes)
-        # CPU samples that carry their registers and stack are walked with .eh_frame (bpf/unwind.py)
-        self._cfi = None
-        if hasattr(native, "mapping") and hasattr(native, "host_path"):
-            from stacklens.bpf.unwind import MAX_FRAMES, REGS_BYTES, CfiUnwinder
-            self._cfi = CfiUnwinder(native.mapping, native.host_path, getattr(native, "known_mapping", None))
-            self._cfi_regs_bytes, self._cfi_max_frames = REGS_BYTES, MAX_FRAMES
+        self._native_stacks = NativeStacks(maps, native, self.counts)
+        self._py_stacks = PyStacks(maps, py, py_max_depth, self.counts, self._note_undecodable)
+        self._cfi = self._native_stacks.cfi   # the CFI unwinder, None without one
+        # an attribute, not a method: benchmarks/bench_native_stacks.py times it by replacing it
+        self._sample_stack = self._native_stacks.sample
 
     def carry_from(self, earlier: "RingDecoder") -> None:
         """What outlives a detach (a re-attach of the same session): counts, kernel names, live
         allocations and the notes; caches start again."""
-        self.counts = earlier.counts
+        self.counts = self._native_stacks.counts = self._py_stacks.counts = earlier.counts
         self.names = earlier.names
         self.allocs = earlier.allocs
         self._undecodable = earlier._undecodable
@@ -197,11 +140,10 @@ class RingDecoder:
         rec, args_s = _REC.unpack_from, _ARGS.unpack_from
         data, mask = reader.data, reader.mask
         cons, prod = reader.positions()
-        shapes = self._shapes
-        stack_cache, op_cache, py_cache = self._stack_cache, self._op_cache, self._py_cache
-        names = self.names
-        new = _tuple_new
-        me = self.pid
+        shapes, names, new, me = self._shapes, self.names, _tuple_new, self.pid
+        ns, ps = self._native_stacks, self._py_stacks   # each cache, and what fills it on a miss
+        stack_cache, stack_miss, sample_stack = ns.by_id, ns.from_map, self._sample_stack
+        py_cache, py_miss, op_cache = ps.by_id, ps.symbolized, self._op_cache
         commit_at = cons + COMMIT_BYTES
         while cons < prod:
             off = cons & mask
@@ -223,20 +165,20 @@ class RingDecoder:
                     continue
                 if sid < 0:
                     if sid == SL_STACK_INLINE:     # a CPU sample: its addresses follow the event
-                        stack = self._sample_stack(data, off, ln & 0x3FFFFFFF, outv)
+                        stack = sample_stack(data, off, ln & 0x3FFFFFFF, outv)
                     else:
                         # -1: not requested; other negatives: the unwind failed (marked, not hidden)
                         stack = () if sid == -1 else TRUNCATED_STACK
                 else:
                     stack = stack_cache.get((sid, caller))
                     if stack is None:
-                        stack = self._stack(sid, caller)
+                        stack = stack_miss(sid, caller)
                 ops = op_cache.get(oh)
                 if ops is None:
                     ops = self.op_path(oh)
                 pys = py_cache.get(pyid)
                 if pys is None:
-                    pys = self._py_stack(pyid)
+                    pys = py_miss(pyid)
                 if kind == SL_EV_SAMPLE:
                     append(new(Event, ("cpu_sample", "", pid, tid, t, 0, _NO_ARGS, ops, stack, pys[0], "", 0, "", 0,
                                        pys[1], bwd)))
@@ -269,20 +211,6 @@ class RingDecoder:
         reader.commit(cons)
         self.counts["decoded"] += len(out)
         return out
-
-    def _sample_stack(self, data, off: int, rl: int, n: int) -> tuple[Frame, ...]:
-        """A CPU sample's native stack: walked with CFI from its registers and stack copy where
-        the record has one, else from the `n` addresses of its frame-pointer walk after its event.
-        The frame-pointer walk is read only where the CFI walk was cut (the longer one is kept):
-        it breaks in code without frame pointers and names the garbage it read there, and a
-        garbage address outside every mapping costs the symbolizer a read of the maps."""
-        if rl > _CFI_OFF and self._cfi is not None:
-            frames = self._cfi_stack(data, off, rl)
-            if frames is not None and frames[0] is not TRUNCATED:
-                return frames
-            fp = self._inline_stack(data, off, min(n, rl - EVENT_SIZE))
-            return fp if frames is None or len(fp) > len(frames) else frames
-        return self._inline_stack(data, off, min(n, rl - EVENT_SIZE))
 
     def _api_event(self, spec: ProbeSpec, a, blob: bytes, pid: int, tid: int, t: int, dur: int, ops, stack, pys,
                    ret: int, outv: int, bwd: int) -> Event:
@@ -330,104 +258,6 @@ class RingDecoder:
         if handle:
             self.names[handle] = name
 
-    def _inline_stack(self, data, off: int, nbytes: int) -> tuple[Frame, ...]:
-        """The addresses a CPU sample carries after its event (innermost first), as frames;
-        cached by the addresses themselves."""
-        n = max(0, min(nbytes, STACK_DEPTH * 8)) // 8
-        start = off + 8 + EVENT_SIZE
-        key = bytes(data[start:start + 8 * n])          # compact: at most 1 KiB a key
-        frames = self._inline_cache.get(key)
-        if frames is None:
-            frames, cut = native_frames(list(struct.unpack(f"<{n}Q", key)), self.native.frame)
-            if cut:
-                self.counts["truncated_stacks"] += 1
-            if len(self._inline_cache) >= INLINE_CACHE_MAX:
-                self._inline_cache.clear()
-            self._inline_cache[key] = frames
-        return frames
-
-    def _cfi_stack(self, data, off: int, rl: int) -> tuple[Frame, ...] | None:
-        """A CPU sample walked with the libraries' CFI from its registers and stack copy (None:
-        the record is too short to hold the registers)."""
-        start = off + 8 + _CFI_OFF
-        end = off + 8 + rl
-        regs_bytes = self._cfi_regs_bytes
-        if end - start < regs_bytes:
-            return None
-        addrs, complete = self._cfi.unwind(data[start:start + regs_bytes], data[start + regs_bytes:end])
-        self._cfi.counts["unwinds"] += 1
-        frame = self.native.frame
-        walked = STACK_DEPTH if len(addrs) >= self._cfi_max_frames else 0
-        leaf = frame(addrs[0])
-        if len(addrs) == 1 or leaf == UNKNOWN_FRAME:
-            frames = native_frames(addrs, frame, walked)[0]
-        else:
-            # the leaf is any instruction, its callers' return addresses repeat: the callers'
-            # frames are cached by their addresses, the leaf's frame goes below them
-            key = tuple(addrs[1:])
-            callers = self._cfi_cache.get(key)
-            if callers is None:
-                callers = native_frames(addrs[1:], frame, walked)[0]
-                if len(self._cfi_cache) >= INLINE_CACHE_MAX:
-                    self._cfi_cache.clear()
-                self._cfi_cache[key] = callers
-            frames = callers if callers[-1] == leaf and is_unsymbolized(leaf) else callers + (leaf,)
-        if frames[0] is not TRUNCATED:
-            self._cfi.counts["complete"] += 1
-        return frames
-
-    def _stack(self, sid: int, caller: int = 0) -> tuple[Frame, ...]:
-        table, key = (b"stacks2", sid & ~SL_STACK_IN_2) if sid & SL_STACK_IN_2 else (b"stacks", sid)
-        try:
-            addrs = list(self.maps.walk_stack(table, key))
-        except Exception:
-            addrs = []
-        walked = len(addrs)
-        if caller and addrs and (len(addrs) < 2 or addrs[1] != caller):
-            addrs.insert(1, caller)  # the direct caller, skipped by the walk at function entry
-        if not addrs:
-            self.counts["stack_lookup_failures"] += 1
-            frames: tuple[Frame, ...] = (TRUNCATED,)
-        else:
-            frames, cut = native_frames(addrs, self.native.frame, walked)
-            if cut:
-                self.counts["truncated_stacks"] += 1
-        self._stack_cache[(sid, caller)] = frames
-        return frames
-
-    def _py_stack(self, pyid: int) -> tuple[tuple[Frame, ...], tuple[bool, ...]]:
-        """Python stack `pyid` from `sl_py_stacks`, symbolized once per id (ids hash the frames'
-        code addresses and offsets, so a cached id always names the same stack)."""
-        from stacklens.pystacks.pysym import RawPyStack
-
-        py = self.py
-        if py is None:
-            return (), ()
-        try:
-            leaf = self.maps.py_stack(pyid)
-        except KeyError:
-            # LRU-evicted between the probe and this read: marked, not cached (it may come back)
-            self.counts["py_stacks_lost"] += 1
-            return PY_LOST, (False,)
-        raw = RawPyStack.from_bytes(leaf, self.py_max_depth)
-        try:
-            frames = py.symbolize(raw)
-        except Exception as e:  # noqa: BLE001 — pysym counts and marks every bad object it knows;
-            # anything else is a bug there, and still not the end of the session: marked, not cached
-            self.counts["py_stacks_undecodable"] += 1
-            self._note_undecodable("python stack", e)
-            return PY_UNDECODABLE, (False,)
-        entries = py.entry_flags(raw)
-        if raw.truncated:
-            entries = (False,) + entries  # the leading [truncated] marker
-        if len(self._py_cache) >= PY_CACHE_MAX:
-            self._py_cache.clear()
-            self._py_cache[0] = ((), ())
-        v = (frames, entries)
-        self._py_cache[pyid] = v
-        self.counts["py_stacks_symbolized"] += 1
-        return v
-
     def op_path(self, h: int) -> tuple[str, ...]:
         """The operator names of path hash `h`, outermost first (cached)."""
         path = self._op_cache.get(h)
@@ -469,17 +299,7 @@ class RingDecoder:
         """The profile's notes on what was read from the target and could not be used: bad code
         objects, line tables and strings (counted by pysym, frames marked) and anything that
         raised while decoding (records dropped, stacks marked). [] when all went well."""
-        out = []
-        if self.py is not None:
-            st = self.py.stats
-            parts = [f"{n} {what}" for n, what in (
-                (st.errors, "frame(s) without a readable code object [unreadable code object]"),
-                (st.bad_strings, "code object name(s) not a str [unreadable code object name]"),
-                (st.bad_linetables, "line table(s) not decodable (the frame shows the function's first line)"))
-                if n]
-            if parts:
-                out.append("python frames read from freed or changing objects: " + ", ".join(parts)
-                           + "; the session goes on")
+        out = self._py_stacks.read_notes()
         u = self.counts
         if u["py_stacks_undecodable"] or u["records_undecodable"]:
             out.append(f"decode errors: {u['py_stacks_undecodable']} python stack(s) marked "
@@ -489,10 +309,5 @@ class RingDecoder:
         return out
 
     def py_stats(self) -> dict[str, int]:
-        """pysym's counters, as stats() names them; {} without Python stacks."""
-        if self.py is None:
-            return {}
-        st = self.py.stats
-        return dict(py_code_hits=st.hits, py_code_misses=st.misses, py_code_stale=st.stale,
-                    py_code_errors=st.errors, py_bad_linetables=st.bad_linetables,
-                    py_bad_strings=st.bad_strings)
+        """pysym's counters, as stats() names them; {} without Python stacks (bpf/py_stacks.py)."""
+        return self._py_stacks.stats()

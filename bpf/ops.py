@@ -5,7 +5,8 @@ Pure file reading (no privileges). libtorch_cpu.so's .dynsym is scanned once per
 process using the same torch skips the ~0.5 s scan.
 
 `VIEW_OPS` is the default exclusion list: ops that only make a view or read metadata (no
-kernel, no storage allocation, no synchronization). `select_ops` applies it.
+kernel, no storage allocation, no synchronization). `select_ops` applies it. `FALLBACK_OPS` is
+the short list probed where uprobe_multi is unavailable (bpf/scan.py).
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ VIEW_OPS: frozenset[str] = frozenset("aten::" + n for n in (
     "result_type_Scalar", "result_type_Scalar_Tensor", "result_type_Scalar_Scalar", "can_cast",
     "promote_types",
 ))
+
+# ops attached when uprobe_multi is unavailable (one perf event each: slow to attach and detach)
+FALLBACK_OPS = ("aten::linear", "aten::addmm", "aten::matmul", "aten::mm", "aten::bmm", "aten::conv2d",
+                "aten::convolution", "aten::relu", "aten::softmax_int", "aten::layer_norm",
+                "aten::embedding", "aten::add_Tensor", "aten::mul_Tensor", "aten::copy_",
+                "aten::to_dtype", "aten::t", "aten::mse_loss", "aten::sum", "aten::item")
+# (aten::t is a VIEW_OPS op: select_ops leaves it out unless all_ops / an op_filter asks for it)
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,8 @@ class ProbeSession:
         """The loaded programs whose hits this session counts, by kind ("api", "op", "cpu"), for
         their run-time statistics (bpf/costs.py); per-probe stubs (the fallback) are left out."""
         a, out = self._attacher, {}
-        for kind, prog in (("api", getattr(a, "_api_entry", None)), ("op", getattr(a, "_op_entry", None))):
+        loaded = a.program.programs    # the uprobe_multi entry programs (bpf/loader.py)
+        for kind, prog in (("api", loaded.get("api_entry")), ("op", loaded.get("op_entry"))):
             if prog is not None:
                 out[kind] = prog.fd
         funcs = getattr(a.bpf, "funcs", {}) if a.bpf is not None else {}

@@ -284,7 +284,7 @@ class Joiner:
         if jax is None or not jax.stats["compile_events"]:
             out.add("compile_time_ns")  # measured only for JAX targets (jax.monitoring)
         if "rank" not in self.meta:
-            out.add("collective_wait_ns")  # probed in torch.distributed ranks only (bpf/attach.py)
+            out.add("collective_wait_ns")  # probed in torch.distributed ranks only (bpf/scan.py)
         return out
 
     def snapshot(self, window_s: float | None = None) -> Snapshot:

@@ -1,5 +1,5 @@
-"""bpf.decode.native_frames: what a frame-pointer walk becomes in the tree, and the decoder's
-stack lookups over fake maps and a fake symbolizer (no root)."""
+"""bpf.native_stacks.native_frames: what a frame-pointer walk becomes in the tree, and the decoder's
+stack lookups (its NativeStacks) over fake maps and a fake symbolizer (no root)."""
 
 from stacklens.cct import Frame
 from stacklens.bpf.procmaps import ANON, UNKNOWN
@@ -75,9 +75,9 @@ def test_stack_ids_marked_for_the_second_map_are_read_there_with_the_caller_adde
                                Frame.native("libfakeapp.so", "app_backward_launches"))
     frames = {1: api, 2: app, 3: START, 4: launch, 5: other}
     s = _decoder({7: [1, 2, 3]}, {7: [1, 2, 3, 3]}, frames)
-    assert s._stack(7, caller=4) == (START, app, launch, api)
-    assert s._stack(7 | SL_STACK_IN_2, caller=5) == (START, START, app, other, api)
-    assert s._stack_cache[(7, 4)] != s._stack_cache[(7 | SL_STACK_IN_2, 5)]
+    assert s._native_stacks.from_map(7, caller=4) == (START, app, launch, api)
+    assert s._native_stacks.from_map(7 | SL_STACK_IN_2, caller=5) == (START, START, app, other, api)
+    assert s._native_stacks.by_id[(7, 4)] != s._native_stacks.by_id[(7 | SL_STACK_IN_2, 5)]
     assert _stack_counts(s) == {"stack_lookup_failures": 0, "truncated_stacks": 0}
 
 
@@ -88,9 +88,9 @@ def test_a_full_depth_walk_is_cut_but_the_added_caller_does_not_make_one():
     short = [1] + [2] * (STACK_DEPTH - 3) + [3]           # one short of the limit, ends at _start
     full = [1] + [2] * (STACK_DEPTH - 2) + [3]            # as deep as the map holds: maybe cut
     s = _decoder({1: short, 2: full}, {}, frames)
-    out = s._stack(1, caller=4)                           # + the caller: 127 addresses, not cut
+    out = s._native_stacks.from_map(1, caller=4)                           # + the caller: 127 addresses, not cut
     assert out[0] == START and s.counts["truncated_stacks"] == 0
-    assert s._stack(2, caller=4)[0] == TRUNCATED
+    assert s._native_stacks.from_map(2, caller=4)[0] == TRUNCATED
     assert s.counts["truncated_stacks"] == 1
 
 
@@ -123,10 +123,10 @@ def test_a_cpu_samples_addresses_after_its_event_become_its_stack():
     frames = {1: EVAL, 2: MAIN, 3: START}
     s = _decoder({}, {}, frames)
     rec = bytes(8 + EVENT_SIZE) + struct.pack("<3Q", 1, 2, 3)
-    assert s._inline_stack(memoryview(rec), 0, 24) == (START, MAIN, EVAL)
-    assert s._inline_stack(memoryview(rec), 0, 16) == (TRUNCATED, MAIN, EVAL)   # 2 of 3: no root
-    assert s._inline_stack(memoryview(rec), 0, 0) == (TRUNCATED,)
-    assert len(s._inline_cache) == 3 and s.counts["truncated_stacks"] == 2
+    assert s._native_stacks._inline_stack(memoryview(rec), 0, 24) == (START, MAIN, EVAL)
+    assert s._native_stacks._inline_stack(memoryview(rec), 0, 16) == (TRUNCATED, MAIN, EVAL)   # 2 of 3: no root
+    assert s._native_stacks._inline_stack(memoryview(rec), 0, 0) == (TRUNCATED,)
+    assert len(s._native_stacks._inline_cache) == 3 and s.counts["truncated_stacks"] == 2
 
 
 def test_a_cpu_sample_through_the_perf_fallback_keeps_its_addresses():
@@ -150,7 +150,7 @@ def test_a_cpu_sample_through_the_perf_fallback_keeps_its_addresses():
     buf = ctypes.create_string_buffer(raw, len(raw))
     prog._on_fallback(0, ctypes.addressof(buf), len(raw))
     rl = RecordList(prog.take(4242))                  # queued for its process
-    assert s._inline_stack(rl.data, 0, 24) == (START, MAIN, EVAL)
+    assert s._native_stacks._inline_stack(rl.data, 0, 24) == (START, MAIN, EVAL)
 
 
 def test_header_and_python_agree_on_the_inline_stack_marks():
