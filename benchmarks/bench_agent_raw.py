@@ -58,13 +58,13 @@ def main() -> None:
 
     threading.Thread(target=reader, daemon=True).start()
     col = cupti_mod.CuptiCollector(lambda *x: None)
-    col.sink = agent.gpu_sink
+    col.sink = agent.gpu.sink
     col.clock = type("C", (), {"offset_ns": 0})()
     col._raw_sizes = {10: RECORD}               # what _layout() learns from cupti-python's dtypes
     col._verified = cupti_raw.VERIFY_BUFFERS    # the size walk verified: no walk per buffer
     cb = cupti_raw._ctypes_callbacks(str(lib), col._raw_buffer, col.wants_offsets)
     col._raw_cb = cb
-    agent.gpu = col
+    agent.gpu.collector = col
     if a.mode == "ref":
         cb.on_ref, cb.max_shipped, cb.shipped = col._raw_ref, col.max_shipped, col._shipped
     t_cb = t_send = 0.0
@@ -74,13 +74,13 @@ def main() -> None:
         t0 = time.perf_counter()
         cb.flush_all(0)                         # request + copy + completion from a native thread
         t1 = time.perf_counter()
-        agent._send_gpu_records()               # frame the buffer (or its address) into the outbox
+        agent.gpu.send()               # frame the buffer (or its address) into the outbox
         while agent.ch.out:
             agent.ch.pump(0.01)                 # what the socket takes
             pumps += 1
         t2 = time.perf_counter()
         if a.mode == "ref":                     # the daemon has read it: free (not timed)
-            agent._release(list(cb.shipped))
+            agent.gpu.release(list(cb.shipped))
         t_cb += t1 - t0
         t_send += t2 - t1
     a_sock.close()
@@ -89,7 +89,7 @@ def main() -> None:
           f"{t_cb / a.buffers * 1e6:.0f} us, frame+send {t_send / a.buffers * 1e6:.0f} us per buffer; "
           f"{per_buf / n * 1000:.0f} ns per record; at 140k records/s: {per_buf / n * 140_000 / 1e4:.2f}% of a core "
           f"(mode {a.mode}; socket writes needing a wake-up: {pumps / a.buffers:.1f} per buffer; "
-          f"buffers dropped: {agent.raw_dropped}; valid bytes per buffer {len(data)})")
+          f"buffers dropped: {agent.gpu.raw_dropped}; valid bytes per buffer {len(data)})")
 
 
 if __name__ == "__main__":

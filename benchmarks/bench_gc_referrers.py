@@ -14,7 +14,9 @@ held in one list, 8 instances of a target class, then ``--repeat`` timed calls o
 ``gc.get_referrers(Target)``. Kinds: ``instance`` (a small class with one attribute, like most
 objects of a real heap), ``slots`` (the same with ``__slots__``), ``list`` (empty lists). A second
 thread spins on ``time.perf_counter()`` meanwhile; its longest gap during a call is how long it
-could not run. Prints one Markdown row per (kind, size).
+could not run. Also the heap's size as ``sys.getallocatedblocks()`` says it, and what asking
+costs: the agent skips a walk where it is over ``heapscan.MAX_SCAN_BLOCKS``. Prints one Markdown
+row per (kind, size).
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ def _child(kind: str, n: int, repeat: int) -> str:
     heap = [make(i) for i in range(n)]
     targets = [Target() for _ in range(8)]
     tracked = len(gc.get_objects())
+    t0 = time.perf_counter()
+    blocks = sys.getallocatedblocks()      # the agent's bound (inject/agent/heapscan.py) reads this
+    blocks_ms = (time.perf_counter() - t0) * 1e3
     gaps: list[float] = []
     running = True
     window: list[float] = []          # [start, end] of the call being timed, read by the spinner
@@ -84,8 +89,8 @@ def _child(kind: str, n: int, repeat: int) -> str:
     t.join()
     del heap
     ms = [c * 1e3 for c in calls]
-    return (f"| {kind} | {n:,} | {tracked:,} | {min(ms):.1f} | {statistics.median(ms):.1f} | {max(ms):.1f} "
-            f"| {max(stalls) * 1e3:.1f} |")
+    return (f"| {kind} | {n:,} | {tracked:,} | {blocks:,} | {blocks_ms:.2f} | {min(ms):.1f} | "
+            f"{statistics.median(ms):.1f} | {max(ms):.1f} | {max(stalls) * 1e3:.1f} |")
 
 
 def main() -> None:
@@ -99,9 +104,9 @@ def main() -> None:
         print(_child(a.child[0], int(a.child[1]), a.repeat))
         return
     print(f"Python {sys.version.split()[0]}, {sys.executable}")
-    print("| kind | objects made | GC-tracked objects | get_referrers ms: min | median | max "
-          "| longest stall of a spinning thread, ms |")
-    print("|---|---|---|---|---|---|---|")
+    print("| kind | objects made | GC-tracked objects | allocated blocks | getallocatedblocks() ms "
+          "| get_referrers ms: min | median | max | longest stall of a spinning thread, ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for kind in a.kinds.split(","):
         for n in a.objects.split(","):
             out = subprocess.run([sys.executable, __file__, "--child", kind, n, "--repeat", str(a.repeat)],

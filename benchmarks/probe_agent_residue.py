@@ -9,8 +9,9 @@ Run from the repository root (no privilege, no GPU; a few seconds):
    not there before the attach.
 2. In this process, ``--cycles`` attach/detach cycles; then the ``in_child`` functions the
    bootstrap registered with ``os.register_at_fork`` that are still alive (CPython cannot
-   unregister one), and what each one's namespace holds.
-Both use the real ``AgentServer`` (as tests/unit/test_agent_bootstrap.py does); no ptrace.
+   unregister one: the bootstrap registers one per process), and what each one's namespace holds.
+Both use the real ``AgentServer``; the cycles attach and detach as tests/unit/test_agent_bootstrap.py
+does, through tests/agent_in_process.py. No ptrace.
 """
 
 from __future__ import annotations
@@ -21,11 +22,15 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from pathlib import Path
 
-from stacklens.inject.bootstrap import THREAD_NAME, bootstrap_body
-from stacklens.inject.channel.server import AgentServer
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))   # tests/ (the in-process attach)
+
+from stacklens.inject.bootstrap import FORK_MODULE, bootstrap_body  # noqa: E402
+from stacklens.inject.channel.server import AgentServer  # noqa: E402
+from tests.agent_in_process import attach, detach  # noqa: E402
 
 TARGET = r"""
 import sys, threading, time
@@ -36,15 +41,6 @@ while any(t.name.startswith("stacklens-agent") for t in threading.enumerate()):
     time.sleep(0.01)
 print(sorted(set(sys.modules) - before), len(before), flush=True)
 """
-
-
-def _wait(cond, timeout=30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def modules_left_in_a_bare_target(tmp: str) -> None:
@@ -69,24 +65,19 @@ def fork_hooks_after_cycles(tmp: str, cycles: int) -> None:
     srv = AgentServer(os.getpid(), os.path.join(tmp, "self"), config={"gpu": False})
     try:
         for i in range(cycles):
-            exec(bootstrap_body(srv.target_path, srv.target_agent_dir, srv.token, nonce=str(i)), {})
-            assert srv.wait_hello(30)
-            assert srv.stop_agent(30)
-            assert _wait(lambda: not [t for t in threading.enumerate()
-                                      if t.name in (THREAD_NAME, THREAD_NAME + "-exiting")])
+            attach(srv, nonce=str(i))
+            detach(srv)
             srv.reset_hello()
     finally:
         srv.close()
     gc.collect()
     hooks = [o for o in gc.get_objects() if type(o).__name__ == "function" and o.__name__ == "in_child"
-             and "gil" in o.__globals__]
-    print(f"after {cycles} attach/detach cycles: {len(hooks)} at-fork hooks alive")
-    if hooks:
-        g = hooks[0].__globals__
-        held = {k: type(v).__name__ for k, v in g.items() if k != "__builtins__"}
-        print(f"  each hook's default: {hooks[0].__defaults__}; its namespace holds {held}")
-        print(f"  the agent thread object: {g['t']!r}; run()'s defaults: "
-              f"{[type(d).__name__ for d in g['run'].__defaults__]} (socket path, agent dir, token, module name)")
+             and "held" in o.__globals__]
+    print(f"after {cycles} attach/detach cycles: {len(hooks)} at-fork hook(s) alive")
+    for hook in hooks:
+        names = {k: type(v).__name__ for k, v in hook.__globals__.items() if not k.startswith("__")}
+        print(f"  its namespace holds {names}; sockets held now: {len(hook.__globals__['held'])}")
+    print(f"  {FORK_MODULE!r} in sys.modules: {FORK_MODULE in sys.modules}")
 
 
 def main() -> None:

@@ -6,9 +6,11 @@ thread connects to the daemon's socket (and exits
 silently if nobody listens: a late pending call after a withdrawn attach is harmless), loads the
 agent from its read-only directory without writing bytecode, runs it, and on the way out closes
 the socket and removes the agent's modules from ``sys.modules``. A child forked meanwhile closes
-its copy of the socket (``os.register_at_fork``; the hook cannot be unregistered, it holds one
-empty list after detach). Nothing is bound in the
-namespace the text runs in (``__main__`` on 3.10–3.13): the body runs under ``exec`` in a fresh dict.
+its copy of the socket: one ``os.register_at_fork`` hook per process (it cannot be unregistered),
+registered by the first attach and kept with the sockets of the agents attached now in a
+``sys.modules`` entry of its own (``_stacklens_fork``, FORK_HOOK); after detach it holds an empty
+list. Nothing is bound in the namespace the text runs in (``__main__`` on 3.10–3.13): the body
+runs under ``exec`` in a fresh dict.
 """
 
 from __future__ import annotations
@@ -27,6 +29,23 @@ SWITCH_INTERVAL_S = 0.0005
 # run on the fast one. An agent finishing its detach while the next one starts must not restore
 # the program's interval under it (measured: the next agent then starved and never stopped).
 GIL_STATE_MODULE = "_stacklens_gil"
+# sys.modules entry, for the process's life from the first attach on: the one at-fork hook and the
+# (socket, release) of each agent attached now. The hook's globals are this module's own, so it
+# keeps nothing of any attach's namespace alive.
+FORK_MODULE = "_stacklens_fork"
+FORK_HOOK = """
+held = []
+def in_child():
+    # a child forked while attached (DataLoader workers) must not hold an agent's socket: the
+    # daemon would see no end of the connection while it lives; no agent runs in the child
+    while held:
+        try:
+            s, release = held.pop()
+            s.close()
+            release()
+        except BaseException:
+            pass
+"""
 
 _BODY = '''
 try:
@@ -59,23 +78,20 @@ try:
                 s.close()
                 release()
                 return
-            held = [s]
-            def in_child(held=held):
-                # a child forked while attached (DataLoader workers) must not hold our socket:
-                # the daemon would see no end of the connection while it lives
-                try:
-                    c = held.pop()
-                    c.close()
-                    release()                 # no agent runs in the child
-                except BaseException:
-                    pass
+            import types
+            entry = (s, release)
             try:
-                import os
-                os.register_at_fork(after_in_child=in_child)
+                fork = sys.modules.get({fork!r})
+                if fork is None:          # the first attach of this process: the one hook
+                    fork = types.ModuleType({fork!r})
+                    exec({fork_hook!r}, fork.__dict__)
+                    import os
+                    os.register_at_fork(after_in_child=fork.in_child)
+                    sys.modules[{fork!r}] = fork
+                fork.held.append(entry)
             except BaseException:
                 pass
             try:
-                import types
                 m = types.ModuleType(name)
                 m.__file__ = d + '/__init__.py'
                 m.__path__ = [d]
@@ -95,9 +111,12 @@ try:
                 for n in [n for n in list(sys.modules) if n.split('.')[0] == name]:
                     sys.modules.pop(n, None)
                 s.close()
-                if held:
-                    held.clear()          # the fork hook stays registered: from now on it does nothing
-                    release()
+                fork = sys.modules.get({fork!r})
+                try:
+                    fork.held.remove(entry)   # the hook stays registered: this socket is not its any more
+                except BaseException:
+                    pass
+                release()
         if sys.getswitchinterval() > gil.fast:
             sys.setswitchinterval(gil.fast)
         t = threading.Thread(target=run, name={name!r}, daemon=True)
@@ -116,6 +135,12 @@ except BaseException:
 '''
 
 
+def _code(text: str) -> str:
+    """`text` without its comment lines: they document the source here, and the pending call's
+    text must fit one page (inject/ptrace_inject.py MAX_TEXT)."""
+    return "\n".join(ln for ln in text.split("\n") if not ln.lstrip().startswith("#"))
+
+
 def bootstrap_body(socket_path: str, agent_dir: str, token: str, nonce: str = "0") -> str:
     """``nonce`` (per attach) names the agent's modules, so an agent still finishing its detach
     (its thread already renamed "stacklens-agent-exiting") never removes the next one's modules."""
@@ -124,9 +149,9 @@ def bootstrap_body(socket_path: str, agent_dir: str, token: str, nonce: str = "0
             raise ValueError("bad bootstrap parameter")
     if not nonce.isalnum():
         raise ValueError("nonce must be alphanumeric")
-    return _BODY.format(name=THREAD_NAME, sock=socket_path, agent_dir=agent_dir, token=token,
-                        modname=f"_stacklens_agent_{nonce}", switch_s=SWITCH_INTERVAL_S,
-                        gil=GIL_STATE_MODULE)
+    return _code(_BODY.format(name=THREAD_NAME, sock=socket_path, agent_dir=agent_dir, token=token,
+                              modname=f"_stacklens_agent_{nonce}", switch_s=SWITCH_INTERVAL_S,
+                              gil=GIL_STATE_MODULE, fork=FORK_MODULE, fork_hook=_code(FORK_HOOK)))
 
 
 def pending_call_text(socket_path: str, agent_dir: str, token: str, nonce: str = "0") -> bytes:

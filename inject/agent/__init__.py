@@ -10,10 +10,8 @@ Injected, the package is loaded as ``_stacklens_agent_<nonce>`` from a read-only
 writing bytecode; in tests it is the ordinary ``stacklens.inject.agent``.
 """
 
-import collections
 import math
 import os
-import select
 import sys
 import threading
 import time
@@ -31,7 +29,7 @@ DEFAULTS = {"sample_hz": 100.0, "max_depth": 128, "max_overhead": 0.02, "flush_m
 # SWITCH_RANGE_S is accepted (a value outside it is ignored with a note). Both exist to measure
 # what each costs a job (benchmarks/gpu/bench_overhead.py variants).
 # gpu_finalize: the GPU collector tears CUPTI down at detach where that is safe (cuptiFinalize;
-# inject/agent/gpu/cupti.py says when); False leaves CUPTI initialised, its API hooks in place.
+# inject/agent/gpu/cupti_teardown.py says when); False leaves CUPTI initialised, its API hooks in place.
 # module_paths: the sampler names module forwards by attribute path (reads `self` of the frame);
 # on by default from Python 3.13 only, where reading it copies nothing (sampler.py says why).
 SWITCH_RANGE_S = (1e-4, 0.05)   # below: forced switching nearly every bytecode; above: the agent
@@ -67,166 +65,16 @@ def _sub(name):
     return mod
 
 
-class _Outbox:
-    """Frames waiting for the socket: a queue of byte strings and an offset into the first, so a
-    partial send never moves the rest (raw CUPTI frames are 1 MiB; a bytearray's `del out[:n]`
-    after each ~200 KiB send moved megabytes per second on the target's GIL)."""
-
-    def __init__(self):
-        self.chunks = collections.deque()
-        self.size = 0            # bytes not yet sent
-        self.off = 0             # into chunks[0]
-        self.lock = threading.Lock()   # notes may be sent from a collector's thread
-
-    def __len__(self):
-        return self.size
-
-    def __bytes__(self):
-        return b"".join(self.chunks)[self.off:]
-
-    def append(self, *parts):
-        with self.lock:
-            self.chunks.extend(parts)
-            self.size += sum(len(p) for p in parts)
-
-    def send_to(self, sock):
-        """Write what the socket takes now; raises OSError (not BlockingIOError) if it broke."""
-        chunks = self.chunks
-        while chunks:
-            head = chunks[0]
-            try:
-                n = sock.send(memoryview(head)[self.off:])
-            except (BlockingIOError, InterruptedError):
-                return
-            self.off += n
-            with self.lock:
-                self.size -= n
-            if self.off < len(head):
-                return           # the socket is full
-            chunks.popleft()
-            self.off = 0
-
-
-class Channel:
-    """Non-blocking framed JSON over the connected socket; a bounded outbox, drops counted."""
-
-    def __init__(self, sock, max_outbox=4 << 20):
-        self.wire = _sub("wire")
-        self.sock = sock
-        sock.setblocking(False)
-        self.out = _Outbox()
-        self.inbuf = bytearray()
-        self.max_outbox = max_outbox
-        self.dropped_msgs = 0
-        self.closed = False
-        self.poller = select.poll()
-        self.poller.register(sock.fileno(), select.POLLIN)
-        self._want_out = False
-
-    def send(self, msg):
-        try:
-            data = self.wire.encode(msg)
-        except (TypeError, ValueError):
-            self.dropped_msgs += 1
-            return False
-        if len(data) - 4 > self.wire.MAX_FRAME or len(self.out) + len(data) > self.max_outbox:
-            self.dropped_msgs += 1
-            return False
-        self.out.append(data)
-        return True
-
-    def send_raw(self, header, body):
-        """A raw frame (CUPTI buffer bytes); False when the outbox has no room for it now. The
-        body is queued as it is (no copy of the buffer into a frame)."""
-        prefix = self.wire.raw_prefix(header, len(body))
-        n = len(prefix) + len(body)
-        if n - 4 > self.wire.MAX_RAW_FRAME:
-            self.dropped_msgs += 1
-            return True               # never fits: consumed (and counted), not retried
-        if len(self.out) + n > self.max_outbox:
-            return False
-        self.out.append(prefix, body)
-        return True
-
-    def pump(self, timeout_s):
-        """Wait up to timeout_s; write what the socket takes, return complete incoming messages."""
-        if self.closed:
-            time.sleep(max(0.0, timeout_s))
-            return []
-        want = bool(self.out)
-        if want != self._want_out:
-            self.poller.modify(self.sock.fileno(), select.POLLIN | (select.POLLOUT if want else 0))
-            self._want_out = want
-        # poll() counts whole ms: round up. Rounded down, the last fraction of every wait of the
-        # agent loop was a spin of poll(0) calls, each one giving the GIL away and taking it back
-        # (24,000/s against a loop of small torch ops, 3,000/s against pure Python). A sample up to
-        # 1 ms late is harmless: the schedule is absolute and jittered.
-        events = self.poller.poll(math.ceil(timeout_s * 1000) if timeout_s > 0 else 0)
-        msgs = []
-        for _fd, ev in events:
-            if ev & select.POLLOUT and self.out:
-                try:
-                    self.out.send_to(self.sock)
-                except OSError:
-                    self.closed = True
-            if ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
-                try:
-                    data = self.sock.recv(65536)
-                except (BlockingIOError, InterruptedError):
-                    data = None
-                except OSError:
-                    data = b""
-                if data == b"":
-                    self.closed = True
-                elif data:
-                    self.inbuf += data
-                    msgs.extend(self._parse())
-        return msgs
-
-    def _parse(self):
-        import json
-        out = []
-        while len(self.inbuf) >= 4:
-            n = int.from_bytes(self.inbuf[:4], "big")
-            if n > 65536:           # the daemon never sends this much: treat as a broken peer
-                self.closed = True
-                return out
-            if len(self.inbuf) < 4 + n:
-                break
-            raw = bytes(self.inbuf[4:4 + n])
-            del self.inbuf[:4 + n]
-            try:
-                msg = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(msg, dict) and isinstance(msg.get("t"), str):
-                out.append(msg)
-        return out
-
-    def drain(self, timeout_s):
-        """Blocking-ish flush of the outbox at detach, bounded by timeout_s."""
-        end = time.monotonic() + timeout_s
-        while self.out and not self.closed and time.monotonic() < end:
-            self.pump(min(0.05, max(0.0, end - time.monotonic())))
-
-
 class Agent:
     def __init__(self, sock, token, config=None):
         self.token = token
         self.cfg = dict(DEFAULTS)
-        self.ch = Channel(sock)
+        self.ch = _sub("channel").Channel(sock)
         self.stop_requested = False
         self.detaching = False
-        self.gpu = None
+        self.gpu = _sub("relay").GpuRelay(self.ch, self.cfg, self.note)   # the GPU collector's records
         self.jax = None                 # jaxmeta.JaxWatcher once the target has imported jax
         self.inductor = None            # inductor.InductorWatcher once torch.compile has compiled
-        self.gpu_queue = collections.deque()
-        self.gpu_dropped = 0
-        self.raw_queue = collections.deque()    # ("json", msg) | ("raw", (header, body)), in order
-        self.raw_in = 0                         # bytes queued (a collector's thread only)
-        self.raw_out = 0                        # bytes sent on (the agent thread only)
-        self.raw_dropped = 0                    # CUPTI buffers dropped (the daemon was too slow)
-        self.max_gpu_queue = DEFAULTS["max_gpu_queue"]
         self.samples_dropped = 0
         self.flush_asked = []           # ids of the daemon's edge flushes not yet answered
         self.flush_at_ns = None         # CLOCK_MONOTONIC when the GPU collector was last flushed for them
@@ -249,7 +97,7 @@ class Agent:
                     continue
                 self.cfg[k] = v
         self.ch.max_outbox = max(1 << 16, min(int(self.cfg["max_outbox"]), 64 << 20))
-        self.max_gpu_queue = max(1000, min(int(self.cfg["max_gpu_queue"]), 1_000_000))
+        self.gpu.max_queue = max(1000, min(int(self.cfg["max_gpu_queue"]), 1_000_000))
 
     def note(self, level, message):
         self.ch.send({"t": "note", "level": level, "msg": str(message)[:2000], "t_ns": time.monotonic_ns()})
@@ -265,27 +113,6 @@ class Agent:
         except BaseException:
             pass
 
-    def gpu_sink(self, kind, rec):
-        """Called from collector threads: never blocks, drops and counts when full."""
-        if kind == "raw":
-            n = len(rec[1])
-            if self.raw_in - self.raw_out + n > self.cfg["max_raw_bytes"]:
-                self.raw_dropped += 1
-                return
-            self.raw_in += n
-            self.raw_queue.append(("raw", rec))
-            return
-        if kind == "rawref":           # (header, address, length): bounded by the collector
-            self.raw_queue.append(("ref", rec))
-            return
-        if kind == "cupti_layout":
-            self.raw_queue.append(("json", rec))
-            return
-        if len(self.gpu_queue) >= self.max_gpu_queue:
-            self.gpu_dropped += 1
-            return
-        self.gpu_queue.append((kind, rec))
-
     def _handle(self, msgs):
         for m in msgs:
             t = m.get("t")
@@ -294,28 +121,11 @@ class Agent:
             elif t == "config":
                 self._apply_config(m)
             elif t == "free":
-                self._release(m.get("a"))
+                self.gpu.release(m.get("a"))
             elif t == "flush":
                 fid = m.get("id")
                 if type(fid) is int and len(self.flush_asked) < 64:
                     self.flush_asked.append(fid)
-
-    def _gpu_call(self, name, *args, default=None):
-        """A collector call that not every collector has (buffers left in place are CUPTI's);
-        never raises into the agent loop."""
-        fn = getattr(self.gpu, name, None)
-        if fn is None:
-            return default
-        try:
-            return fn(*args)
-        except BaseException as e:
-            self.note("warning", f"GPU collector {name} failed: {type(e).__name__}: {e}")
-            return default
-
-    def _release(self, addrs):
-        """The daemon has read these buffers in place: the collector may reuse them."""
-        if type(addrs) is list:
-            self._gpu_call("release", [a for a in addrs if type(a) is int])
 
     # -- main loop ---------------------------------------------------------------------
     def run(self):
@@ -350,7 +160,7 @@ class Agent:
         # never raises), and the daemon is told why the agent ended
         try:
             if self.cfg["gpu"] and not self.stop_requested:
-                self._start_gpu()
+                self.gpu.start(_sub, self._note_error)
             self._sample_until_stopped(sampler, batch)
         except BaseException as e:
             self._note_error("agent loop failed", e)
@@ -404,46 +214,17 @@ class Agent:
         self._switch_set = sys.getswitchinterval()   # as CPython rounded it
         return prev
 
-    def _start_gpu(self):
-        starting = None
-        try:
-            gpu_mod = _sub("gpu")
-            self.gpu = gpu_mod.select_collector(_sub, self.note)
-            if self.gpu is not None and hasattr(self.gpu, "api_records"):
-                self.gpu.api_records = bool(self.cfg["gpu_api_records"])
-            if self.gpu is not None and hasattr(self.gpu, "raw"):
-                self.gpu.raw = bool(self.cfg["gpu_raw"])
-            if self.gpu is not None and hasattr(self.gpu, "periodic_flush"):
-                self.gpu.periodic_flush = bool(self.cfg["gpu_flush"])
-            if self.gpu is not None and hasattr(self.gpu, "finalize"):
-                self.gpu.finalize = bool(self.cfg["gpu_finalize"])
-            if self.gpu is not None and hasattr(self.gpu, "ref"):   # buffers read in place
-                self.gpu.ref = bool(self.cfg["gpu_ref"])
-                self.gpu.max_shipped = max(1, int(self.cfg["max_raw_bytes"]) >> 20)
-            if self.gpu is not None:
-                starting = self.gpu
-                if not starting.start(self.gpu_sink):
-                    self.gpu = None
-        except BaseException as e:  # a collector must never take the agent (or target) down
-            self.gpu = None
-            self._note_error("GPU collector unavailable", e, level="warning")
-            if starting is not None:    # start() failed part-way: what it enabled is disabled
-                try:
-                    starting.stop()
-                except BaseException as e2:
-                    self._note_error("GPU collector stop failed", e2, level="warning")
-
     def _flush(self, batch):
         if batch.samples:
             if not self.ch.send(batch.message()):
                 self.samples_dropped += len(batch.samples)
             batch.clear()
-        if self.gpu is not None:
+        if self.gpu.collector is not None:
             try:
-                self.gpu.poll()
+                self.gpu.collector.poll()
             except BaseException as e:
                 self.note("warning", f"GPU collector poll failed: {e}")
-        self._send_gpu_records()
+        self.gpu.send()
         self._poll_jax()
         self._poll_inductor()
 
@@ -455,11 +236,11 @@ class Agent:
         request that came before it."""
         if self.flush_at_ns is None:
             self.flush_at_ns = time.monotonic_ns()
-            self._gpu_call("flush_now")
+            self.gpu.call("flush_now")
             self._flush(batch)
         else:
-            self._send_gpu_records()
-        if self.gpu_queue or self.raw_queue:
+            self.gpu.send()
+        if self.gpu.pending:
             return                             # the outbox is full: answered once they are out
         if self.ch.send({"t": "flushed", "id": self.flush_asked[-1], "t_ns": self.flush_at_ns}):
             self.flush_asked = []
@@ -490,62 +271,19 @@ class Agent:
             self.cfg["jax"] = False
             self.note("warning", f"JAX support stopped: {type(e).__name__}: {e}")
 
-    @property
-    def raw_bytes(self):
-        """Bytes of CUPTI buffers queued and not yet in the outbox."""
-        return self.raw_in - self.raw_out
-
-    def _send_gpu_records(self):
-        rq, ch = self.raw_queue, self.ch
-        while rq:
-            kind, item = rq[0]
-            if kind == "json":
-                if not ch.send(item) and ch.out:
-                    break                          # outbox full: retried (the layout must arrive)
-            elif kind == "ref":                    # a buffer left in place: address and length
-                head, addr, n = item
-                if not ch.send({"t": "cupti_ref", "h": head, "a": addr, "n": n}):
-                    if ch.out:
-                        break                      # outbox full: retried (the buffer waits)
-                    self.raw_dropped += 1          # never sendable: the buffer is reused
-                    self._release([addr])
-            elif ch.send_raw(*item):
-                self.raw_out += len(item[1])
-            else:
-                break                          # outbox full: the rest waits for the socket
-            rq.popleft()
-        q = self.gpu_queue
-        groups = {}
-        n = 0
-        while q and n < 50000:   # per flush (every 200 ms): up to 250k records/s
-            kind, rec = q.popleft()
-            groups.setdefault(kind, []).append(rec)
-            n += 1
-        for kind, recs in groups.items():
-            for i in range(0, len(recs), 2000):
-                chunk = recs[i:i + 2000]
-                msg = {"t": kind, "r": chunk}
-                if kind == "kernel":  # kernel names (long C++ names) once per message, rows by index
-                    ids = {}
-                    for r in chunk:
-                        r[0] = ids.setdefault(r[0], len(ids))
-                    msg["n"] = list(ids)
-                if not self.ch.send(msg):
-                    self.gpu_dropped += len(chunk)
-
     def _send_stats(self, sampler):
         st = {"t": "stats", "samples": sampler.samples, "sample_hz": round(sampler.hz, 2),
               "sample_cost_us": round(sampler.cost_ewma * 1e6, 1),
-              "dropped": {"samples": self.samples_dropped, "gpu": self.gpu_dropped,
-                          "gpu_buffers": self.raw_dropped,
+              "dropped": {"samples": self.samples_dropped, "gpu": self.gpu.dropped,
+                          "gpu_buffers": self.gpu.raw_dropped,
                           "messages": self.ch.dropped_msgs}}
         if self.jax is not None:
             st["dropped"]["jax"] = self.jax.dropped
         if self.inductor is not None:
             st["dropped"]["inductor"] = self.inductor.dropped
-        if self.gpu is not None:
+        if self.gpu.collector is not None:
             try:
-                st["gpu"] = self.gpu.stats()
+                st["gpu"] = self.gpu.collector.stats()
             except BaseException:
                 pass
         self.ch.send(st)
@@ -555,7 +293,7 @@ class Agent:
         the JAX listener are off in the target whatever fails after; then the last records, the
         stats and "bye" are sent on."""
         self.detaching = True
-        for what, c in (("JAX support", self.jax), ("GPU collector", self.gpu)):
+        for what, c in (("JAX support", self.jax), ("GPU collector", self.gpu.collector)):
             if c is not None:
                 try:
                     c.stop()
@@ -567,12 +305,12 @@ class Agent:
             end = time.monotonic() + 2.0
             # the final forced flush can exceed one batch; buffers left in place wait for the
             # daemon's "free" (it reads them from our memory); those it never frees are parked
-            while (self.gpu_queue or self.raw_queue or self._gpu_call("shipped", default=0)) \
+            while (self.gpu.pending or self.gpu.call("shipped", default=0)) \
                     and time.monotonic() < end \
                     and not self.ch.closed:
-                self._send_gpu_records()
+                self.gpu.send()
                 self._handle(self.ch.pump(0.01))
-            self._gpu_call("drop_shipped")
+            self.gpu.call("drop_shipped")
             self._send_stats(sampler)
             bye = self.ch.send({"t": "bye"})
             self.ch.drain(2.0)

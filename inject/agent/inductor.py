@@ -4,7 +4,8 @@ Stdlib only; never imports torch: it reads ``torch._inductor.codecache.PyCodeCac
 ``sys.modules`` once the target has imported it (i.e. compiled something). Runs on the agent
 thread. Cost: a length check per flush; per new generated module one read of its file (at most
 MAX_FILE bytes) and, at most every GC_SCAN_S, one ``gc.get_referrers(CompiledFxGraph)`` scan for
-its graph (the instances of that one class, not every object of the heap: see ``_scan_graphs``).
+its graph (the instances of that one class, not every object of the heap: see ``_scan_graphs``;
+skipped where the heap is over ``heapscan.MAX_SCAN_BLOCKS``).
 
 What it sends (wire kind ``inductor``, validated by ``stacklens.inject.channel.inductor``; the
 mapping is built by the daemon, ``daemon/join/compiled.py``), per generated wrapper module, as rows:
@@ -23,11 +24,13 @@ module) are not sent.
 Rows of one module travel in parts of at most MSG_BUDGET bytes.
 """
 
-import gc
 import json
 import os
 import sys
 import time
+
+# a module of the agent ("heapscan"), through the agent package (loaded before it)
+_sub = sys.modules[__name__.rpartition(".")[0]]._sub
 
 CODECACHE = "torch._inductor.codecache"
 MAX_FILE = 32 << 20          # larger wrapper files are not read (a note says so)
@@ -138,6 +141,7 @@ class InductorWatcher:
         self.todo = []                 # modules seen, not yet sent
         self.graphs = {}               # cache key -> post-grad graph string
         self.last_scan = None
+        self.scan_skipped = 0          # scans not made: the heap was over heapscan's bound
         self.seen = 0
         self.modules_sent = 0
         self.dropped = 0
@@ -190,7 +194,15 @@ class InductorWatcher:
         cls = getattr(mod, "CompiledFxGraph", None) if mod is not None else None
         if not isinstance(cls, type):
             return True
-        found = [o for o in gc.get_referrers(cls) if type(o) is cls]
+        heapscan = _sub("heapscan")
+        found = heapscan.instances((cls,))
+        if found is None:          # the walk would stop the job's threads too long
+            if not self.scan_skipped:
+                self.note("info", f"inductor: post-grad graphs not read: the heap is over "
+                          f"{heapscan.MAX_SCAN_BLOCKS} blocks (a walk would stop the job's threads for "
+                          "tens of ms); kernels are charged by the wrapper's line map")
+            self.scan_skipped += 1
+            return True
         try:
             for o in found:
                 key, s = getattr(o, "cache_key", None), getattr(o, "inductor_post_grad_graph_str", None)

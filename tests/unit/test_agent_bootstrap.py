@@ -1,5 +1,5 @@
 """The bootstrap and the agent, run inside this test process against a real AgentServer
-(SO_PEERCRED pid = ours): connect, sample, detach, leave nothing behind."""
+(SO_PEERCRED pid = ours, tests/agent_in_process.py): connect, sample, detach, leave nothing behind."""
 
 import json
 import os
@@ -10,21 +10,10 @@ import time
 
 from stacklens.inject.channel.server import AgentServer
 from stacklens.records.agent import AgentHello, PySample
-from stacklens.inject.agent import Agent, Channel
-from stacklens.inject.bootstrap import THREAD_NAME, bootstrap_body, pending_call_text
-
-
-def _agent_threads():
-    return [t for t in threading.enumerate() if t.name in (THREAD_NAME, THREAD_NAME + "-exiting")]
-
-
-def _wait(cond, timeout=30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return False
+from stacklens.inject.agent import Agent
+from stacklens.inject.agent.channel import Channel
+from stacklens.inject.bootstrap import bootstrap_body, pending_call_text
+from tests.agent_in_process import agent_threads, attach, detach, wait
 
 
 def test_pending_call_text_is_one_statement_binding_nothing():
@@ -52,9 +41,8 @@ def test_bootstrap_round_trip_and_clean_detach(tmp_path):
         # the fds open now; earlier tests' leftovers may close meanwhile (garbage collection of
         # their pipes), so the check is that the agent leaves no fd of its own behind
         fds_before = _fds()
-        exec(bootstrap_body(srv.target_path, srv.target_agent_dir, srv.token), {})
-        assert srv.wait_hello(30)
-        assert _wait(lambda: any(isinstance(r, PySample) for r in srv._records), 30)
+        attach(srv)
+        assert wait(lambda: any(isinstance(r, PySample) for r in srv._queue._records), 30)
         recs = srv.poll()
         assert isinstance(recs[0], AgentHello) and recs[0].pid == os.getpid()
         agent_tid = recs[0].tid
@@ -62,18 +50,17 @@ def test_bootstrap_round_trip_and_clean_detach(tmp_path):
         assert any(m.startswith("_stacklens_agent") for m in sys.modules)
         # a second bootstrap while one runs does nothing
         exec(bootstrap_body(srv.target_path, srv.target_agent_dir, srv.token), {})
-        assert len(_agent_threads()) == 1
-        assert srv.stop_agent(30)
-        assert _wait(lambda: not _agent_threads(), 30)
+        assert len(agent_threads()) == 1
+        detach(srv)
         assert not [m for m in sys.modules if m.startswith("_stacklens_agent")]
-        assert _wait(lambda: not (_fds() - fds_before), 30), _fds() - fds_before
+        assert wait(lambda: not (_fds() - fds_before), 30), _fds() - fds_before
     finally:
         srv.close()
 
 
 def test_bootstrap_without_server_exits_silently(tmp_path, capfd):
     exec(bootstrap_body(str(tmp_path / "nobody.sock"), str(tmp_path), "tok"), {})
-    assert _wait(lambda: not _agent_threads(), 30)
+    assert wait(lambda: not agent_threads(), 30)
     out, err = capfd.readouterr()
     assert out == "" and err == ""
 
@@ -98,8 +85,8 @@ def test_gpu_queue_is_bounded():
     try:
         ag = Agent(a, "tok", config={"max_gpu_queue": 1000})
         for i in range(5000):
-            ag.gpu_sink("kernel", [i])
-        assert len(ag.gpu_queue) == 1000 and ag.gpu_dropped == 4000
+            ag.gpu.sink("kernel", [i])
+        assert len(ag.gpu.queue) == 1000 and ag.gpu.dropped == 4000
     finally:
         a.close()
         b.close()
@@ -113,7 +100,7 @@ def test_server_rejects_other_peers(tmp_path):
         c.settimeout(2)
         assert c.recv(10) == b""          # closed on us: our pid is not the target's
         c.close()
-        assert _wait(lambda: srv.stats().get("rejected_peer") == 1, 30)
+        assert wait(lambda: srv.stats().get("rejected_peer") == 1, 30)
         mode = os.stat(srv.path).st_mode & 0o777
         assert mode in (0o600, 0o660)
         assert os.stat(srv.dir).st_mode & 0o022 == 0
@@ -133,8 +120,8 @@ def test_kernel_rows_travel_with_a_per_message_name_table():
         ag = Agent(a, "tok")
         names = ["void at::native::vectorized_elementwise_kernel<4>(int)", "sm80_xmma_gemm"]
         for i in range(3000):
-            ag.gpu_sink("kernel", [names[i % 2], i, i + 5, 0, 7, i, 1, 1, 1, 128, 1, 1, 0])
-        ag._send_gpu_records()
+            ag.gpu.sink("kernel", [names[i % 2], i, i + 5, 0, 7, i, 1, 1, 1, 128, 1, 1, 0])
+        ag.gpu.send()
         data = bytes(ag.ch.out)
         msgs, used = wire.decode_all(data)
         assert used == len(data)
@@ -156,15 +143,13 @@ def test_bootstrap_and_agent_switch_intervals_unwind_in_order(tmp_path):
     srv = AgentServer(os.getpid(), tmp_path / "agents",
                       config={"sample_hz": 50, "gpu": False, "switch_s": 0.004})
     try:
-        exec(bootstrap_body(srv.target_path, srv.target_agent_dir, srv.token), {})
-        assert srv.wait_hello(30)
-        assert _wait(lambda: abs(sys.getswitchinterval() - 0.004) < 1e-6, 30)
-        assert srv.stop_agent(30)
-        assert _wait(lambda: not _agent_threads(), 30)
+        attach(srv)
+        assert wait(lambda: abs(sys.getswitchinterval() - 0.004) < 1e-6, 30)
+        detach(srv)
         assert sys.getswitchinterval() == before
     finally:
         srv.close()
-        _wait(lambda: not _agent_threads(), 30)
+        wait(lambda: not agent_threads(), 30)
         sys.setswitchinterval(before)
 
 
@@ -200,14 +185,12 @@ def test_an_exiting_agent_does_not_restore_the_interval_under_the_next_one(tmp_p
         exec(bootstrap_body(str(tmp_path / "a.sock"), str(slow_dir), "tok", nonce="a"), {})
         assert hold.exiting.wait(5)
         assert sys.getswitchinterval() == SWITCH_INTERVAL_S
-        exec(bootstrap_body(srv.target_path, srv.target_agent_dir, srv.token, nonce="b"), {})
-        assert srv.wait_hello(30)
+        attach(srv, nonce="b")
         hold.release.set()                                   # A's bootstrap finishes under B
-        assert _wait(lambda: not any(t.name.endswith("-exiting") for t in threading.enumerate()), 30)
+        assert wait(lambda: not any(t.name.endswith("-exiting") for t in threading.enumerate()), 30)
         assert sys.getswitchinterval() == SWITCH_INTERVAL_S  # B still runs on the fast interval
         assert sys.modules[GIL_STATE_MODULE].users == 1
-        assert srv.stop_agent(30)
-        assert _wait(lambda: not _agent_threads(), 30)
+        detach(srv)
         assert sys.getswitchinterval() == before             # the last one out restored it
         assert GIL_STATE_MODULE not in sys.modules
     finally:

@@ -146,13 +146,13 @@ def test_agent_queues_raw_buffers_by_bytes_and_sends_the_layout_first():
     a_sock, b_sock = socket.socketpair()
     try:
         agent = Agent(a_sock, "tok", {"max_raw_bytes": 3000})
-        agent.gpu_sink("cupti_layout", {"t": "cupti_layout", "kinds": {}, "copy_kinds": {}})
+        agent.gpu.sink("cupti_layout", {"t": "cupti_layout", "kinds": {}, "copy_kinds": {}})
         head = {"t": "cupti_raw", "off_ns": 0, "mode": "sizes", "n_offs": 0, "align": 8}
-        agent.gpu_sink("raw", (head, b"x" * 2000))
-        agent.gpu_sink("raw", (head, b"y" * 2000))      # over the byte budget: dropped, counted
-        assert agent.raw_dropped == 1
-        agent._send_gpu_records()
-        assert agent.raw_bytes == 0
+        agent.gpu.sink("raw", (head, b"x" * 2000))
+        agent.gpu.sink("raw", (head, b"y" * 2000))      # over the byte budget: dropped, counted
+        assert agent.gpu.raw_dropped == 1
+        agent.gpu.send()
+        assert agent.gpu.raw_bytes == 0
         out = bytes(agent.ch.out)
         n = int.from_bytes(out[:4], "big")
         assert out[4:4 + n].startswith(b'{"t":"cupti_layout"')

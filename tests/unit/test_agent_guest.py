@@ -7,7 +7,7 @@ import sys
 import types
 import weakref
 
-from stacklens.inject.agent import inductor
+from stacklens.inject.agent import heapscan, inductor, jaxmeta
 from stacklens.inject.agent.gpu.cupti_teardown import graph_users
 
 
@@ -87,7 +87,40 @@ def test_inductor_graph_scan_holds_no_other_object_of_the_target(monkeypatch):
         seen["alive_after_drop"] = ref() is not None
         return out
 
-    monkeypatch.setattr(inductor.gc, "get_referrers", referrers_then_target_drops)
+    monkeypatch.setattr(heapscan.gc, "get_referrers", referrers_then_target_drops)
     assert w._scan_graphs() is True
     assert w.graphs == {"ckey": graph.inductor_post_grad_graph_str}
     assert seen == {"alive_after_drop": False}
+
+
+def test_no_heap_walk_over_the_bound_and_a_note_says_what_was_not_read(monkeypatch):
+    """Over heapscan.MAX_SCAN_BLOCKS the Inductor reader and the JAX watcher do not walk the heap
+    (a walk stops the job's threads in proportion to it); each says once what it did not read."""
+    class CompiledFxGraph:
+        pass
+
+    mod = types.ModuleType("torch._inductor.output_code")
+    mod.CompiledFxGraph = CompiledFxGraph
+    monkeypatch.setitem(sys.modules, "torch._inductor.output_code", mod)
+    keep = CompiledFxGraph()
+    walks = []
+    real = gc.get_referrers
+    monkeypatch.setattr(heapscan.gc, "get_referrers", lambda *c: walks.append(c) or real(*c))
+    assert heapscan.instances((CompiledFxGraph,)) == [keep] and len(walks) == 1   # under the bound
+    monkeypatch.setattr(heapscan, "MAX_SCAN_BLOCKS", sys.getallocatedblocks() // 2)
+    assert heapscan.instances((CompiledFxGraph,)) is None and len(walks) == 1
+    notes = []
+    now = [0.0]
+    w = inductor.InductorWatcher(lambda m: True, lambda level, text: notes.append(text), clock=lambda: now[0])
+    assert w._scan_graphs() is True and w.graphs == {}       # the modules go on, without graphs
+    now[0] += 3600
+    assert w._scan_graphs() is True and w.scan_skipped == 2 and len(walks) == 1
+    assert len(notes) == 1 and "post-grad graphs not read" in notes[0]
+
+    pxla = types.ModuleType("jax._src.interpreters.pxla")
+    pxla.MeshExecutable = CompiledFxGraph
+    monkeypatch.setitem(sys.modules, "jax._src.interpreters.pxla", pxla)
+    jnotes = []
+    watcher = jaxmeta.JaxWatcher(lambda m: True, lambda level, text: jnotes.append(text))
+    watcher._scan_existing()
+    assert not watcher.queue and len(walks) == 1 and "compiled before the attach not looked for" in jnotes[0]

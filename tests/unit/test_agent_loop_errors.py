@@ -168,8 +168,8 @@ def test_a_collector_whose_start_fails_part_way_is_stopped(monkeypatch):
     a, d = socket.socketpair()
     try:
         agent = Agent(a, "tok")
-        agent._start_gpu()
-        assert agent.gpu is None and gpu.calls == ["start", "stop"]
+        agent.gpu.start(agent_mod._sub, agent._note_error)
+        assert agent.gpu.collector is None and gpu.calls == ["start", "stop"]
     finally:
         a.close()
         d.close()

@@ -324,10 +324,10 @@ def test_config_with_huge_infinite_or_nan_numbers_keeps_the_defaults():
     try:
         agent = Agent(a, "tok", config=bad)
         assert agent.cfg == DEFAULTS
-        outbox, gpu_queue = agent.ch.max_outbox, agent.max_gpu_queue
+        outbox, gpu_queue = agent.ch.max_outbox, agent.gpu.max_queue
         agent._handle([dict(bad, t="config")])
         assert agent.cfg == DEFAULTS
-        assert (agent.ch.max_outbox, agent.max_gpu_queue) == (outbox, gpu_queue)
+        assert (agent.ch.max_outbox, agent.gpu.max_queue) == (outbox, gpu_queue)
         agent._handle([{"t": "config", "sample_hz": 10 ** 400, "max_depth": 64, "switch_s": 0.002}])
         assert agent.cfg["max_depth"] == 64 and agent.cfg["switch_s"] == 0.002   # the good ones apply
         assert agent.cfg["sample_hz"] == DEFAULTS["sample_hz"]

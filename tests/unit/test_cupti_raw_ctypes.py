@@ -145,15 +145,15 @@ def test_agent_and_daemon_move_buffers_in_place_end_to_end(libcupti, tmp_path):
         end = time.monotonic() + 5
         while not any(m.get("t") == "config" for m in agent.ch.pump(0.05)) and time.monotonic() < end:
             pass
-        col.sink = agent.gpu_sink
+        col.sink = agent.gpu.sink
         col.clock = type("C", (), {"offset_ns": OFF})()
         col._raw_sizes = {K_KERNEL: KERNEL_SIZE}
         col._verified = cupti_raw.VERIFY_BUFFERS           # the size walk verified
         cb = cupti_raw._ctypes_callbacks(libcupti, col._raw_buffer, col.wants_offsets)
         cb.on_ref, cb.max_shipped, cb.shipped = col._raw_ref, 8, col._shipped
         col._raw_cb = cb
-        agent.gpu = col
-        agent.gpu_sink("cupti_layout", LAYOUT)
+        agent.gpu.collector = col
+        agent.gpu.sink("cupti_layout", LAYOUT)
         for i in range(2):
             stage(libcupti, pack_sizes([kernel(10 * i + j, 100 * j + 1, 100 * j + 50) for j in range(3)]),
                   K_KERNEL, KERNEL_SIZE)
@@ -161,7 +161,7 @@ def test_agent_and_daemon_move_buffers_in_place_end_to_end(libcupti, tmp_path):
         assert col.shipped() == 2 and col.counts["ref_buffers"] == 2
         end = time.monotonic() + 5
         while (col.shipped() or srv.stats().get("raw_records", 0) < 6) and time.monotonic() < end:
-            agent._send_gpu_records()
+            agent.gpu.send()
             agent._handle(agent.ch.pump(0.02))
         recs = [r for r in srv.poll() if type(r).__name__ == "KernelRecord"]
         assert [r.correlation_id for r in recs] == [0, 1, 2, 10, 11, 12]

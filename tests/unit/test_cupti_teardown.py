@@ -170,8 +170,8 @@ def test_gpu_finalize_from_the_daemons_config_reaches_the_collector(monkeypatch)
         assert Agent(a, "tok").cfg["gpu_finalize"] is True                      # on by default
         assert Agent(a, "tok", config={"gpu_finalize": 0}).cfg["gpu_finalize"] is True   # not a bool
         agent = Agent(a, "tok", config={"gpu_finalize": False})
-        agent._start_gpu()
-        assert agent.gpu is col and col.finalize is False
+        agent.gpu.start(agent_mod._sub, agent._note_error)
+        assert agent.gpu.collector is col and col.finalize is False
     finally:
         a.close()
         d.close()
