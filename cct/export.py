@@ -342,7 +342,7 @@ def to_columnar(snap: Snapshot) -> bytes:
         "string_bytes": len(blob),
         "columns": columns,
     }
-    if snap.threaded:   # at most MAX_THREADS rows per node and metric (cct/tree.py): in the header
+    if snap.threaded:   # at most MAX_THREADS rows per node and metric (cct/threads.py): in the header
         head["threads"] = _threads_out(snap, new_id)
     header = json.dumps(head, separators=(",", ":")).encode()
     return b"".join([COLUMNAR_MAGIC, len(header).to_bytes(4, "little"), header, *sections])

@@ -12,28 +12,17 @@ capped by `max_nodes`.
 Layout: frames are interned to ints; node n is (parents[n], node_frame[n]); exclusive values
 live in one list per metric, indexed by node. Inclusive values are only computed in snapshots.
 
-Node cap and folding: the tree never holds more than `max_nodes` nodes.
+Node cap: the tree never holds more than `max_nodes` nodes.
 - When a new context does not fit, its values go to the nearest `[other]` node on its path
   (deepest first; the path cache remembers that), and it counts as turned away.
 - Once max_nodes/10 distinct contexts have been turned away (or no `[other]` is on the path and
-  there is no room for one), the coldest contexts are folded until the tree is back to 90% of
-  the cap, which makes room for newcomers. Folding costs O(n log n) (about 0.1 s for 50k nodes),
-  so it runs once per max_nodes/10 newcomers, not for each. Without the turn-away step, contexts
-  folded away came straight back and were folded again: with 20,000 live contexts over a
-  50,000-node cap that cost 165 us per event; with it, 16 us.
-- The weight of a node is the sum over metrics of its inclusive value as a fraction of that
-  metric's total: metrics have different units (ns, counts, bytes), so each is normalised to its
-  share before adding. Coldest = least weight; among equals the newest node goes first.
-- A folded subtree is replaced by its parent's `[other]` child (created when needed), which
-  receives the sum of every value in the subtree, so every metric's total is conserved and the
-  folded values stay attributed to the deepest context that survives. Per-parent `[other]` keeps
-  "somewhere under train_step" instead of losing all context into one global bucket.
-- Folding goes strictly coldest first. The first fold under a parent creates its `[other]`, so
-  it saves a node only if the subtree had two or more; the loop goes on until enough are saved.
+  there is no room for one), the coldest contexts are folded into `[other]` nodes until the tree
+  is back to 90% of the cap, which makes room for newcomers (fold.py: which contexts go, where
+  their values go, what it costs). Without the turn-away step, contexts folded away came straight
+  back and were folded again: with 20,000 live contexts over a 50,000-node cap that cost 165 us
+  per event; with it, 16 us.
 - `folded_nodes` counts the nodes removed by folding plus the nodes a turned-away context would
   have needed (counted again if it is turned away again after a fold).
-- Weight is cumulative, so long-lived hot contexts win against newcomers, whose weight starts
-  small; windowed views (window.py) build on per-second trees, where a new phase of a job shows.
 
 Byte cap (`max_bytes`, issue 17): nodes are not all the memory. Frame strings come from the
 target (a hostile one sent unique 8 KiB names: 5.4 GiB in 74 s under a node cap of 100k per tree),
@@ -44,38 +33,30 @@ the same fold as the node cap, until the estimate is back to 90% of it; `budget_
 nodes that went. Totals are conserved as with the node cap. Frame objects shared between trees
 are counted in each, so the estimate errs high.
 
-Threads (issue 22: pprof's thread labels): `add_sample(path, metric, tid)` also counts the value
-by thread, per node: {tid: count} for at most MAX_THREADS threads per node and metric, the first
-ones seen there. A later thread's values, and those of tid 0 (not known), are in the node's value
-only: what the listed threads leave of it is "[other threads]", so every total stays exact and
-the breakdown costs at most MAX_THREADS entries per node and metric (THREAD_NODE_BYTES plus
-THREAD_BYTES each, in `estimated_bytes`). Folds and merges carry the counts with the values.
+Threads (issue 22): `add_sample(path, metric, tid)` also counts the value by thread, per node, in
+a bounded breakdown (threads.py).
 """
 
 from __future__ import annotations
 
-import operator
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import accumulate, compress, repeat
 
 from stacklens.cct import metrics as _metrics
+from stacklens.cct.fold import FOLD_TO, compact, fold_coldest
 from stacklens.cct.frames import OTHER, ROOT, Frame
 from stacklens.cct.snapshot import Snapshot
+# re-exported (`__all__`): the join and tests read MAX_THREADS here
+from stacklens.cct.threads import MAX_THREADS, count_threads, threads_bytes
 
 METRICS = _metrics.DEFAULT  # the default columns; every metric is declared in cct/metrics.py
 
-_FOLD_TO = 0.9
-
-# Estimated bytes (64-bit CPython 3.10-3.13) of what a tree holds, for `max_bytes`.
+# Estimated bytes (64-bit CPython 3.10-3.13) of what a tree holds, for `max_bytes`; threads.py
+# has those of the thread breakdowns.
 NODE_BYTES = 200    # parents/node_frame slots, a _child entry with its int key and value, cell ints
 CELL_BYTES = 8      # a node's slot in each metric column
 FRAME_BYTES = 190   # a Frame tuple, its _frames slot and _frame_ids entry (its strings apart)
 PATH_BYTES = 150    # a _leaf_of entry: dict slot, tuple header, value; 8 more per frame of the path
-THREAD_NODE_BYTES = 230  # a node's {tid: count} dict and its slot in the metric's node dict
-THREAD_BYTES = 90        # one thread's entry in it (an int key and value)
-
-MAX_THREADS = 8  # threads counted apart per node and metric; the rest is "[other threads]"
 
 
 def frame_bytes(frame: Frame) -> int:
@@ -83,8 +64,12 @@ def frame_bytes(frame: Frame) -> int:
     return FRAME_BYTES + sys.getsizeof(frame.name) + sys.getsizeof(frame.file)
 
 
+__all__ = ["CCT", "METRICS", "MAX_THREADS", "NODE_BYTES", "CELL_BYTES", "FRAME_BYTES", "PATH_BYTES", "frame_bytes"]
+
+
 class CCT:
-    """A mutable calling context tree; see the module docstring for layout and folding."""
+    """A mutable calling context tree; see the module docstring for layout and caps, fold.py for
+    folding and threads.py for the breakdown by thread."""
 
     def __init__(self, metrics: Sequence[str] = METRICS, max_nodes: int | None = 100_000,
                  max_bytes: int | None = None) -> None:
@@ -119,7 +104,7 @@ class CCT:
         self._leaf_of: dict[tuple[Frame, ...], int] = {}
         self._folded = 0
         self._turned_away = 0  # distinct contexts charged to [other] since the last fold
-        # metric -> node -> {tid: count}: the values of add_sample by thread (module docstring)
+        # metric -> node -> {tid: count}: the values of add_sample by thread (threads.py)
         self._threads: dict[str, dict[int, dict[int, int]]] = {}
 
     @property
@@ -205,32 +190,7 @@ class CCT:
         if threads is not None and tid in threads:
             threads[tid] += value
         else:
-            self._count_threads(by_node, leaf, ((tid, value),))
-
-    def _count_threads(self, by_node: dict[int, dict[int, int]], node: int,
-                       counts: Iterable[tuple[int, int]], sign: int = 1) -> None:
-        """Add (tid, count) pairs to `node`'s breakdown, at most MAX_THREADS threads (a later
-        one's count stays in the node's value only); a count that reaches 0 goes."""
-        threads = by_node.get(node)
-        if threads is None:
-            threads = by_node[node] = {}
-            self._bytes += THREAD_NODE_BYTES
-        for tid, count in counts:
-            n = threads.get(tid)
-            if n is None:
-                if len(threads) >= MAX_THREADS:
-                    continue
-                n = 0
-                self._bytes += THREAD_BYTES
-            n += sign * count
-            if n:
-                threads[tid] = n
-            else:
-                del threads[tid]
-                self._bytes -= THREAD_BYTES
-        if not threads:
-            del by_node[node]
-            self._bytes -= THREAD_NODE_BYTES
+            self._bytes += count_threads(by_node, leaf, ((tid, value),))
 
     def _add_new(self, path: tuple[Frame, ...], deltas: Mapping[str, int]) -> None:
         for metric in deltas:
@@ -282,7 +242,7 @@ class CCT:
             if len(self._parents) >= self.max_nodes:
                 # Make room for one [other]; if even that fails everything went into the
                 # root's [other], which is on every path.
-                self._fold(min(self.max_nodes - 1, max(2, int(self.max_nodes * _FOLD_TO))))
+                self._fold(min(self.max_nodes - 1, max(2, int(self.max_nodes * FOLD_TO))))
                 return self._place(path)
             other = self._new_node(node, other_fid)
         self._turned_away += 1
@@ -348,7 +308,7 @@ class CCT:
             if metric in self._excl:
                 to = self._threads.setdefault(metric, {})
                 for node, counts in by_node.items():
-                    self._count_threads(to, remap[node], counts.items() if isinstance(counts, dict) else counts, sign)
+                    self._bytes += count_threads(to, remap[node], counts.items() if isinstance(counts, dict) else counts, sign)
         self._folded += sign * folded_nodes
         if self.max_nodes is not None and len(self._parents) > self.max_nodes:
             self._fold()
@@ -411,7 +371,7 @@ class CCT:
         fold counts nodes, so its target is the node count scaled by the bytes to shed; a few
         rounds because strings are not spread evenly over nodes."""
         assert self.max_bytes is not None
-        goal = self.max_bytes * _FOLD_TO
+        goal = self.max_bytes * FOLD_TO
         before = self._folded
         for _ in range(4):
             total, n_nodes = self.estimated_bytes, len(self._parents)
@@ -422,115 +382,21 @@ class CCT:
 
     def _fold(self, target: int | None = None) -> None:
         """Fold the coldest subtrees until at most `target` nodes (default: 90% of the cap) remain,
-        or nothing is left to fold."""
+        or nothing is left to fold (fold.py), and renumber the nodes left."""
         if target is None:
             assert self.max_nodes is not None
-            target = max(2, int(self.max_nodes * _FOLD_TO))
-        parents, cols = self._parents, self._cols
-        n_nodes = len(parents)
-
-        weight = [0.0] * n_nodes
-        for col in cols:
-            total = sum(map(abs, col))
-            if total:
-                shares = map(operator.truediv, map(abs, col), repeat(total))
-                weight = list(map(operator.add, weight, shares))
-        for node in range(n_nodes - 1, 0, -1):
-            weight[parents[node]] += weight[node]
-        # Children grouped by parent plus offsets, not a list per node (which would set off
-        # full garbage collections); [other] nodes made by this fold are in `new_other`.
-        by_parent = sorted(range(1, n_nodes), key=parents.__getitem__)
-        counts = [0] * (n_nodes + 1)
-        for parent in parents[1:]:
-            counts[parent + 1] += 1
-        start = list(accumulate(counts))
-        new_other: dict[int, int] = {}
-
+            target = max(2, int(self.max_nodes * FOLD_TO))
         other_fid = self._frame_ids.get(OTHER)
         if other_fid is None:
             other_fid = self._intern(OTHER)
-        node_frame = self._node_frame
-        # Descendants never weigh more than their ancestors, so ascending weight (newest
-        # first among equals, and children are newer than parents) folds leaves before parents.
-        # A stable sort of descending ids gives that order without building a key per node.
-        order = sorted(range(n_nodes - 1, 0, -1), key=weight.__getitem__)
-        gone = bytearray(n_nodes)
-        live = n_nodes
-        thread_counts = list(self._threads.values())
-
-        def fold(node: int) -> int:
-            """Fold node's subtree into its parent's [other]; returns how many nodes that saves."""
-            parent = parents[node]
-            other = self._child.get(parent << 32 | other_fid)
-            created = 0
-            if other is None:
-                other = new_other[parent] = self._new_node(parent, other_fid)
-                gone.append(0)
-                created = 1
-            removed = 0
-            stack = [node]
-            while stack:
-                n = stack.pop()
-                if gone[n]:
-                    continue
-                gone[n] = 1
-                removed += 1
-                for col in cols:
-                    if col[n]:
-                        col[other] += col[n]
-                        col[n] = 0
-                for by_node in thread_counts:
-                    counts = by_node.pop(n, None)
-                    if counts:
-                        self._count_threads(by_node, other, counts.items())
-                if n < n_nodes:
-                    stack.extend(by_parent[start[n] : start[n + 1]])
-                    if n in new_other:
-                        stack.append(new_other[n])
-            del self._child[parent << 32 | node_frame[node]]
-            self._folded += removed
-            return removed - created
-
-        for node in order:
-            if live <= target:
-                break
-            if not gone[node] and node_frame[node] != other_fid:
-                live -= fold(node)
-        self._compact(gone, other_fid)
-
-    def _compact(self, gone: bytearray, other_fid: int) -> None:
-        """Renumber the surviving nodes (keeping parent < child), drop unused frames, and keep
-        the path cache entries of surviving contexts (re-walking every path after each fold
-        cost more than the fold). Paths charged to an `[other]` are dropped: there may be room
-        for them now.
-
-        Written as chains of map/zip so the per-node work runs in C: a fold of 100k nodes
-        spent most of its time here as a Python loop.
-        """
-        keep = list(compress(range(len(gone)), map(operator.not_, gone)))
-        new_id = dict(zip(keep, range(len(keep))))
-        old_parents, old_node_frame = self._parents, self._node_frame
-        parents = [-1]
-        parents += map(new_id.__getitem__, map(old_parents.__getitem__, keep[1:]))
-        used = sorted(set(map(old_node_frame.__getitem__, keep)))  # ROOT's 0 stays first
-        new_fid = dict(zip(used, range(len(used))))
-        node_frame = list(map(new_fid.__getitem__, map(old_node_frame.__getitem__, keep)))
-        frames = list(map(self._frames.__getitem__, used))
-        self._frames, self._frame_ids = frames, dict(zip(frames, range(len(frames))))
-        self._parents, self._node_frame = parents, node_frame
-        keys = map(operator.or_, map(operator.lshift, parents[1:], repeat(32)), node_frame[1:])
-        self._child = dict(zip(keys, range(1, len(keep))))
-        self._excl = {m: list(map(col.__getitem__, keep)) for m, col in self._excl.items()}
+        gone, removed = fold_coldest(self._parents, self._node_frame, self._cols, self._child,
+                                     self._threads.values(), other_fid, target, self._new_node)
+        self._folded += removed
+        (self._frames, self._frame_ids, self._parents, self._node_frame, self._child, self._excl,
+         self._leaf_of, self._threads) = compact(gone, other_fid, self._frames, self._parents,
+                                                 self._node_frame, self._excl, self._leaf_of, self._threads)
         self._cols = list(self._excl.values())
-        self._leaf_of = {
-            path: new_id[node]
-            for path, node in self._leaf_of.items()
-            if node in new_id and old_node_frame[node] != other_fid
-        }
         self._turned_away = 0
-        # folded nodes handed their thread counts to an [other]: every node left is kept
-        self._threads = {m: {new_id[n]: t for n, t in by_node.items()} for m, by_node in self._threads.items()}
-        self._bytes = (self._node_bytes * len(keep) + sum(map(frame_bytes, frames))
-                       + sum(THREAD_NODE_BYTES * len(b) + THREAD_BYTES * sum(map(len, b.values()))
-                             for b in self._threads.values()))
+        self._bytes = (self._node_bytes * len(self._parents) + sum(map(frame_bytes, self._frames))
+                       + threads_bytes(self._threads))
         self._path_bytes = PATH_BYTES * len(self._leaf_of) + 8 * sum(map(len, self._leaf_of))
