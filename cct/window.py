@@ -14,7 +14,7 @@ for the closed buckets: past it the oldest are dropped before their horizon (win
 reach back less far). What the budget cost is counted (`memory()`) and shown in the snapshot's
 meta (`"memory"`) once anything was folded or dropped for it. A hostile target sending unique
 8 KiB frame names held 5.4 GiB of a daemon in 74 s before (issue 17); now a session's tree stays
-within 192 MiB and the agent channel's queue within 64 MiB (inject/channel/server.py).
+within 192 MiB and the agent channel's queue within 64 MiB (inject/channel/recordqueue.py).
 
 Views are built when asked for:
 - cumulative: a copy of the cumulative tree plus the open bucket;

@@ -38,7 +38,7 @@ for i in range(rounds):
         continue
     try:
         me = f"agent-{os.getpid()}"
-        if os.stat(f"{d}/{me}.lock").st_ino != os.fstat(srv._lock_fd).st_ino:
+        if os.stat(f"{d}/{me}.lock").st_ino != os.fstat(srv._files.lock_fd).st_ino:
             problems.append(f"round {i}: the lock file by name is not the one held")
         for name in (f"{me}.sock", f"{me}-code/__init__.py"):
             if not os.path.exists(f"{d}/{name}"):
@@ -96,7 +96,7 @@ def test_a_live_servers_files_survive_a_sweep_and_a_held_pid_is_refused(tmp_path
             with pytest.raises(AlreadyAttached, match=f"already serves PID {os.getpid()}"):
                 AgentServer(os.getpid(), d)
             # the refused server left the live one's files as they were
-            assert os.stat(d / f"agent-{os.getpid()}.lock").st_ino == os.fstat(live._lock_fd).st_ino
+            assert os.stat(d / f"agent-{os.getpid()}.lock").st_ino == os.fstat(live._files.lock_fd).st_ino
         finally:
             child.stdin.close()
             child.wait()

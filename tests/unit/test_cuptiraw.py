@@ -351,7 +351,7 @@ def test_end_to_end_through_the_agent_server(tmp_path):
         c.close()
     finally:
         srv.close()
-    assert srv._names is not None and srv._names._mem is None
+    assert srv._agent.names is not None and srv._agent.names._mem is None
 
 
 def offs_len(n):

@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from stacklens.daemon import grpc_service
+from stacklens.daemon import grpc_calls, grpc_service
 from stacklens.daemon import stacklens_pb2 as pb
 from stacklens.daemon.client import DaemonClient
 from stacklens.errors import InputError, StacklensError
@@ -119,7 +119,7 @@ def test_unexpected_errors_are_internal_short_and_logged_once(tmp_path, target, 
 
 
 def test_undecodable_requests_log_one_line_not_a_traceback_each(daemon, target, caplog):
-    grpc_service._FILTER._last = float("-inf")  # a fresh rate window for this test
+    grpc_calls._FILTER._last = float("-inf")  # a fresh rate window for this test
     with caplog.at_level(logging.INFO), DaemonClient(str(daemon.socket_path)) as c:
         raw = c.channel.unary_unary("/stacklens.v1.Stacklens/GetSnapshot", request_serializer=None,
                                     response_deserializer=None)
