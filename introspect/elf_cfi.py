@@ -54,16 +54,10 @@ def _uleb(m, p: int) -> tuple[int, int]:
 
 
 def _sleb(m, p: int) -> tuple[int, int]:
-    r = s = 0
-    while True:
-        b = m[p]
-        p += 1
-        r |= (b & 0x7F) << s
-        s += 7
-        if b < 0x80:
-            if b & 0x40:
-                r -= 1 << s
-            return r, p
+    r, end = _uleb(m, p)
+    if m[end - 1] & 0x40:               # the sign bit of the last byte read
+        r -= 1 << 7 * (end - p)
+    return r, end
 
 
 def _breg(m, p: int, end: int, tail: int) -> tuple[int, int] | None:

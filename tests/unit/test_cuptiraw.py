@@ -7,12 +7,12 @@ import json
 import os
 import socket
 import struct
-import time
 
 import pytest
 
 from stacklens.inject.channel.gpu import cupti as cr
 from stacklens.inject.agent import wire
+from tests.agent_in_process import wait
 from stacklens.records.agent import KernelRecord, MemcpyRecord
 from stacklens.inject.channel.server import AgentServer
 from stacklens.inject.channel.validate import MAX_STR, ProtocolError
@@ -303,15 +303,6 @@ def test_random_garbage_never_crashes(layout, names):
 
 # -- end to end through a real AgentServer socket ---------------------------------------------
 
-def _wait(cond, timeout=30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def _connect(srv):
     c = socket.socket(socket.AF_UNIX)
     c.connect(srv.path)
@@ -335,7 +326,7 @@ def test_end_to_end_through_the_agent_server(tmp_path):
         many = [kernel(100 + i, 10 * i + 1, 10 * i + 5) for i in range((1 << 20) // KERNEL_SIZE)]
         c.sendall(wire.encode_raw(hdr(), pack_sizes(many)))
         c.sendall(wire.encode({"t": "note", "level": "info", "msg": "after", "t_ns": 1}))
-        assert _wait(lambda: srv.stats().get("records", 0) >= 1 + 5 + 1 + len(many) + 1)
+        assert wait(lambda: srv.stats().get("records", 0) >= 1 + 5 + 1 + len(many) + 1)
         recs = srv.poll()[1:]                                               # [0] is the hello
         assert recs[:5] == expected(OFF)
         assert recs[5] == KernelRecord("unresolved:0x0", 10 + OFF, 20 + OFF, 0, 7, 10, (128, 1, 1), (256, 1, 1), 0)
@@ -347,7 +338,7 @@ def test_end_to_end_through_the_agent_server(tmp_path):
         assert st["raw_records"] == 5 + 1 + len(many) and st["raw_unresolved_names"] == 1
         # a bad layout is rejected and keeps the one we have
         c.sendall(wire.encode(_bad_layout(KF + ("name",), [196, "Q"])))
-        assert _wait(lambda: srv.stats().get("rejected_message:cupti_layout") == 1)
+        assert wait(lambda: srv.stats().get("rejected_message:cupti_layout") == 1)
         c.close()
     finally:
         srv.close()
@@ -368,7 +359,7 @@ def test_oversize_and_pre_hello_raw_frames(tmp_path):
         c.sendall(wire.encode_raw(hdr(), b""))
         assert c.recv(10) == b""
         c.close()
-        assert _wait(lambda: srv.stats().get("rejected_hello") == 1)
+        assert wait(lambda: srv.stats().get("rejected_hello") == 1)
         # a JSON frame bigger than MAX_FRAME is oversize even though raw frames may be that big
         for payload in (b"{" + b" " * wire.MAX_FRAME, wire.RAW_MAGIC + b"\0" * wire.MAX_RAW_FRAME):
             c = _connect(srv)
@@ -380,7 +371,7 @@ def test_oversize_and_pre_hello_raw_frames(tmp_path):
             except OSError:
                 pass
             c.close()
-        assert _wait(lambda: srv.stats().get("rejected_oversize") == 2)
+        assert wait(lambda: srv.stats().get("rejected_oversize") == 2)
     finally:
         srv.close()
 
@@ -428,7 +419,7 @@ def test_buffers_left_in_place_are_read_from_target_memory_and_freed(tmp_path):
         c.sendall(wire.encode({"t": "cupti_ref", "h": hdr(), "a": addr, "n": 1 << 30}))   # too long
         c.sendall(wire.encode({"t": "cupti_ref", "h": hdr(), "a": "x", "n": 8}))
         c.sendall(wire.encode({"t": "note", "level": "info", "msg": "after", "t_ns": 1}))
-        assert _wait(lambda: srv.stats().get("records", 0) >= 1 + 2 + 1)
+        assert wait(lambda: srv.stats().get("records", 0) >= 1 + 2 + 1)
         recs = srv.poll()[1:]
         assert [r.correlation_id for r in recs[:2]] == [7, 8]
         assert recs[0].start_ns == 10 + OFF and recs[1].end_ns == 40 + OFF and recs[-1].message == "after"
@@ -457,7 +448,7 @@ def test_agents_copy_buffers_when_the_daemon_cannot_read_target_memory(tmp_path,
         assert cfg["t"] == "config" and cfg.get("gpu_ref", True) is True     # readable here
         c.close()
         monkeypatch.setattr(cr.NameReader, "readable", lambda self: False)
-        assert _wait(lambda: not srv.connected)
+        assert wait(lambda: not srv.connected)
         c = _connect(srv)
         cfg = _recv_msgs(c, 1)[0]
         assert cfg["t"] == "config" and cfg["gpu_ref"] is False
