@@ -48,6 +48,25 @@ EDGE_TIMEOUT_S = 10.0
 HELD_FLUSH_S = 2.0
 
 
+def process_facts(pid: int) -> tuple[str, RankProc | None, dict[str, Any]]:
+    """What an attach reads once about the process: its name (the target's choice: escaped,
+    textsafe.py), its torch.distributed rank if any (introspect/ranks.py), and the profile meta of
+    the rank and the working directory (`line` labels are relative to it, daemon/prom.py)."""
+    comm = ""
+    try:
+        comm = safe_text(ProcFS().comm(pid))
+    except (StacklensError, OSError):
+        pass
+    meta: dict[str, Any] = {}
+    rank = read_rank(pid)
+    if rank is not None:
+        meta["rank"] = rank.to_json()
+    cwd = process_cwd(pid)
+    if cwd is not None:
+        meta["cwd"] = cwd
+    return comm, rank, meta
+
+
 class EventSource(Protocol):
     def attach(self) -> Any: ...
     def poll(self, timeout_ms: int = 100, max_events: int = ...) -> list[Any]: ...
@@ -222,18 +241,9 @@ class ProcessSession:
         hears the attach phases. `before_agent`: called once the probes are attached, before
         the agent is injected (`record` lets its held program go there; the probes read the
         process's symbol tables first, so its first samples decode at once)."""
-        try:
-            self.comm = safe_text(ProcFS().comm(self.pid))   # the target's choice: escaped (textsafe.py)
-        except (StacklensError, OSError):
-            pass
+        self.comm, self.rank, facts = process_facts(self.pid)
         self.joiner.meta.update({"pid": self.pid, "comm": self.comm, "cpu_hz": self.cpu_hz,
-                                 "start_unix_ns": time.time_ns()})
-        self.rank = read_rank(self.pid)   # a torch.distributed rank: its labels (introspect/ranks.py)
-        if self.rank is not None:
-            self.joiner.meta["rank"] = self.rank.to_json()
-        cwd = process_cwd(self.pid)   # read once: `line` labels are relative to it (daemon/prom.py)
-        if cwd is not None:
-            self.joiner.meta["cwd"] = cwd
+                                 "start_unix_ns": time.time_ns(), **facts})
         self.probes = self._probe_factory(self.pid, cpu_hz=self.cpu_hz, ops=self.ops)
         if progress is not None and hasattr(self.probes, "on_phase"):
             self.probes.on_phase = progress
