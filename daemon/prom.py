@@ -115,6 +115,9 @@ class Source:
     cpu_hz: float | None = None         # the CPU sampling rate: samples → seconds (None: unknown)
     agent_connected: bool | None = None  # None: no agent asked for; else whether its channel is up
     rank: RankProc | None = None         # a torch.distributed rank (its environment): rank labels
+    # the probes' estimated cost, a share of the process's CPU time (daemon/overhead.py); None:
+    # not estimated (no real probes, or not yet: the estimate needs a first reading)
+    probe_overhead: float | None = None
 
 
 def short_path(file: str, roots: Iterable[str] = ()) -> str:
@@ -356,16 +359,8 @@ class StacklensCollector(Collector):
                 hot[m].add_metric(lv + [context, line], v * scale)
         return budget
 
-    def collect(self):
-        labels = ["pid", "comm", "container", *NO_RANK_LABELS]
-        fams = {
-            m: CounterMetricFamily(f"stacklens_{stem}", help_, labels=labels)
-            for m, (stem, _, help_) in PROCESS_METRICS.items()
-        }
-        seconds = {
-            m: CounterMetricFamily(f"stacklens_{stem}", help_, labels=labels) for m, (stem, help_) in SECONDS_METRICS.items()
-        }
-        hot = {
+    def _hotspot_families(self, labels: list[str]) -> dict[str, CounterMetricFamily]:
+        return {
             m: CounterMetricFamily(
                 f"stacklens_hotspot_{SECONDS_METRICS[m][0] if m in SECONDS_METRICS else PROCESS_METRICS[m][0]}",
                 f"{SECONDS_METRICS[m][1] if m in SECONDS_METRICS else PROCESS_METRICS[m][2]}, exclusive, for the "
@@ -375,6 +370,17 @@ class StacklensCollector(Collector):
             )
             for m in HOTSPOT_METRICS
         }
+
+    def collect(self):
+        labels = ["pid", "comm", "container", *NO_RANK_LABELS]
+        fams = {
+            m: CounterMetricFamily(f"stacklens_{stem}", help_, labels=labels)
+            for m, (stem, _, help_) in PROCESS_METRICS.items()
+        }
+        seconds = {
+            m: CounterMetricFamily(f"stacklens_{stem}", help_, labels=labels) for m, (stem, help_) in SECONDS_METRICS.items()
+        }
+        hot = self._hotspot_families(labels)
         drops = CounterMetricFamily("stacklens_process_dropped_events", "events dropped for this process", labels=labels)
         unavailable = GaugeMetricFamily(
             "stacklens_metric_unavailable", "1 when a metric is not measured for this process", labels=labels + ["metric"]
@@ -383,6 +389,10 @@ class StacklensCollector(Collector):
                                   "1 while the in-process agent's channel is up, 0 once it is gone (processes "
                                   "attached with the agent)", labels=labels)
         finding_fam = GaugeMetricFamily("stacklens_findings", "analyzer findings by rule", labels=labels + ["rule"])
+        cost = GaugeMetricFamily("stacklens_probe_overhead_ratio",
+                                 "the probes' estimated cost to the process: the CPU time their hits cost it over "
+                                 "its CPU time in the last 2-30 s (the agent's cost not included); absent where "
+                                 "not estimated", labels=labels)
         budget = self.series_cap
         attached = 0
         trackers: dict[tuple[str, ...], HotspotTracker] = {}   # a detached process's trackers go
@@ -403,6 +413,8 @@ class StacklensCollector(Collector):
             drops.add_metric(lv, _drops(src.stats))
             if src.agent_connected is not None:
                 agent.add_metric(lv, 1 if src.agent_connected else 0)
+            if src.probe_overhead is not None:
+                cost.add_metric(lv, src.probe_overhead)
             if self.hotspots_on:
                 with self._hot_lock:
                     budget = self._add_hotspots(hot, src, lv, measured, budget, trackers)
@@ -424,6 +436,7 @@ class StacklensCollector(Collector):
         yield drops
         yield unavailable
         yield agent
+        yield cost
         yield finding_fam
         yield GaugeMetricFamily("stacklens_attached_processes", "processes attached", value=attached)
         for name, v in self._node_values().items():

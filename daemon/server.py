@@ -290,8 +290,9 @@ class StacklensDaemon:
 
         for s in self.daemon.active():
             try:
+                est = self.daemon.overheads.of(s)
                 yield Source(s.pid, s.comm, "", s.snapshot(), s.stats(), cpu_hz=s.cpu_hz, agent_connected=_agent_up(s),
-                             rank=getattr(s, "rank", None))
+                             rank=getattr(s, "rank", None), probe_overhead=est.share if est is not None else None)
             except StacklensError:
                 continue
 

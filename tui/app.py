@@ -65,7 +65,7 @@ class ProcessListScreen(Screen):
         self.title = "stacklens"
         self.sub_title = "processes"
         table = self.query_one("#procs", DataTable)
-        for col in ("PID", "COMM", "STATE", "AGENT", "CPU", "GPU", "LAUNCH/s", "SYNC", "RANK", "PYTHON"):
+        for col in ("PID", "COMM", "STATE", "AGENT", "CPU", "GPU", "LAUNCH/s", "SYNC", "COST", "RANK", "PYTHON"):
             table.add_column(col, key=col)
         self.query_one("#banner", Static).display = False
         self.query_one("#procs-empty", Static).update("asking the daemon for processes …")

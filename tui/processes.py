@@ -27,6 +27,10 @@ class ProcessRow:
     cpu_time_ns: int | None = None  # utime + stime so far, from the daemon; None: not in the reply
     read_at: float = float("nan")   # when the listing was read (time.monotonic, s)
     rank: str = ""                  # a torch.distributed rank: "RANK/WORLD_SIZE"; "" for others
+    # the probes' estimated cost, a share of the process's CPU time (daemon/overhead.py); NaN: not
+    # estimated, and `overhead_note` says why where the daemon said (else not attached or no probes)
+    probe_overhead: float = float("nan")
+    overhead_note: str = ""
 
 
 def cpu_shares(before: dict[int, tuple[int, float]], rows: Sequence[ProcessRow]) -> tuple[dict[int, float], dict[int, tuple[int, float]]]:
@@ -61,6 +65,15 @@ def process_cells(p: ProcessRow, cpu_share: float | None = None) -> tuple[str, .
         gpu,
         f"{p.launches_per_s:.1f}",
         f"{100 * p.sync_wait_share:.1f}%",
+        _cost(p),
         p.rank or "-",
         p.python,
     )
+
+
+def _cost(p: ProcessRow) -> str:
+    """COST: the probes' estimated cost (`stacklens ps` COST%); "n/a" where the daemon said why it
+    has none, "-" where there is nothing to estimate."""
+    if not math.isnan(p.probe_overhead):
+        return f"{100 * p.probe_overhead:.1f}%"
+    return "n/a" if p.overhead_note else "-"

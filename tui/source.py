@@ -276,6 +276,8 @@ class DaemonProcesses:
                 cpu_time_ns=p.cpu_time_ns if _present(p, "cpu_time_ns", absent=False) else None,
                 read_at=read_at,
                 rank=_rank(p),
+                probe_overhead=p.probe_overhead if _present(p, "probe_overhead", absent=False) else math.nan,
+                overhead_note=p.overhead_note,
             )
             for p in reply
         ]

@@ -193,7 +193,7 @@ class FakeProcesses:
     def __init__(self, rows: list[ProcessRow] | None = None, source: Callable[[int], Any] | None = None) -> None:
         self.rows = rows if rows is not None else [
             ProcessRow(4242, "python", True, False, "attached", "3.12", float("nan"), 1520.0, 0.31, ("gpu_time_ns",),
-                       rank="0/2"),
+                       rank="0/2", probe_overhead=0.042),
             ProcessRow(5151, "python3", False, False, "detached", "3.11", 0.0, 0.0, 0.0),
         ]
         self.down = False

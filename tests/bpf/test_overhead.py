@@ -1,5 +1,5 @@
-"""The probes' estimated cost in `stacklens ps` (issue 42, point 5), as root with real probes: the
-uprobe trap is timed on this machine, and the estimate for a launch-bound process (the CPU
+"""The probes' estimated cost in `stacklens ps` and Prometheus (issue 42, point 5), as root with
+real probes: the uprobe trap is timed on this machine, and the estimate for a launch-bound process (the CPU
 stand-in of batch-1 decoding, tests/targets/decode_standin.py) agrees with the slowdown the
 process measures itself (its CPU time per launch before and while attached)."""
 
@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import statistics
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from stacklens.bpf.costs import measure_trap_ns
 from tests.bpf.conftest import Target
@@ -28,6 +31,15 @@ def _row(d: Daemon, pid: int) -> dict:
     r = d.cli("ps", "--json")
     assert r.returncode == 0, r.stderr
     return next(p for p in json.loads(r.stdout)["processes"] if p["pid"] == pid)
+
+
+def _scraped_cost(d: Daemon, pid: int) -> float | None:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{d.port}/metrics", timeout=30).read().decode()
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            if sample.name == "stacklens_probe_overhead_ratio" and sample.labels["pid"] == str(pid):
+                return sample.value
+    return None
 
 
 def test_ps_estimates_the_probes_cost_the_process_pays(tmp_path, fake_libs, bpf_available):
@@ -53,6 +65,8 @@ def test_ps_estimates_the_probes_cost_the_process_pays(tmp_path, fake_libs, bpf_
         assert "agent's cost is not measured" in row["overhead_note"]
         table = d.cli("ps").stdout
         assert "COST%" in table and f"{100 * row['probe_overhead']:.1f}" in table, table
+        scraped = _scraped_cost(d, t.pid)        # the same estimate, as Prometheus reads it
+        assert scraped is not None and 0.5 * paid <= scraped <= 1.5 * paid, (scraped, paid)
     finally:
         t.kill()
         d.stop()

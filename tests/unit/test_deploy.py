@@ -66,13 +66,15 @@ def exposed_names() -> set[str]:
                {m: 1_000 * (i + 1) for i, m in enumerate(metrics.ALL)})
     snap = t.snapshot(meta={"pid": 42}, unavailable={metrics.ALL[0]})
     full = t.snapshot(meta={"pid": 43})
-    coll = StacklensCollector(lambda: [Source(42, "a", "", snap, {"drops": 1}, cpu_hz=99, agent_connected=True),
+    coll = StacklensCollector(lambda: [Source(42, "a", "", snap, {"drops": 1}, cpu_hz=99, agent_connected=True,
+                                              probe_overhead=0.05),
                                        Source(43, "b", "", full, {}, cpu_hz=99, agent_connected=False)],
                               health=lambda: {"events": 1}, findings=lambda pid, s: {"sync_stall": 1}, hotspots=True)
     reg = build_registry(coll)
     names = {s.name for fam in reg.collect() for s in fam.samples}
     assert {"stacklens_hotspot_cpu_seconds_total", "stacklens_metric_unavailable", "stacklens_findings",
-            "stacklens_agent_connected", "process_resident_memory_bytes"} <= names   # every family is there
+            "stacklens_agent_connected", "stacklens_probe_overhead_ratio",
+            "process_resident_memory_bytes"} <= names   # every family is there
     return names | SYNTHETIC
 
 
@@ -174,6 +176,7 @@ def test_dashboard_queries_only_exported_metrics():
     # what an operator needs is on it: CPU in seconds, agent samples, node counters, the daemon itself
     assert {"stacklens_cpu_seconds_total", "stacklens_python_samples_total", "stacklens_drops_total",
             "stacklens_unjoined_total", "stacklens_agent_connected", "stacklens_hotspot_cpu_seconds_total",
+            "stacklens_probe_overhead_ratio",
             "process_resident_memory_bytes", "process_cpu_seconds_total"} <= used
 
 

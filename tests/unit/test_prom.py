@@ -172,6 +172,16 @@ def test_agent_connected_gauge_only_for_processes_with_an_agent():
     assert reg.get_sample_value("stacklens_agent_connected", {"pid": "3", "comm": "c", "container": "", "rank": "", "local_rank": "", "world_size": ""}) is None
 
 
+def test_probe_overhead_gauge_only_where_it_was_estimated():
+    snap = make_snapshot(3)
+    reg = CollectorRegistry()
+    reg.register(StacklensCollector(lambda: [Source(1, "a", "", snap, {}, probe_overhead=0.125),
+                                             Source(2, "b", "", snap, {})]))
+    lv = {"container": "", "rank": "", "local_rank": "", "world_size": ""}
+    assert reg.get_sample_value("stacklens_probe_overhead_ratio", {"pid": "1", "comm": "a", **lv}) == 0.125
+    assert reg.get_sample_value("stacklens_probe_overhead_ratio", {"pid": "2", "comm": "b", **lv}) is None
+
+
 def test_ranks_of_a_distributed_job_carry_rank_labels():
     """Two ranks of one job (their environment read into RankProc) and a process that is no
     rank: the ranks' series carry rank, local_rank and world_size; the other's are empty."""

@@ -277,9 +277,20 @@ def test_status_text():
 def test_process_cells_show_unavailable_never_zero():
     row = model.ProcessRow(1, "python", True, False, "attached", "3.12", float("nan"), 12.34, 0.5)
     assert model.process_cells(row) == (
-        "1", "python", "attached", "no", "unavailable", "unavailable", "12.3", "50.0%", "-", "3.12")
+        "1", "python", "attached", "no", "unavailable", "unavailable", "12.3", "50.0%", "-", "-", "3.12")
     rank = model.ProcessRow(2, "python", True, False, "attached", "3.12", rank="1/4")
-    assert model.process_cells(rank)[8] == "1/4"
+    assert model.process_cells(rank)[9] == "1/4"
+
+
+def test_process_cells_show_the_probes_cost_or_why_not():
+    """COST as `ps` shows it: the estimate, "n/a" where the daemon said why there is none, "-"
+    where there is nothing to estimate (not attached, fake probes)."""
+    def cost(**kw) -> str:
+        return model.process_cells(model.ProcessRow(1, "python", True, False, "attached", **kw))[8]
+
+    assert cost(probe_overhead=0.0425) == "4.2%"
+    assert cost(overhead_note="first reading: the estimate needs two") == "n/a"
+    assert cost() == "-"
 
 
 def test_cpu_share_from_two_readings_of_cpu_time():
