@@ -5,7 +5,7 @@ Stdlib only; never imports torch: it reads ``torch._inductor.codecache.PyCodeCac
 thread. Cost: a length check per flush; per new generated module one read of its file (at most
 MAX_FILE bytes) and, at most every GC_SCAN_S, one ``gc.get_referrers(CompiledFxGraph)`` scan for
 its graph (the instances of that one class, not every object of the heap: see ``_scan_graphs``;
-skipped where the heap is over ``heapscan.MAX_SCAN_BLOCKS``).
+at most 0.1% of the job's time, and none where the heap is over ``heapscan.MAX_SCAN_BLOCKS``).
 
 What it sends (wire kind ``inductor``, validated by ``stacklens.inject.channel.inductor``; the
 mapping is built by the daemon, ``daemon/join/compiled.py``), per generated wrapper module, as rows:
@@ -40,6 +40,8 @@ MAX_TRACE = 8192
 MSG_BUDGET = 400_000         # bytes of rows per message (wire.MAX_FRAME is 1 MiB)
 MAX_PARTS = 256
 GC_SCAN_S = 10.0
+SCAN_DUTY = 1000             # ... and at least this many times as long as the last walk took: the
+                             # walks stop the job's threads for at most 0.1% of its time
 
 
 def codecache_ready():
@@ -142,6 +144,7 @@ class InductorWatcher:
         self.graphs = {}               # cache key -> post-grad graph string
         self.last_scan = None
         self.scan_skipped = 0          # scans not made: the heap was over heapscan's bound
+        self.walk_s = 0.0              # how long the last heap walk took (the next waits 1000x that)
         self.seen = 0
         self.modules_sent = 0
         self.dropped = 0
@@ -176,7 +179,8 @@ class InductorWatcher:
 
     def _scan_graphs(self):
         """The post-grad graphs of CompiledFxGraph objects, by the key of their wrapper module;
-        one scan at most every GC_SCAN_S. True if it scanned.
+        one scan at most every GC_SCAN_S, and at most SCAN_DUTY times as often as the last walk
+        took. True if it scanned (or found the walk over heapscan's bound).
 
         A guest never changes when a target's object dies. ``gc.get_objects()`` did: its list held
         every tensor of the process while this thread walked it, so a tensor the target dropped
@@ -187,7 +191,7 @@ class InductorWatcher:
         type's instances visit their type) and a few long-lived containers (its module's dict,
         subclasses' bases); only the instances' two strings are kept."""
         now = self.clock()
-        if self.last_scan is not None and now - self.last_scan < GC_SCAN_S:
+        if self.last_scan is not None and now - self.last_scan < max(GC_SCAN_S, SCAN_DUTY * self.walk_s):
             return False
         self.last_scan = now
         mod = sys.modules.get("torch._inductor.output_code")
@@ -195,12 +199,14 @@ class InductorWatcher:
         if not isinstance(cls, type):
             return True
         heapscan = _sub("heapscan")
+        t0 = time.perf_counter()
         found = heapscan.instances((cls,))
+        self.walk_s = time.perf_counter() - t0
         if found is None:          # the walk would stop the job's threads too long
             if not self.scan_skipped:
                 self.note("info", f"inductor: post-grad graphs not read: the heap is over "
                           f"{heapscan.MAX_SCAN_BLOCKS} blocks (a walk would stop the job's threads for "
-                          "tens of ms); kernels are charged by the wrapper's line map")
+                          "about a second); kernels are charged by the wrapper's line map")
             self.scan_skipped += 1
             return True
         try:

@@ -281,7 +281,7 @@ class JaxWatcher:
             if live is None:
                 self.note("info", "jax: executables compiled before the attach not looked for: the heap "
                           f"is over {heapscan.MAX_SCAN_BLOCKS} blocks (a walk would stop the job's threads "
-                          "for tens of ms); each is read when it compiles again")
+                          "for about a second); each is read when it compiles again")
                 return
             for o in live:
                 ex = getattr(o, "xla_executable", None)

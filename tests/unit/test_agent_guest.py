@@ -74,6 +74,7 @@ def test_inductor_graph_scan_holds_no_other_object_of_the_target(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch._inductor.output_code", mod)
     graph = CompiledFxGraph("ckey", "# File: m.py:3 in forward, code: x\n    relu = ...\n")
 
+    monkeypatch.setattr(heapscan, "MAX_SCAN_BLOCKS", sys.maxsize)   # whatever the suite's heap holds
     w = inductor.InductorWatcher(lambda m: True, lambda *a: None, clock=lambda: 0.0)
     held = _Tensorish()
     ref = weakref.ref(held)
@@ -106,6 +107,7 @@ def test_no_heap_walk_over_the_bound_and_a_note_says_what_was_not_read(monkeypat
     walks = []
     real = gc.get_referrers
     monkeypatch.setattr(heapscan.gc, "get_referrers", lambda *c: walks.append(c) or real(*c))
+    monkeypatch.setattr(heapscan, "MAX_SCAN_BLOCKS", sys.maxsize)
     assert heapscan.instances((CompiledFxGraph,)) == [keep] and len(walks) == 1   # under the bound
     monkeypatch.setattr(heapscan, "MAX_SCAN_BLOCKS", sys.getallocatedblocks() // 2)
     assert heapscan.instances((CompiledFxGraph,)) is None and len(walks) == 1
@@ -124,3 +126,23 @@ def test_no_heap_walk_over_the_bound_and_a_note_says_what_was_not_read(monkeypat
     watcher = jaxmeta.JaxWatcher(lambda m: True, lambda level, text: jnotes.append(text))
     watcher._scan_existing()
     assert not watcher.queue and len(walks) == 1 and "compiled before the attach not looked for" in jnotes[0]
+
+
+def test_the_inductor_walks_take_at_most_a_thousandth_of_the_time(monkeypatch):
+    """A walk that took W seconds is not made again within 1000 W (nor within GC_SCAN_S)."""
+    class CompiledFxGraph:
+        pass
+
+    mod = types.ModuleType("torch._inductor.output_code")
+    mod.CompiledFxGraph = CompiledFxGraph
+    monkeypatch.setitem(sys.modules, "torch._inductor.output_code", mod)
+    monkeypatch.setattr(heapscan, "MAX_SCAN_BLOCKS", sys.maxsize)
+    now = [100.0]
+    w = inductor.InductorWatcher(lambda m: True, lambda *a: None, clock=lambda: now[0])
+    assert w._scan_graphs() is True
+    w.walk_s = 0.05                          # as if that walk had taken 50 ms: the next after 50 s
+    now[0] += inductor.GC_SCAN_S + 1
+    assert w._scan_graphs() is False
+    now[0] += 40
+    assert w._scan_graphs() is True
+

@@ -7,6 +7,7 @@ join tests use synthetic records.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from stacklens.cct import Frame
 from stacklens.daemon.join.jaxjoin import JaxIndex, sanitize, split_paths
 from stacklens.daemon.join.joiner import Joiner
+from stacklens.inject.agent import heapscan
 from stacklens.inject.agent.jaxmeta import JaxWatcher, parse_hlo_text
 from stacklens.records.agent import ApiRecord, CompileRecord, HloKernel, HloMapRecord, KernelRecord
 from stacklens.inject.channel.messages import parse_message
@@ -227,7 +229,8 @@ def test_recompilation_charges_compile_time_to_the_triggering_call_site(model):
     assert sum(by_leaf.values()) == sum(r.duration_ns for r in recs if isinstance(r, CompileRecord))
 
 
-def test_scan_finds_executables_compiled_before_the_watcher(model):
+def test_scan_finds_executables_compiled_before_the_watcher(model, monkeypatch):
+    monkeypatch.setattr(heapscan, "MAX_SCAN_BLOCKS", sys.maxsize)   # whatever the suite's heap holds
     p = model.params(12)
     model.run_step(p, jnp.ones((3, 12)))
     msgs, notes = [], []
