@@ -21,7 +21,8 @@ from stacklens.inject.agent import wire
 from stacklens.inject.channel.gpu import JOINS, VENDORS, Connection, Vendor, pick_join, route, vendor_for
 from stacklens.inject.channel.gpu.rows import ROW_KINDS
 from stacklens.records.agent import ApiRecord, JoinKind, KernelRecord, MemcpyRecord, Note, SyncRecord
-from tests.unit.test_cuptiraw import LAYOUT, _connect, _wait, hdr, kernel, pack_sizes
+from tests.agent_in_process import wait
+from tests.unit.test_cuptiraw import LAYOUT, _connect, hdr, kernel, pack_sizes
 
 REPO = Path(__file__).parents[2]
 
@@ -100,7 +101,7 @@ def test_the_server_hands_every_gpu_message_to_the_declared_decoder(tmp_path, mo
         c.sendall(raw)
         c.sendall(wire.encode({"t": "cupti_ref", "h": hdr(), "a": ctypes.addressof(buf), "n": len(data)}))
         c.sendall(wire.encode({"t": "note", "level": "info", "msg": "after", "t_ns": 1}))
-        assert _wait(lambda: srv.stats().get("records", 0) >= 1 + 4 + 2 + 1)
+        assert wait(lambda: srv.stats().get("records", 0) >= 1 + 4 + 2 + 1)
         recs = srv.poll()[1:]
         c.close()
     finally:
@@ -135,7 +136,7 @@ def test_a_registered_vendors_decoder_decodes_what_it_declares(tmp_path, monkeyp
         c = _connect(srv)
         for m in [{"t": "fake_stats"}, *ROWS]:
             c.sendall(wire.encode(m))
-        assert _wait(lambda: srv.stats().get("records", 0) >= 1 + 5)
+        assert wait(lambda: srv.stats().get("records", 0) >= 1 + 5)
         recs = srv.poll()[1:]
         c.close()
     finally:
