@@ -113,7 +113,7 @@ class OneShot:
                 w.cpu_end_ns = cpu_end_ns if cpu_end_ns is not None else cpu
                 w.end_ns = time.monotonic_ns()
             t0 = time.monotonic()
-            while s._thread is not None and s._thread.is_alive() and not self.done.wait(1.0):
+            while s.aggregating() and not self.done.wait(1.0):
                 waited = time.monotonic() - t0
                 if progress is not None:
                     behind = max(0.0, (w.end_ns - w.newest_ns) / 1e9) if w.newest_ns else None
@@ -122,9 +122,7 @@ class OneShot:
                 if waited > timeout_s and not self.abort:
                     self.abort = True
             if not w.closed:   # the aggregation thread ended without closing it (an error)
-                if s._thread is not None:
-                    s._thread.join(timeout=10)
-                if not (s._thread is not None and s._thread.is_alive()):
+                if s.wait_aggregation(10):
                     self.close_now()
         if cpu_end_ns is not None and w.cpu_end_ns != cpu_end_ns:
             w.cpu_end_ns = cpu_end_ns

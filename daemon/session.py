@@ -18,6 +18,7 @@ from stacklens.cct import Snapshot
 from stacklens.daemon.edges import HeldEdges
 from stacklens.daemon.join.joiner import Joiner
 from stacklens.daemon.desk import RequestDesk
+from stacklens.daemon.inflight import read_in_flight
 from stacklens.daemon.oneshotwindow import DRAIN_GRACE_NS, OneShot, Window
 from stacklens.introspect.ranks import RankProc, read_rank
 from stacklens.errors import NoSuchProcess, StacklensError
@@ -463,24 +464,18 @@ class ProcessSession:
 
     # ---- reading --------------------------------------------------------------------------
     def in_flight(self) -> dict[str, list[dict]]:
-        """The GPU side of the target now, as the probes saw it (`stacklens dump`): the
-        return-probed calls entered and not returned (a sync or a collective still waiting:
-        since when, under which line) and each thread's last kernel launch (how long ago, from
-        where). Whether that kernel has finished is not known here (the probes see launches)."""
-        def read() -> dict[str, list[dict]]:
-            now = time.monotonic_ns()
-            entered = getattr(self.probes, "in_flight", None)
-            names = self.joiner.thread_names()
-            waits = [{"tid": ev.tid, "thread": names.get(ev.tid, ""), "api": ev.api,
-                      "since_s": max(0, now - ev.ktime_ns) / 1e9,
-                      "path": [f.label() for f in self.joiner.context_of(ev)]}
-                     for ev in (entered() if entered is not None else [])]
-            launches = [{"tid": tid, "thread": names.get(tid, ""), "kernel": path[-1].name if path else "",
-                         "ago_s": max(0, now - t) / 1e9, "path": [f.label() for f in path]}
-                        for tid, (t, path) in sorted(self.joiner.last_launch.items())]
-            return {"waiting": waits, "last_launches": launches}
+        """The GPU side of the target now, as the probes saw it (daemon/inflight.py)."""
+        return self.desk.call(lambda: read_in_flight(self.probes, self.joiner))
 
-        return self.desk.call(read)
+    def aggregating(self) -> bool:
+        """Whether the aggregation thread runs (while it does, it alone touches the tree)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait_aggregation(self, timeout_s: float) -> bool:
+        """Waits up to `timeout_s` for the aggregation thread to end; True once it has."""
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+        return not self.aggregating()
 
     def snapshot(self, window_s: float | None = None) -> Snapshot:
         """The tree: cumulative since the attach (its meta's window_s: the seconds it covers, what
