@@ -28,7 +28,8 @@ def folded_frame(frame: Frame) -> str:
     text = frame_name(frame).text()
     if ";" in text or "\n" in text or "\r" in text:
         text = text.translate(_ESCAPES)
-    return _ENDS_IN_NUMBER.sub(r"%20\1", text) if text[-1:].isdigit() else text
+    # "0." is a number to flamegraph.pl too (`\d+(\.\d*)?`): a text ending in a digit or a dot is checked
+    return _ENDS_IN_NUMBER.sub(r"%20\1", text) if text[-1:].isdigit() or text.endswith(".") else text
 
 
 def to_folded(snap: Snapshot, metric: str, inclusive: bool = False) -> str:

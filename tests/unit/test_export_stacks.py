@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import jsonschema
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from stacklens.cct import CCT, Frame, Snapshot
@@ -125,6 +125,7 @@ NASTY_FRAMES = st.one_of(
 
 @given(st.lists(st.tuples(st.lists(NASTY_FRAMES, min_size=1, max_size=4).map(tuple), st.integers(1, 10**6)),
                 min_size=1, max_size=8))
+@example([((Frame.op(" 0."),), 1)])     # "0." reads as a number: found by a CI run (2026-12-05)
 def test_folded_lines_parse_as_flamegraph_pl_reads_them(paths) -> None:
     """No registry this project installs from ships flamegraph.pl: each line is checked against its
     reading of a line (stackcollapse format), `frame;frame
