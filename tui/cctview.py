@@ -138,7 +138,7 @@ class CCTView(CursorLines, can_focus=True):
             self.cursor = cursor
         self.cursor = max(0, min(self.cursor, len(rows) - 1))
         self._set_virtual_height(len(rows))
-        self._scroll_cursor_visible()
+        self.scroll_cursor_visible()
         self.refresh()
 
     def _set_virtual_height(self, height: int) -> None:
@@ -193,37 +193,13 @@ class CCTView(CursorLines, can_focus=True):
 
     def on_resize(self, event: events.Resize) -> None:
         self.virtual_size = Size(event.size.width, len(self.rows))
-        self._scroll_cursor_visible()
+        self.scroll_cursor_visible()
 
     # ---- moving ----------------------------------------------------------------------------
-    def _scroll_cursor_visible(self) -> None:
-        height = max(1, self.size.height)
-        top = int(self.scroll_offset.y)
-        if self.cursor < top:
-            self.scroll_to(y=self.cursor, animate=False, immediate=True)
-        elif self.cursor >= top + height:
-            self.scroll_to(y=self.cursor - height + 1, animate=False, immediate=True)
-
     def move_to(self, index: int) -> None:
-        if not self.rows:
-            return
-        old = self.cursor
-        self.cursor = max(0, min(index, len(self.rows) - 1))
-        top = self.scroll_offset.y
-        self._scroll_cursor_visible()
-        if self.scroll_offset.y == top:
-            # only the two lines whose cursor highlight changed
-            self.refresh_line(old)
-            self.refresh_line(self.cursor)
-        else:
-            self.refresh()
-        self.post_message(self.Moved(self.current))
-
-    def action_cursor(self, step: int) -> None:
-        self.move_to(self.cursor + step)
-
-    def action_page(self, step: int) -> None:
-        self.move_to(self.cursor + step * max(1, self.size.height - 1))
+        if self.rows:
+            super().move_to(index)
+            self.post_message(self.Moved(self.current))
 
     def action_home(self) -> None:
         self.move_to(0)

@@ -1,6 +1,7 @@
 """What the CCT tree (tui/cctview.py) and the hotspots table (tui/linetable.py) draw their lines
 with: a ScrollView of lines under a cursor (Line API), only the lines in view drawn, each from Rich
-text, the cursor's line highlighted in the widget's cursor component style.
+text, the cursor's line highlighted in the widget's cursor component style; the cursor's moves
+(line, page), kept in view.
 
 No privilege, no I/O.
 """
@@ -57,3 +58,33 @@ class CursorLines(ScrollView):
 
     def _line_styles(self) -> tuple[Style, Style]:
         return self.rich_style, self.get_component_rich_style(self.CURSOR_CLASS)
+
+    # -- the cursor ------------------------------------------------------------------------
+    def move_to(self, index: int) -> None:
+        """The cursor to line `index` (clamped), scrolled into view; where the view did not
+        scroll, only the two lines whose highlight changed are drawn again. No lines: nothing."""
+        if not self.line_count():
+            return
+        old = self.cursor
+        self.cursor = max(0, min(index, self.line_count() - 1))
+        top = int(self.scroll_offset.y)
+        self.scroll_cursor_visible()
+        if int(self.scroll_offset.y) == top:
+            self.refresh_line(old)
+            self.refresh_line(self.cursor)
+        else:
+            self.refresh()
+
+    def scroll_cursor_visible(self) -> None:
+        height = max(1, self.size.height)
+        top = int(self.scroll_offset.y)
+        if self.cursor < top:
+            self.scroll_to(y=self.cursor, animate=False, immediate=True)
+        elif self.cursor >= top + height:
+            self.scroll_to(y=self.cursor - height + 1, animate=False, immediate=True)
+
+    def action_cursor(self, step: int) -> None:
+        self.move_to(self.cursor + step)
+
+    def action_page(self, step: int) -> None:
+        self.move_to(self.cursor + step * max(1, self.size.height - 1))

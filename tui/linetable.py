@@ -74,26 +74,6 @@ class LineTable(CursorLines, can_focus=True):
         return self.text_strip(text, width, base, cursor_style if idx == self.cursor else None,
                                int(self.scroll_offset.x))
 
-    def action_cursor(self, step: int) -> None:
-        if not self.lines:
-            return
-        old = self.cursor
-        self.cursor = max(0, min(self.cursor + step, len(self.lines) - 1))
-        height = max(1, self.size.height)
-        top = int(self.scroll_offset.y)
-        if self.cursor < top:
-            self.scroll_to(y=self.cursor, animate=False, immediate=True)
-        elif self.cursor >= top + height:
-            self.scroll_to(y=self.cursor - height + 1, animate=False, immediate=True)
-        if int(self.scroll_offset.y) == top:
-            self.refresh_line(old)
-            self.refresh_line(self.cursor)
-        else:
-            self.refresh()
-
-    def action_page(self, step: int) -> None:
-        self.action_cursor(step * max(1, self.size.height - 1))
-
     def action_select(self) -> None:
         if self.lines:
             self.post_message(self.Selected(self, self.cursor))
@@ -102,6 +82,6 @@ class LineTable(CursorLines, can_focus=True):
         idx = int(self.scroll_offset.y) + event.y
         if 0 <= idx < len(self.lines):
             again = idx == self.cursor
-            self.action_cursor(idx - self.cursor)
+            self.move_to(idx)
             if again or event.chain > 1:
                 self.action_select()
