@@ -9,7 +9,11 @@ so `--gil` drops it (py-spy said 20.2% where the caller view said 43.8%; without
 py-spy's share is its samples with a `loss.backward()` line of
 tests/targets/torch_train.py on the stack; stacklens' is the inclusive CPU samples of those lines
 between two snapshots (py-spy's start and its exit). At MIN_SAMPLES each, the difference of two
-sampled shares near 40% has a standard deviation of 1.1 points: 3 points is 2.7 of them.
+sampled shares near 40% has a standard deviation of 1.1 points: 3 points is 2.7 of them. py-spy
+samples wall time and stacklens CPU time: the time the target waited for a CPU (its main thread's
+wall time off-CPU; the loop never sleeps), which only py-spy sees, widens the bound by its share
+(measured: 5% beside py-spy and the daemon on 2 vCPUs; under two CPU hogs the caller view was 3.7
+points off py-spy against a bound of 3.4 without it).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -67,13 +72,19 @@ def test_caller_view_matches_py_spy_under_loss_backward(bpf_ok, start_target, tm
     t = start_target("torch_train.py", env=dict(os.environ, OMP_NUM_THREADS="1"))
     session = ProcessSession(t.pid, cpu_hz=RATE)
     raw = tmp_path / "pyspy.txt"
+    marks: list[tuple[float, float]] = []   # (wall, the main thread's CPU seconds) at the window's ends
+
+    def mark() -> None:
+        fields = ProcFS().stat(t.pid, t.pid)[1]
+        marks.append((time.monotonic(), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")))
+
     try:
         notes = session.start(window=True)
         assert any(n.startswith("backward link: on") for n in notes), notes
         for tid in ProcFS().tasks(t.pid):
             os.setpriority(os.PRIO_PROCESS, tid, -20)
         before, after = record_beside(pyspy, session, raw, rate=RATE, min_samples=MIN_SAMPLES, timeout_s=300,
-                                      gil=False)   # not --gil: backward runs with the GIL released
+                                      gil=False, mark=mark)   # not --gil: backward runs with the GIL released
     finally:
         session.stop()
     theirs, n_theirs = pyspy_share(raw, lines)
@@ -89,17 +100,23 @@ def test_caller_view_matches_py_spy_under_loss_backward(bpf_ok, start_target, tm
                      for i, f in enumerate(path) if f.kind == "backward"), None)
         if kind:
             backward[kind] += excl.get("cpu_samples", 0)
+    # the loop never sleeps: the main thread's wall time off its CPU is time it waited for one
+    waited = max(0.0, 1 - (marks[1][1] - marks[0][1]) / (marks[1][0] - marks[0][0]))
     got = {"py-spy": (round(theirs, 1), n_theirs), "caller view": (round(caller, 1), n_ours),
+           "waited for a CPU": round(waited, 3),
            "forward view": round(forward, 1), "backward samples": dict(backward),
            "moved": caller_view(after).meta["backward_view_moved"]}
     print(f"\n{got}")
     assert n_ours >= MIN_SAMPLES and n_theirs >= MIN_SAMPLES / 2, got
     assert theirs > 20, got                                   # the loop does spend its time in backward
     # two samplings of one split, each off by its sampling error: 3 points, or 3.5 standard errors
-    # of the difference of the two proportions where py-spy got fewer samples (a loaded machine)
+    # of the difference of the two proportions where py-spy got fewer samples (a loaded machine);
+    # and two clocks: py-spy samples wall time, stacklens CPU time, so while the target waits for
+    # a CPU (a busy machine) only py-spy samples it, in whichever phase it waits: the shares may
+    # part by up to the share of the window it waited
     p = theirs / 100
     se = 100 * math.sqrt(p * (1 - p) * (1 / n_theirs + 1 / n_ours))
-    assert abs(caller - theirs) <= max(3.0, 3.5 * se), (got, se)
+    assert abs(caller - theirs) <= max(3.0, 3.5 * se) + 100 * waited, (got, se)
     # the default view as the link makes it: backward work on the forward (model) lines
     assert forward < theirs / 2, got
     assert backward["under forward line"] > 4 * backward["under the backward call"], got
